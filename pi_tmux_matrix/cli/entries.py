@@ -1,0 +1,196 @@
+"""``ls``, ``show`` and ``repair``: reading the matrix and repairing it explicitly."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .. import procs
+from ..errors import EXIT_OK, EXIT_USAGE
+from ..identity import parse_key
+from ..matrix.model import Entry
+from ..matrix.store import MatrixStore, Problem, now_ms
+from ..settings import load_settings, resolve_state_dir
+
+if TYPE_CHECKING:
+    from .app import Io
+
+__all__ = ["register"]
+
+
+def register(sub: Any, epilog: str) -> None:
+    """Add the entry verbs to the top-level subparsers."""
+    common = {"epilog": epilog, "formatter_class": argparse.RawDescriptionHelpFormatter}
+    ls = sub.add_parser("ls", help="list every entry; 'alive' is judged by process identity", **common)
+    ls.add_argument("--json", action="store_true", help="print a JSON array of the stored entries plus 'alive'")
+    ls.set_defaults(handler=cmd_ls)
+
+    show = sub.add_parser("show", help="one entry: status, identity, directive, payload, handoffs", **common)
+    show.add_argument("key", metavar="KEY", help="the entry key, <role>-<sessionId>")
+    show.add_argument("--json", action="store_true", help="print the stored entry plus 'alive' as JSON")
+    show.set_defaults(handler=cmd_show)
+
+    repair = sub.add_parser(
+        "repair",
+        help="move corrupt or foreign files to quarantine/ and remove dead writers' temp files",
+        **common,
+    )
+    repair.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
+    repair.add_argument("--json", action="store_true", help="print the actions as JSON")
+    repair.set_defaults(handler=cmd_repair)
+
+
+def _store(args: argparse.Namespace) -> MatrixStore:
+    return MatrixStore(resolve_state_dir(args.state_dir))
+
+
+class _Liveness:
+    """Cached identity checks: one /proc read per pid per command."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[int, int, str], bool] = {}
+
+    def __call__(self, entry: Entry) -> bool:
+        process = entry.process
+        if process is None:
+            return False
+        key = (process.pid, process.start_ticks, process.boot_id)
+        if key not in self._cache:
+            self._cache[key] = procs.is_alive(process)
+        return self._cache[key]
+
+
+def _report(problems: tuple[Problem, ...], io: Io) -> None:
+    for problem in problems:
+        io.err.write(f"pi-matrix: warning: {problem.line()}\n")
+
+
+def _age(now: int, then: int | None) -> str:
+    if then is None:
+        return "-"
+    seconds = max(0, (now - then) // 1000)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _console(io: Io) -> Any:
+    from rich.console import Console  # rich is only needed for human output
+
+    return Console(file=io.out, width=io.width, highlight=False, soft_wrap=False)
+
+
+def cmd_ls(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix ls [--json]``."""
+    result = _store(args).list()
+    alive = _Liveness()
+    if args.json:
+        rows = [{**raw, "alive": alive(entry)} for entry, raw in zip(result.entries, result.raw)]
+        io.out.write(json.dumps(rows, ensure_ascii=False) + "\n")
+        _report(result.problems, io)
+        return EXIT_OK
+    from rich.table import Table
+
+    now = now_ms()
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("KEY", "ROLE", "STATUS", "ALIVE", "PID", "PARENT", "LANE", "TASK", "AGE", "BEAT"):
+        table.add_column(column, no_wrap=True)
+    for entry in result.entries:
+        table.add_row(
+            entry.key,
+            entry.role.value,
+            entry.status.value + (f" ({entry.reason})" if entry.reason else ""),
+            "yes" if alive(entry) else "no",
+            str(entry.pid or "-"),
+            str(entry.parent_pid or "-"),
+            entry.identity.lane or "-",
+            entry.task_ref or "-",
+            _age(now, entry.created_at),
+            _age(now, entry.heartbeat_at),
+        )
+    console = _console(io)
+    if result.entries:
+        console.print(table)
+    else:
+        console.print(f"no entries in {_store(args).root}")
+    _report(result.problems, io)
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix show KEY [--json]``."""
+    parse_key(args.key)
+    store = _store(args)
+    entry = store.get(args.key)
+    alive = _Liveness()(entry)
+    from ..matrix.codec import unstructure_entry
+
+    raw = {**unstructure_entry(entry), "alive": alive}
+    if args.json:
+        io.out.write(json.dumps(raw, ensure_ascii=False, indent=2) + "\n")
+        return EXIT_OK
+    now = now_ms()
+    lines = [
+        f"{entry.key}  {entry.role.value}  {entry.status.value}"
+        + (f" ({entry.reason})" if entry.reason else ""),
+        f"  alive        {'yes' if alive else 'no'} (pid {entry.pid}, start {entry.proc_start})",
+        f"  generation   {entry.generation} (registered as {entry.registration})",
+        f"  created      {_age(now, entry.created_at)} ago; updated {_age(now, entry.updated_at)} ago;"
+        f" heartbeat {_age(now, entry.heartbeat_at)} ago",
+    ]
+    if entry.parent_pid is not None:
+        lines.append(
+            f"  parent       pid {entry.parent_pid} session {entry.parent_session_id or '-'}"
+        )
+    if entry.child_pid is not None:
+        lines.append(f"  child        pid {entry.child_pid} start {entry.child_proc_start}")
+    if entry.task_ref:
+        lines.append(f"  task         {entry.task_ref}")
+    for name, value in attrs.asdict(entry.identity).items():
+        if value not in (None, (), []):
+            lines.append(f"  identity.{name:<18} {value}")
+    if entry.directive is not None:
+        d = entry.directive
+        lines.append(f"  directive    {d.kind.value} by pid {d.parent_pid} session {d.parent_session_id}")
+    if entry.resumable is not None:
+        r = entry.resumable
+        lines.append(f"  resumable    {r.reason} {_age(now, r.at)} ago; task {r.task_ref or '-'}")
+        if r.task_summary:
+            lines.append(f"    summary    {r.task_summary[:200]}")
+    for handoff in entry.handoffs:
+        state = "delivered" if handoff.delivered_at else "UNDELIVERED"
+        lines.append(f"  handoff      {handoff.id} {handoff.outcome.value} {state}")
+    if entry.exit is not None:
+        lines.append(f"  exit         {entry.exit.kind.value} code {entry.exit.code} signal {entry.exit.signal}")
+    io.out.write("\n".join(lines) + "\n")
+    return EXIT_OK
+
+
+def cmd_repair(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix repair [--dry-run] [--json]``."""
+    settings = load_settings()
+    if not settings.enabled and not args.dry_run:
+        io.err.write(
+            "pi-matrix: error: processMatrix.enabled is false, so nothing may be written; "
+            "use --dry-run to see what repair would do, or enable the matrix in settings.json\n"
+        )
+        return EXIT_USAGE
+    actions = _store(args).repair(dry_run=args.dry_run)
+    if args.json:
+        io.out.write(json.dumps([attrs.asdict(a) for a in actions], indent=2) + "\n")
+        return EXIT_OK
+    verb = "would " if args.dry_run else ""
+    for action in actions:
+        if action.action == "quarantine":
+            io.out.write(f"{verb}quarantine {action.path}: {action.reason} -> {action.target}\n")
+        elif action.action == "remove-temp":
+            io.out.write(f"{verb}remove {action.path}: {action.reason}\n")
+        else:
+            io.out.write(f"skip {action.path}: {action.reason}\n")
+    if not actions:
+        io.out.write("nothing to repair\n")
+    return EXIT_OK

@@ -1,0 +1,126 @@
+"""One rooted exception hierarchy.
+
+Library code raises these; only the CLI turns them into a line on stderr and an exit code.
+Every error carries the field (or path) it is about and says how to fix it, because the
+person reading it is usually in the middle of an incident.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_NOT_FOUND",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "Conflict",
+    "ContractError",
+    "CorruptEntry",
+    "EntryExists",
+    "IllegalTransition",
+    "InvalidId",
+    "LockUnavailable",
+    "NotFound",
+    "PiMatrixError",
+    "StateDirError",
+    "StoreError",
+]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+
+
+class PiMatrixError(Exception):
+    """Root of every error pi_tmux_matrix raises on purpose."""
+
+    exit_code: int = EXIT_FAILED
+
+
+class ContractError(PiMatrixError, ValueError):
+    """Bad input at a boundary: an env variable, a flag, an id, a settings value."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, field: str, problem: str, fix: str) -> None:
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{field}: {problem}; {fix}")
+
+
+class InvalidId(ContractError):
+    """An id (session, agent, lane, task ref, entry key) that failed the allowlist."""
+
+
+class IllegalTransition(PiMatrixError):
+    """A status change the lifecycle model does not allow."""
+
+    def __init__(self, key: str, current: str, target: str) -> None:
+        self.key = key
+        self.current = current
+        self.target = target
+        super().__init__(
+            f"{key}: status {current} cannot move to {target}; "
+            "re-read the entry and act on its current status"
+        )
+
+
+class StoreError(PiMatrixError):
+    """The entry store could not complete an operation; nothing was committed."""
+
+    def __init__(self, message: str, *, path: str | None = None, errno: int | None = None) -> None:
+        self.path = path
+        self.errno = errno
+        super().__init__(message)
+
+
+class StateDirError(StoreError):
+    """The state dir is unsafe or unusable (symlink, wrong owner, wrong mode, not a dir)."""
+
+    exit_code = EXIT_USAGE
+
+
+class LockUnavailable(StoreError):
+    """The per-entry lock could not be taken (timeout, or no real flock on this filesystem)."""
+
+
+class Conflict(StoreError):
+    """The generation token observed is no longer the one on disk; the write was refused."""
+
+    def __init__(self, key: str, expected: str | None, found: str | None) -> None:
+        self.key = key
+        self.expected = expected
+        self.found = found
+        super().__init__(
+            f"{key}: generation {expected or '<none>'} is no longer current "
+            f"(on disk: {found or '<no entry>'}); re-read the entry and retry"
+        )
+
+
+class EntryExists(Conflict):
+    """An exclusive create found the key already present."""
+
+    def __init__(self, key: str, found: str | None) -> None:
+        super().__init__(key, None, found)
+        self.args = (f"{key}: an entry with this key already exists (generation {found})",)
+
+
+class NotFound(StoreError):
+    """No entry with this key."""
+
+    exit_code = EXIT_NOT_FOUND
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        super().__init__(f"{key}: no such entry; run 'pi-matrix ls' to see the keys")
+
+
+class CorruptEntry(StoreError):
+    """A file named like an entry that is not a valid entry. Never deleted implicitly."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(
+            f"{path}: {reason}; run 'pi-matrix repair' to move it to quarantine/", path=path
+        )

@@ -1,0 +1,1 @@
+"""The matrix: model, codec, store and the pure reconciliation pass."""

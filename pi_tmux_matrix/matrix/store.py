@@ -1,0 +1,592 @@
+"""The entry store: the only code that touches entry files.
+
+Layout under the state dir (0700, owned by the user, never a symlink)::
+
+    <key>.json            one entry per registered process (0600)
+    .<key>.json.tmp       a write in flight (or left by a killed writer; swept under the lock)
+    locks/<key>.lock      the per-entry flock; never unlinked while the entry may live
+    quarantine/           corrupt or foreign files moved aside by ``repair`` (never deleted)
+
+Writes take the entry's lock, re-read, and replace or delete only if the generation token the
+caller observed is still on disk; every write mints a fresh token. The write itself is temp file
+(O_EXCL|O_NOFOLLOW, 0600) -> fsync -> rename over the entry -> fsync the directory, so a reader
+or a crash sees the whole old version or the whole new one. Readers take no lock.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import secrets
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Final
+
+import attrs
+import filelock
+
+from ..errors import (
+    Conflict,
+    CorruptEntry,
+    EntryExists,
+    LockUnavailable,
+    NotFound,
+    StateDirError,
+    StoreError,
+)
+from ..identity import parse_key
+from .codec import MAX_ENTRY_BYTES, DecodeError, decode_entry, encode_entry
+from .model import Entry
+
+__all__ = [
+    "ListResult",
+    "MatrixStore",
+    "Problem",
+    "RepairAction",
+    "new_token",
+    "now_ms",
+]
+
+SUFFIX: Final = ".json"
+TMP_SUFFIX: Final = ".json.tmp"
+LOCKS: Final = "locks"
+QUARANTINE: Final = "quarantine"
+# Sub-directories the matrix itself keeps beside the entries; never reported as foreign.
+RESERVED_DIRS: Final = frozenset({LOCKS, QUARANTINE, "events", "mailbox", "results", "runs", "jobs"})
+
+_O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+_READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC
+_CREATE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _O_CLOEXEC
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _O_CLOEXEC
+
+
+# --- seams: tests replace these to force error branches (EIO, ENOSPC) -----------------------
+def _fsync(fd: int) -> None:
+    os.fsync(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+# --- generation tokens -----------------------------------------------------------------------
+_incarnation = secrets.token_hex(8)
+_counter = itertools.count(1)
+
+
+def _reset_tokens_after_fork() -> None:
+    # A forked child must never mint a token its parent also mints.
+    global _incarnation, _counter  # noqa: PLW0603
+    _incarnation = secrets.token_hex(8)
+    _counter = itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_reset_tokens_after_fork)
+
+
+def new_token() -> str:
+    """A token never minted before by any process: random incarnation + a counter."""
+    return f"{_incarnation}-{next(_counter)}"
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds; records are for humans and expiry, never for liveness."""
+    return time.time_ns() // 1_000_000
+
+
+# --- results -----------------------------------------------------------------------------------
+@attrs.frozen
+class Problem:
+    """A file in the state dir that is not a valid entry."""
+
+    path: str
+    reason: str
+    kind: str  # "corrupt" | "foreign" | "newer"
+
+    def line(self) -> str:
+        """One line for stderr: path and reason."""
+        return f"{self.path}: {self.reason}"
+
+
+@attrs.frozen
+class ListResult:
+    """Every valid entry (with its raw on-disk mapping), and every problem found."""
+
+    entries: tuple[Entry, ...]
+    raw: tuple[dict[str, object], ...]
+    problems: tuple[Problem, ...]
+
+
+@attrs.frozen
+class RepairAction:
+    """What ``repair`` did (or, dry, would do) with one file."""
+
+    path: str
+    action: str  # "quarantine" | "remove-temp" | "skip"
+    reason: str
+    target: str | None = None
+
+
+# --- the store ---------------------------------------------------------------------------------
+_locks_guard = threading.Lock()
+
+
+class MatrixStore:
+    """File-backed entries with per-entry locks and generation-token CAS."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        lock_timeout: float = 10.0,
+        poll_interval: float = 0.002,
+    ) -> None:
+        self.root = Path(root)
+        self.lock_timeout = lock_timeout
+        self.poll_interval = poll_interval
+
+    # -- directories ------------------------------------------------------------------------
+    def _check_dir(self, fd: int, path: Path) -> None:
+        info = os.fstat(fd)
+        if not stat.S_ISDIR(info.st_mode):  # pragma: no cover - O_DIRECTORY guarantees this
+            raise StateDirError(f"{path}: not a directory", path=str(path))
+        if info.st_uid != os.geteuid():
+            raise StateDirError(
+                f"{path}: owned by uid {info.st_uid}, not by you (uid {os.geteuid()}); "
+                "use a state dir of your own (--state-dir or PI_MATRIX_STATE_DIR)",
+                path=str(path),
+            )
+        if info.st_mode & 0o077:
+            raise StateDirError(
+                f"{path}: mode {stat.S_IMODE(info.st_mode):04o} lets others in; run 'chmod 700 {path}'",
+                path=str(path),
+            )
+
+    def _open_dir(self, path: Path, *, create: bool) -> int | None:
+        """An fd for ``path`` after the safety checks; None if it is absent and not created."""
+        for attempt in range(2):
+            try:
+                fd = os.open(path, _DIR_FLAGS)
+            except FileNotFoundError:
+                if not create or attempt:
+                    return None
+                self._make_dir(path)
+                continue
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise StateDirError(
+                        f"{path}: is a symlink or not a directory; point the state dir at a real "
+                        "directory (--state-dir or PI_MATRIX_STATE_DIR)",
+                        path=str(path),
+                        errno=exc.errno,
+                    ) from None
+                raise StoreError(f"{path}: cannot open ({exc.strerror})", path=str(path), errno=exc.errno) from None
+            try:
+                self._check_dir(fd, path)
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd
+        return None  # pragma: no cover
+
+    @staticmethod
+    def _make_dir(path: Path) -> None:
+        missing = []
+        probe = path
+        while not probe.exists() and probe != probe.parent:
+            missing.append(probe)
+            probe = probe.parent
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory, 0o700)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                raise StoreError(
+                    f"{directory}: cannot create the state dir ({exc.strerror})",
+                    path=str(directory),
+                    errno=exc.errno,
+                ) from None
+            # mkdir's mode is filtered by the umask; the state dir is 0700 whatever the umask.
+            os.chmod(directory, 0o700)
+
+    @contextmanager
+    def _root_fd(self, *, create: bool) -> Iterator[int | None]:
+        fd = self._open_dir(self.root, create=create)
+        try:
+            yield fd
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def exists(self) -> bool:
+        """Whether the state dir exists (nothing is created by asking)."""
+        return os.path.lexists(self.root)
+
+    # -- locking ------------------------------------------------------------------------------
+    def _lock(self, key: str) -> filelock.UnixFileLock:
+        lock_dir = self.root / LOCKS
+        fd = self._open_dir(lock_dir, create=True)
+        if fd is not None:
+            os.close(fd)
+        path = str(lock_dir / f"{key}.lock")
+        with _locks_guard:
+            # is_singleton: one lock object per path per process (a second object on the same
+            # path would contend with the first inside this process).
+            return filelock.UnixFileLock(
+                path,
+                timeout=self.lock_timeout,
+                mode=0o600,
+                is_singleton=True,
+                poll_interval=self.poll_interval,
+                fallback_to_soft=False,
+                preserve_lock_file=True,
+            )
+
+    @contextmanager
+    def locked(self, key: str) -> Iterator[int]:
+        """Hold ``key``'s lock; yields the state dir fd (created if needed)."""
+        parse_key(key)
+        with self._root_fd(create=True) as root_fd:
+            assert root_fd is not None
+            lock = self._lock(key)
+            try:
+                lock.acquire()
+            except filelock.Timeout:
+                raise LockUnavailable(
+                    f"{key}: lock still held after {self.lock_timeout:.0f}s; another pi-matrix "
+                    "process is writing this entry, retry shortly",
+                    path=lock.lock_file,
+                ) from None
+            except OSError as exc:
+                raise LockUnavailable(
+                    f"{lock.lock_file}: cannot take a real file lock ({exc.strerror}); the state dir "
+                    "must be on a local filesystem that supports flock",
+                    path=lock.lock_file,
+                    errno=exc.errno,
+                ) from None
+            try:
+                self._sweep_temp(root_fd, key)
+                yield root_fd
+            finally:
+                lock.release()
+
+    @staticmethod
+    def _sweep_temp(root_fd: int, key: str) -> None:
+        # Writes to a key are serialised by its lock, so one temp name per key suffices and any
+        # temp found while holding the lock was left by a writer that died mid-write.
+        try:
+            os.unlink(f".{key}{TMP_SUFFIX}", dir_fd=root_fd)
+        except FileNotFoundError:
+            pass
+
+    # -- reading --------------------------------------------------------------------------------
+    def _read(self, root_fd: int, key: str) -> Entry | None:
+        """The entry for ``key``, None if absent; CorruptEntry if the file is not valid."""
+        try:
+            return self._read_file(root_fd, key)[0]
+        except FileNotFoundError:
+            return None
+
+    def _read_file(self, root_fd: int, key: str) -> tuple[Entry, dict[str, object]]:
+        name = key + SUFFIX
+        path = str(self.root / name)
+        try:
+            fd = os.open(name, _READ_FLAGS, dir_fd=root_fd)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise CorruptEntry(path, "is a symlink (never followed)") from None
+            raise CorruptEntry(path, f"cannot open ({exc.strerror})") from None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise CorruptEntry(path, f"is not a regular file ({_kind(info.st_mode)})")
+            if info.st_size > MAX_ENTRY_BYTES:
+                raise CorruptEntry(path, f"is {info.st_size} bytes, over the {MAX_ENTRY_BYTES} byte cap")
+            data = os.read(fd, MAX_ENTRY_BYTES + 1)
+        except OSError as exc:
+            raise CorruptEntry(path, f"cannot read ({exc.strerror})") from None
+        finally:
+            os.close(fd)
+        try:
+            return decode_entry(data, key)
+        except DecodeError as exc:
+            error = CorruptEntry(path, exc.reason)
+            error.newer = exc.newer  # type: ignore[attr-defined]
+            raise error from None
+
+    def get(self, key: str) -> Entry:
+        """The current entry for ``key`` (no lock: every read sees a whole version)."""
+        parse_key(key)
+        with self._root_fd(create=False) as root_fd:
+            if root_fd is None:
+                raise NotFound(key)
+            entry = self._read(root_fd, key)
+        if entry is None:
+            raise NotFound(key)
+        return entry
+
+    def find(self, key: str) -> Entry | None:
+        """Like :meth:`get` but None when absent."""
+        try:
+            return self.get(key)
+        except NotFound:
+            return None
+
+    def list(self) -> ListResult:
+        """Every valid entry, sorted by key; every other file reported, nothing changed."""
+        entries: list[tuple[str, Entry, dict[str, object]]] = []
+        problems: list[Problem] = []
+        with self._root_fd(create=False) as root_fd:
+            if root_fd is None:
+                return ListResult((), (), ())
+            with os.scandir(root_fd) as scan:
+                names = [(item.name, item.is_dir(follow_symlinks=False)) for item in scan]
+            for name, is_dir in sorted(names):
+                if name.startswith("."):
+                    continue  # writes in flight (or a dead writer's temp, swept under the lock)
+                path = str(self.root / name)
+                if is_dir and name in RESERVED_DIRS:
+                    continue
+                if not name.endswith(SUFFIX):
+                    problems.append(Problem(path, "not an entry file (foreign)", "foreign"))
+                    continue
+                key = name[: -len(SUFFIX)]
+                if not _is_key(key):
+                    problems.append(
+                        Problem(path, "file name is not an entry key (<role>-<sessionId>.json)", "foreign")
+                    )
+                    continue
+                try:
+                    entry, raw = self._read_file(root_fd, key)
+                except FileNotFoundError:
+                    continue  # deleted while we listed
+                except CorruptEntry as exc:
+                    kind = "newer" if getattr(exc, "newer", False) else "corrupt"
+                    problems.append(Problem(path, exc.reason, kind))
+                    continue
+                entries.append((key, entry, raw))
+        return ListResult(
+            tuple(e for _, e, _ in entries), tuple(r for _, _, r in entries), tuple(problems)
+        )
+
+    # -- writing ----------------------------------------------------------------------------------
+    def _write(self, root_fd: int, key: str, entry: Entry, *, exclusive: bool) -> None:
+        data = encode_entry(entry)
+        tmp = f".{key}{TMP_SUFFIX}"
+        name = key + SUFFIX
+        path = str(self.root / name)
+        try:
+            fd = os.open(tmp, _CREATE_FLAGS, 0o600, dir_fd=root_fd)
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot write ({exc.strerror})", path=path, errno=exc.errno) from None
+        committed = False
+        try:
+            try:
+                # O_CREAT's mode is filtered by the umask (000 -> fine, 277 -> unwritable); the
+                # entry is 0600 whatever the umask.
+                os.fchmod(fd, 0o600)
+                _write_all(fd, data)
+                _fsync(fd)
+            finally:
+                os.close(fd)
+            if exclusive:
+                try:
+                    os.link(tmp, name, src_dir_fd=root_fd, dst_dir_fd=root_fd, follow_symlinks=False)
+                except FileExistsError:
+                    raise EntryExists(key, None) from None
+                os.unlink(tmp, dir_fd=root_fd)
+            else:
+                os.replace(tmp, name, src_dir_fd=root_fd, dst_dir_fd=root_fd)
+            committed = True
+            _fsync(root_fd)
+        except OSError as exc:
+            note = "; the new version is in place but may not survive a crash" if committed else ""
+            raise StoreError(
+                f"{path}: write failed ({exc.strerror}){note}; the change was not acknowledged",
+                path=path,
+                errno=exc.errno,
+            ) from None
+        finally:
+            if not committed:
+                try:
+                    os.unlink(tmp, dir_fd=root_fd)
+                except OSError:
+                    pass
+
+    def _stamp(self, entry: Entry, *, register: bool) -> Entry:
+        token = new_token()
+        now = now_ms()
+        if register:
+            return attrs.evolve(entry, generation=token, registration=token, updated_at=now)
+        return attrs.evolve(entry, generation=token, updated_at=now)
+
+    def create(self, entry: Entry) -> Entry:
+        """Write a new entry; :class:`EntryExists` if the key is taken. Returns it stamped."""
+        with self.locked(entry.key) as root_fd:
+            found = self._try_read(root_fd, entry.key)
+            if found is not None:
+                raise EntryExists(entry.key, found)
+            stamped = self._stamp(entry, register=True)
+            self._write(root_fd, entry.key, stamped, exclusive=True)
+            return stamped
+
+    def register(self, entry: Entry) -> Entry:
+        """Write ``entry`` as a new process generation, whatever was there before.
+
+        This is how a newer process of the same session takes ownership: every write of the
+        older process after this one fails with :class:`Conflict`.
+        """
+        with self.locked(entry.key) as root_fd:
+            stamped = self._stamp(entry, register=True)
+            self._write(root_fd, entry.key, stamped, exclusive=False)
+            return stamped
+
+    def _try_read(self, root_fd: int, key: str) -> str | None:
+        """The generation on disk for ``key`` (``<corrupt>`` if unreadable), or None if absent."""
+        try:
+            entry = self._read(root_fd, key)
+        except CorruptEntry:
+            return "<corrupt>"
+        return None if entry is None else entry.generation
+
+    def update(
+        self,
+        key: str,
+        change: Callable[[Entry], Entry | None],
+        *,
+        expected: str | None = None,
+    ) -> Entry:
+        """Re-read under the lock, apply ``change``, write the result under a fresh token.
+
+        If ``expected`` is given the entry must still carry that generation (else
+        :class:`Conflict`). ``change`` may return None to write nothing (the current entry is
+        returned). A corrupt entry is never overwritten: :class:`CorruptEntry` is raised.
+        """
+        with self.locked(key) as root_fd:
+            current = self._read(root_fd, key)
+            if current is None:
+                if expected is not None:
+                    raise Conflict(key, expected, None)
+                raise NotFound(key)
+            if expected is not None and current.generation != expected:
+                raise Conflict(key, expected, current.generation)
+            changed = change(current)
+            if changed is None:
+                return current
+            if changed.key != key:
+                raise StoreError(f"{key}: an update may not change the key (to {changed.key})")
+            stamped = self._stamp(changed, register=False)
+            self._write(root_fd, key, stamped, exclusive=False)
+            return stamped
+
+    def replace(self, key: str, expected: str, entry: Entry) -> Entry:
+        """Replace the entry only if ``expected`` is still its generation."""
+        return self.update(key, lambda _current: entry, expected=expected)
+
+    def delete(self, key: str, expected: str) -> None:
+        """Delete the entry only if ``expected`` is still its generation. The lock file stays."""
+        with self.locked(key) as root_fd:
+            current = self._read(root_fd, key)
+            found = None if current is None else current.generation
+            if found != expected:
+                raise Conflict(key, expected, found)
+            path = str(self.root / (key + SUFFIX))
+            try:
+                os.unlink(key + SUFFIX, dir_fd=root_fd)
+                _fsync(root_fd)
+            except OSError as exc:
+                raise StoreError(f"{path}: delete failed ({exc.strerror})", path=path, errno=exc.errno) from None
+
+    # -- repair -----------------------------------------------------------------------------------
+    def repair(self, *, dry_run: bool = False) -> list[RepairAction]:
+        """Move corrupt and foreign files to ``quarantine/``; remove dead writers' temp files.
+
+        Files written by a newer pi-matrix are reported and left alone. With ``dry_run`` nothing
+        is created, locked, moved or removed.
+        """
+        actions: list[RepairAction] = []
+        with self._root_fd(create=False) as root_fd:
+            if root_fd is None:
+                return actions
+            with os.scandir(root_fd) as scan:
+                names = sorted(item.name for item in scan)
+        temps = [n for n in names if n.startswith(".") and n.endswith(TMP_SUFFIX)]
+        for name in temps:
+            key = name[1 : -len(TMP_SUFFIX)]
+            if not _is_key(key):
+                continue
+            actions.append(RepairAction(str(self.root / name), "remove-temp", "left by a writer that died"))
+            if not dry_run:
+                with self.locked(key):
+                    pass  # taking the lock sweeps the temp
+        for problem in self.list().problems:
+            if problem.kind == "newer":
+                actions.append(RepairAction(problem.path, "skip", problem.reason))
+                continue
+            name = os.path.basename(problem.path)
+            target = str(self.root / QUARANTINE / f"{name}.{now_ms()}.{secrets.token_hex(3)}")
+            actions.append(RepairAction(problem.path, "quarantine", problem.reason, target))
+            if not dry_run:
+                self._quarantine(name, target)
+        return actions
+
+    def _quarantine(self, name: str, target: str) -> None:
+        key = name[: -len(SUFFIX)] if name.endswith(SUFFIX) else None
+        qdir = self.root / QUARANTINE
+        fd = self._open_dir(qdir, create=True)
+        if fd is not None:
+            os.close(fd)
+        if key is not None and _is_key(key):
+            with self.locked(key) as root_fd:
+                # Re-check under the lock: a writer may have repaired it meanwhile.
+                try:
+                    self._read(root_fd, key)
+                    return
+                except CorruptEntry:
+                    pass
+                _move(self.root / name, target)
+        else:
+            _move(self.root / name, target)
+
+
+def _move(source: Path, target: str) -> None:
+    if os.path.lexists(target):  # pragma: no cover - names carry a timestamp and random suffix
+        raise StoreError(f"{target}: already exists; retry repair", path=target)
+    try:
+        os.rename(source, target)  # renames the symlink/FIFO itself, never its target
+    except OSError as exc:
+        raise StoreError(
+            f"{source}: cannot move to quarantine ({exc.strerror})", path=str(source), errno=exc.errno
+        ) from None
+
+
+def _is_key(name: str) -> bool:
+    try:
+        parse_key(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _kind(mode: int) -> str:
+    for test, label in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return label
+    return "not a regular file"

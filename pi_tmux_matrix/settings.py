@@ -1,0 +1,168 @@
+"""``processMatrix`` settings, the agent dir and the state dir.
+
+Settings never crash anything: an out-of-bounds number is clamped, a wrong type or an
+unreadable file falls back to the default, and each of those says so once as a warning.
+``enabled: false`` is the hard off switch: callers check it before creating anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+from . import strictjson
+
+__all__ = [
+    "BOUNDS",
+    "DEFAULTS",
+    "MatrixSettings",
+    "agent_dir",
+    "load_settings",
+    "resolve_state_dir",
+]
+
+log = logging.getLogger(__name__)
+
+ENV_AGENT_DIR: Final = "PI_CODING_AGENT_DIR"
+ENV_STATE_DIR: Final = "PI_MATRIX_STATE_DIR"
+SETTINGS_MAX_BYTES: Final = 1024 * 1024
+
+# camelCase key -> (default, low, high); bounds from seed 000.
+BOUNDS: Final[dict[str, tuple[int, int, int]]] = {
+    "heartbeatMs": (30_000, 1_000, 600_000),
+    "adoptionGraceMs": (300_000, 5_000, 3_600_000),
+    "watcherPollMs": (25_000, 1_000, 600_000),
+}
+DEFAULTS: Final[dict[str, Any]] = {"enabled": True, **{k: v[0] for k, v in BOUNDS.items()}}
+
+
+@attrs.frozen(kw_only=True)
+class MatrixSettings:
+    """The settings in force, and where each value came from (``default`` or a file path)."""
+
+    enabled: bool = True
+    heartbeat_ms: int = 30_000
+    adoption_grace_ms: int = 300_000
+    watcher_poll_ms: int = 25_000
+    sources: Mapping[str, str] = attrs.field(factory=dict, eq=False)
+
+
+_FIELD = {
+    "enabled": "enabled",
+    "heartbeatMs": "heartbeat_ms",
+    "adoptionGraceMs": "adoption_grace_ms",
+    "watcherPollMs": "watcher_poll_ms",
+}
+
+
+def agent_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``$PI_CODING_AGENT_DIR``, else ``~/.pi/agent`` (pi's own convention)."""
+    source = os.environ if env is None else env
+    value = source.get(ENV_AGENT_DIR)
+    if value:
+        return Path(value).expanduser()
+    home = source.get("HOME") or os.path.expanduser("~")
+    return Path(home) / ".pi" / "agent"
+
+
+def resolve_state_dir(cli_value: str | None = None, env: Mapping[str, str] | None = None) -> Path:
+    """``--state-dir``, else ``$PI_MATRIX_STATE_DIR``, else ``<agent dir>/state/process-matrix``."""
+    source = os.environ if env is None else env
+    if cli_value:
+        return Path(cli_value).expanduser()
+    if source.get(ENV_STATE_DIR):
+        return Path(source[ENV_STATE_DIR]).expanduser()
+    return agent_dir(source) / "state" / "process-matrix"
+
+
+def _read_section(path: Path) -> dict[str, Any] | None:
+    """The ``processMatrix`` object of one settings file, or None (warned) if unusable."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(SETTINGS_MAX_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("%s: cannot read settings (%s); using defaults for its values", path, exc.strerror)
+        return None
+    try:
+        document = strictjson.loads(data, max_bytes=SETTINGS_MAX_BYTES)
+    except strictjson.StrictJSONError as exc:
+        log.warning("%s: not valid settings JSON (%s); using defaults for its values", path, exc)
+        return None
+    if not isinstance(document, dict):
+        log.warning("%s: settings must be a JSON object; using defaults for its values", path)
+        return None
+    section = document.get("processMatrix")
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        log.warning(
+            "%s: processMatrix must be an object, not %s; using defaults",
+            path,
+            type(section).__name__,
+        )
+        return None
+    return section
+
+
+def _coerce(key: str, value: Any, path: Path) -> Any:
+    """A valid value for ``key`` (clamped if needed), or the sentinel None to keep the default."""
+    if key == "enabled":
+        if isinstance(value, bool):
+            return value
+        log.warning("%s: processMatrix.enabled must be true or false, not %r; using default", path, value)
+        return None
+    default, low, high = BOUNDS[key]
+    # bool is an int subclass: `true` is a type error, not 1 ms.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        log.warning(
+            "%s: processMatrix.%s must be a number of milliseconds, not %r; using default %d",
+            path, key, value, default,
+        )
+        return None
+    if isinstance(value, float) and not value.is_integer():
+        value = round(value)
+    number = int(value)
+    if number < low or number > high:
+        clamped = min(max(number, low), high)
+        log.warning(
+            "%s: processMatrix.%s=%d is outside %d..%d; clamped to %d",
+            path, key, number, low, high, clamped,
+        )
+        return clamped
+    return number
+
+
+def load_settings(
+    cwd: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> MatrixSettings:
+    """Defaults, overridden by ``<agent dir>/settings.json``, overridden by ``<cwd>/.pi/settings.json``."""
+    source = os.environ if env is None else env
+    values: dict[str, Any] = dict(DEFAULTS)
+    sources: dict[str, str] = dict.fromkeys(DEFAULTS, "default")
+    files = [agent_dir(source) / "settings.json"]
+    project = Path(cwd if cwd is not None else os.getcwd()) / ".pi" / "settings.json"
+    if project != files[0]:
+        files.append(project)
+    for path in files:
+        section = _read_section(path)
+        if not section:
+            continue
+        for key, value in section.items():
+            if key not in DEFAULTS:
+                log.warning("%s: unknown setting processMatrix.%s ignored", path, str(key)[:60])
+                continue
+            coerced = _coerce(key, value, path)
+            if coerced is not None:
+                values[key] = coerced
+                sources[key] = str(path)
+    return MatrixSettings(
+        **{_FIELD[key]: value for key, value in values.items()},
+        sources={_FIELD[key]: src for key, src in sources.items()},
+    )

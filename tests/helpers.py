@@ -1,0 +1,74 @@
+"""Builders shared by the tests (real entries, real processes)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+from pi_tmux_matrix import procs
+from pi_tmux_matrix.identity import AgentIdentityContract, Role
+from pi_tmux_matrix.matrix.model import Entry, Status
+from pi_tmux_matrix.matrix.store import now_ms
+
+
+def make_identity(session: str = "s1", **changes: Any) -> AgentIdentityContract:
+    fields: dict[str, Any] = {"agent_id": f"agent-{session}", "session_id": session}
+    fields.update(changes)
+    return AgentIdentityContract(**fields)
+
+
+def make_entry(
+    session: str = "s1",
+    *,
+    role: Role = Role.WORKER,
+    status: Status = Status.RUNNING,
+    identity: AgentIdentityContract | None = None,
+    process: procs.ProcessIdentity | None = None,
+    **changes: Any,
+) -> Entry:
+    identity = identity or make_identity(session)
+    now = now_ms()
+    fields: dict[str, Any] = {
+        "key": identity.key(role),
+        "role": role,
+        "status": status,
+        "identity": identity,
+        "created_at": now,
+        "updated_at": now,
+    }
+    if process is not None:
+        fields.update(pid=process.pid, proc_start=process.start_ticks, boot_id=process.boot_id)
+    fields.update(changes)
+    return Entry(**fields)
+
+
+def spawn_sleeper(seconds: float = 60) -> subprocess.Popen[bytes]:
+    """A real child process the test owns (killed by pid in the test's cleanup)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", f"import time; time.sleep({seconds})"],
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def dir_digest(root: str) -> dict[str, tuple[int, int, int, str]]:
+    """Every name under ``root`` (not following links) with type, mode, size, content hash."""
+    import hashlib
+    import stat
+
+    out: dict[str, tuple[int, int, int, str]] = {}
+    for base, dirs, files in os.walk(root, followlinks=False):
+        for name in dirs + files:
+            path = os.path.join(base, name)
+            info = os.lstat(path)
+            digest = ""
+            if stat.S_ISREG(info.st_mode):
+                with open(path, "rb") as handle:
+                    digest = hashlib.sha256(handle.read()).hexdigest()
+            elif stat.S_ISLNK(info.st_mode):
+                digest = os.readlink(path)
+            out[os.path.relpath(path, root)] = (
+                stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), info.st_size, digest
+            )
+    return out
