@@ -244,12 +244,13 @@ def add_contract_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--parent-session", metavar="ID", help=f"the parent's session id ({ENV_PARENT_SESSION})"
     )
-    group.add_argument(
-        "--agent-id", metavar="ID", help=f"the stable logical agent id ({ENV_AGENT_ID})"
-    )
+    group.add_argument("--agent-id", metavar="ID", help=f"the stable logical agent id ({ENV_AGENT_ID})")
     group.add_argument("--task-ref", metavar="REF", help=f"the goal/task identity ({ENV_TASK_REF})")
     group.add_argument(
-        "--worktree-lane", "--lane", dest="worktree_lane", metavar="LANE",
+        "--worktree-lane",
+        "--lane",
+        dest="worktree_lane",
+        metavar="LANE",
         help=f"the worktree lane ({ENV_WORKTREE_LANE})",
     )
 
@@ -264,9 +265,7 @@ def contract_from_args(args: argparse.Namespace, env: Mapping[str, str] | None =
         return _optional(source, name), name
 
     pid_raw, pid_src = pick(getattr(args, "parent_pid", None), ENV_PARENT_PID, "--parent-pid")
-    session, session_src = pick(
-        getattr(args, "parent_session", None), ENV_PARENT_SESSION, "--parent-session"
-    )
+    session, session_src = pick(getattr(args, "parent_session", None), ENV_PARENT_SESSION, "--parent-session")
     agent, _ = pick(getattr(args, "agent_id", None), ENV_AGENT_ID, "--agent-id")
     task, task_src = pick(getattr(args, "task_ref", None), ENV_TASK_REF, "--task-ref")
     lane, lane_src = pick(getattr(args, "worktree_lane", None), ENV_WORKTREE_LANE, "--worktree-lane")

@@ -121,6 +121,4 @@ class CorruptEntry(StoreError):
 
     def __init__(self, path: str, reason: str) -> None:
         self.reason = reason
-        super().__init__(
-            f"{path}: {reason}; run 'pi-matrix repair' to move it to quarantine/", path=path
-        )
+        super().__init__(f"{path}: {reason}; run 'pi-matrix repair' to move it to quarantine/", path=path)

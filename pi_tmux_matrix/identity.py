@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from enum import Enum
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
@@ -124,7 +125,10 @@ def parse_key(key: object) -> tuple[Role, str]:
     return Role(match.group(1)), match.group(2)
 
 
-def _optional_id(field: str) -> attrs.AttrsInstance | object:
+_Validator = Callable[[Any, Any, Any], None]
+
+
+def _optional_id(field: str) -> _Validator:
     def check(_inst: object, _attr: attrs.Attribute[str | None], value: str | None) -> None:
         if value is not None:
             validate_id(value, field)
@@ -132,7 +136,7 @@ def _optional_id(field: str) -> attrs.AttrsInstance | object:
     return check
 
 
-def _optional_path(field: str) -> object:
+def _optional_path(field: str) -> _Validator:
     def check(_inst: object, _attr: attrs.Attribute[str | None], value: str | None) -> None:
         if value is None:
             return
@@ -152,9 +156,7 @@ def _check_path(value: object, field: str) -> None:
         raise InvalidId(field, f"{_shown(value)} is relative", "give an absolute path")
 
 
-def _check_pointers(
-    _inst: object, _attr: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]
-) -> None:
+def _check_pointers(_inst: object, _attr: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
     if len(value) > MAX_RESOURCE_POINTERS:
         raise InvalidId(
             "resourcePointers",
@@ -182,9 +184,7 @@ class AgentIdentityContract:
     profile: str | None = attrs.field(default=None, validator=_optional_id("profile"))
     provider: str | None = attrs.field(default=None, validator=_optional_id("provider"))
     mode: Mode | None = None
-    resource_pointers: tuple[str, ...] = attrs.field(
-        default=(), converter=tuple, validator=_check_pointers
-    )
+    resource_pointers: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_check_pointers)
 
     def key(self, role: Role) -> str:
         """The matrix key of the entry this identity registers as ``role``."""

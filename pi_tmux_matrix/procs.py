@@ -124,9 +124,8 @@ def wait_for_exit(
     if not is_alive(identity):
         return True
     fd = _open_pidfd(identity)
-    if fd is None:
-        if not is_alive(identity):
-            return True
+    if fd is None and not is_alive(identity):
+        return True
     try:
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()

@@ -120,10 +120,13 @@ def _coerce(key: str, value: Any, path: Path) -> Any:
         return None
     default, low, high = BOUNDS[key]
     # bool is an int subclass: `true` is a type error, not 1 ms.
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         log.warning(
             "%s: processMatrix.%s must be a number of milliseconds, not %r; using default %d",
-            path, key, value, default,
+            path,
+            key,
+            value,
+            default,
         )
         return None
     if isinstance(value, float) and not value.is_integer():
@@ -133,7 +136,12 @@ def _coerce(key: str, value: Any, path: Path) -> Any:
         clamped = min(max(number, low), high)
         log.warning(
             "%s: processMatrix.%s=%d is outside %d..%d; clamped to %d",
-            path, key, number, low, high, clamped,
+            path,
+            key,
+            number,
+            low,
+            high,
+            clamped,
         )
         return clamped
     return number

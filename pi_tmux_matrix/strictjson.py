@@ -87,9 +87,7 @@ def loads(text: str | bytes, *, max_bytes: int, max_depth: int = MAX_DEPTH) -> A
     if not _depth_ok(text, max_depth):
         raise StrictJSONError(f"nested deeper than {max_depth} levels")
     try:
-        return json.loads(
-            text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant
-        )
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except StrictJSONError:
         raise
     except RecursionError:

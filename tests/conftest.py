@@ -2,18 +2,17 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from pi_tmux_matrix.matrix.store import MatrixStore  # noqa: E402
+from pi_tmux_matrix.matrix.store import MatrixStore
 
 
 @pytest.fixture(autouse=True)
-def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own HOME and agent dir; a developer's ~/.pi never leaks in."""
     home = tmp_path / "home"
     home.mkdir()
@@ -29,7 +28,7 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Pa
         "PI_WORKTREE_LANE",
     ):
         monkeypatch.delenv(name, raising=False)
-    yield home
+    return home
 
 
 @pytest.fixture

@@ -25,7 +25,9 @@ def register(sub: Any, epilog: str) -> None:
     """Add the entry verbs to the top-level subparsers."""
     common = {"epilog": epilog, "formatter_class": argparse.RawDescriptionHelpFormatter}
     ls = sub.add_parser("ls", help="list every entry; 'alive' is judged by process identity", **common)
-    ls.add_argument("--json", action="store_true", help="print a JSON array of the stored entries plus 'alive'")
+    ls.add_argument(
+        "--json", action="store_true", help="print a JSON array of the stored entries plus 'alive'"
+    )
     ls.set_defaults(handler=cmd_ls)
 
     show = sub.add_parser("show", help="one entry: status, identity, directive, payload, handoffs", **common)
@@ -89,7 +91,7 @@ def cmd_ls(args: argparse.Namespace, io: Io) -> int:
     result = _store(args).list()
     alive = _Liveness()
     if args.json:
-        rows = [{**raw, "alive": alive(entry)} for entry, raw in zip(result.entries, result.raw)]
+        rows = [{**raw, "alive": alive(entry)} for entry, raw in zip(result.entries, result.raw, strict=True)]
         io.out.write(json.dumps(rows, ensure_ascii=False) + "\n")
         _report(result.problems, io)
         return EXIT_OK
@@ -135,17 +137,19 @@ def cmd_show(args: argparse.Namespace, io: Io) -> int:
         return EXIT_OK
     now = now_ms()
     lines = [
-        f"{entry.key}  {entry.role.value}  {entry.status.value}"
-        + (f" ({entry.reason})" if entry.reason else ""),
+        (
+            f"{entry.key}  {entry.role.value}  {entry.status.value}"
+            + (f" ({entry.reason})" if entry.reason else "")
+        ),
         f"  alive        {'yes' if alive else 'no'} (pid {entry.pid}, start {entry.proc_start})",
         f"  generation   {entry.generation} (registered as {entry.registration})",
-        f"  created      {_age(now, entry.created_at)} ago; updated {_age(now, entry.updated_at)} ago;"
-        f" heartbeat {_age(now, entry.heartbeat_at)} ago",
+        (
+            f"  created      {_age(now, entry.created_at)} ago; updated {_age(now, entry.updated_at)} ago;"
+            f" heartbeat {_age(now, entry.heartbeat_at)} ago"
+        ),
     ]
     if entry.parent_pid is not None:
-        lines.append(
-            f"  parent       pid {entry.parent_pid} session {entry.parent_session_id or '-'}"
-        )
+        lines.append(f"  parent       pid {entry.parent_pid} session {entry.parent_session_id or '-'}")
     if entry.child_pid is not None:
         lines.append(f"  child        pid {entry.child_pid} start {entry.child_proc_start}")
     if entry.task_ref:
@@ -165,7 +169,8 @@ def cmd_show(args: argparse.Namespace, io: Io) -> int:
         state = "delivered" if handoff.delivered_at else "UNDELIVERED"
         lines.append(f"  handoff      {handoff.id} {handoff.outcome.value} {state}")
     if entry.exit is not None:
-        lines.append(f"  exit         {entry.exit.kind.value} code {entry.exit.code} signal {entry.exit.signal}")
+        ended = entry.exit
+        lines.append(f"  exit         {ended.kind.value} code {ended.code} signal {ended.signal}")
     io.out.write("\n".join(lines) + "\n")
     return EXIT_OK
 

@@ -17,7 +17,6 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 from cattrs.preconf.json import make_converter
 
 from .. import strictjson
-from ..errors import PiMatrixError
 from .model import SCHEMA_VERSION, Entry
 
 __all__ = [
@@ -65,9 +64,10 @@ def _make_converter(*, detailed: bool) -> cattrs.Converter:
     conv = make_converter(
         forbid_extra_keys=True, prefer_attrib_converters=False, detailed_validation=detailed
     )
-    conv.register_structure_hook(int, _strict(int, "an integer"))
-    conv.register_structure_hook(str, _strict(str, "a string"))
-    conv.register_structure_hook(bool, _strict(bool, "true or false"))
+    # Exact-type predicates, not singledispatch: a class hook for str would also catch every
+    # str-valued Enum (singledispatch matches subclasses) and hand back a bare string.
+    for kind, label in ((int, "an integer"), (str, "a string"), (bool, "true or false")):
+        conv.register_structure_hook_func(lambda t, k=kind: t is k, _strict(kind, label))
 
     # Registered after the str hook so that str-valued enums are not taken for plain strings.
     def is_enum(cls: Any) -> bool:
@@ -87,11 +87,11 @@ def _make_converter(*, detailed: bool) -> cattrs.Converter:
         return attrs.has(cls)
 
     def structure_factory(cls: Any) -> Any:
-        renames = {f.name: override(rename=to_camel(f.name)) for f in attrs.fields(cls)}
+        renames: dict[str, Any] = {f.name: override(rename=to_camel(f.name)) for f in attrs.fields(cls)}
         return make_dict_structure_fn(cls, conv, _cattrs_forbid_extra_keys=True, **renames)
 
     def unstructure_factory(cls: Any) -> Any:
-        renames = {f.name: override(rename=to_camel(f.name)) for f in attrs.fields(cls)}
+        renames: dict[str, Any] = {f.name: override(rename=to_camel(f.name)) for f in attrs.fields(cls)}
         return make_dict_unstructure_fn(cls, conv, **renames)
 
     conv.register_structure_hook_factory(is_attrs, structure_factory)

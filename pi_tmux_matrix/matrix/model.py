@@ -9,8 +9,9 @@ directive into my entry" (same registration) from "a newer process owns it now" 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
@@ -53,21 +54,11 @@ class Status(str, Enum):
 
 _S = Status
 LEGAL_TRANSITIONS: Final[dict[Status, frozenset[Status]]] = {
-    _S.LAUNCHING: frozenset(
-        {_S.LAUNCHING, _S.RUNNING, _S.RESUMABLE, _S.TERMINAL, _S.CLOSED}
-    ),
-    _S.RUNNING: frozenset(
-        {_S.RUNNING, _S.WINDING_DOWN, _S.RESUMABLE, _S.TERMINAL, _S.CLOSED}
-    ),
-    _S.WINDING_DOWN: frozenset(
-        {_S.WINDING_DOWN, _S.RESUMABLE, _S.RUNNING, _S.TERMINAL, _S.CLOSED}
-    ),
-    _S.RESUMABLE: frozenset(
-        {_S.RESUMABLE, _S.ADOPTED, _S.RUNNING, _S.LAUNCHING, _S.TERMINAL, _S.CLOSED}
-    ),
-    _S.ADOPTED: frozenset(
-        {_S.ADOPTED, _S.RUNNING, _S.WINDING_DOWN, _S.RESUMABLE, _S.TERMINAL, _S.CLOSED}
-    ),
+    _S.LAUNCHING: frozenset({_S.LAUNCHING, _S.RUNNING, _S.RESUMABLE, _S.TERMINAL, _S.CLOSED}),
+    _S.RUNNING: frozenset({_S.RUNNING, _S.WINDING_DOWN, _S.RESUMABLE, _S.TERMINAL, _S.CLOSED}),
+    _S.WINDING_DOWN: frozenset({_S.WINDING_DOWN, _S.RESUMABLE, _S.RUNNING, _S.TERMINAL, _S.CLOSED}),
+    _S.RESUMABLE: frozenset({_S.RESUMABLE, _S.ADOPTED, _S.RUNNING, _S.LAUNCHING, _S.TERMINAL, _S.CLOSED}),
+    _S.ADOPTED: frozenset({_S.ADOPTED, _S.RUNNING, _S.WINDING_DOWN, _S.RESUMABLE, _S.TERMINAL, _S.CLOSED}),
     # A terminal entry only gains delivery marks until every handoff is delivered.
     _S.TERMINAL: frozenset({_S.TERMINAL, _S.CLOSED}),
     _S.CLOSED: frozenset(),
@@ -90,6 +81,9 @@ class ExitKind(str, Enum):
     CRASHED = "crashed"  # a signal its owner did not send
 
 
+_Validator = Callable[[Any, Any, Any], None]
+
+
 def bounded(text: str, limit: int = MAX_TEXT) -> str:
     """``text`` cut to ``limit`` characters with a marker, so records stay small."""
     if len(text) <= limit:
@@ -98,7 +92,7 @@ def bounded(text: str, limit: int = MAX_TEXT) -> str:
     return text[: limit - len(marker)] + marker
 
 
-def _max_len(field: str, limit: int) -> object:
+def _max_len(field: str, limit: int) -> _Validator:
     def check(_inst: object, _attr: object, value: str | None) -> None:
         if value is not None and len(value) > limit:
             raise InvalidId(field, f"{len(value)} characters", f"keep it within {limit}")
@@ -127,11 +121,11 @@ class ResumablePayload:
     """Everything needed to resume the same logical agent: one clone of its identity."""
 
     identity: AgentIdentityContract
-    reason: str = attrs.field(validator=_max_len("reason", MAX_REASON))  # type: ignore[arg-type]
+    reason: str = attrs.field(validator=_max_len("reason", MAX_REASON))
     at: int
     task_ref: str | None = attrs.field(default=None, validator=_optional_task_ref)
-    task_summary: str = attrs.field(default="", validator=_max_len("taskSummary", MAX_TEXT))  # type: ignore[arg-type]
-    checkpoint: str | None = attrs.field(default=None, validator=_max_len("checkpoint", MAX_TEXT))  # type: ignore[arg-type]
+    task_summary: str = attrs.field(default="", validator=_max_len("taskSummary", MAX_TEXT))
+    checkpoint: str | None = attrs.field(default=None, validator=_max_len("checkpoint", MAX_TEXT))
 
 
 @attrs.frozen(kw_only=True)
@@ -155,7 +149,7 @@ class Handoff:
     created_at: int
     code: int | None = None
     signal: int | None = None
-    summary: str = attrs.field(default="", validator=_max_len("summary", MAX_TEXT))  # type: ignore[arg-type]
+    summary: str = attrs.field(default="", validator=_max_len("summary", MAX_TEXT))
     result_pointer: str | None = None
     delivered_at: int | None = None
 
@@ -176,7 +170,7 @@ class Entry:
     created_at: int
     updated_at: int
     schema_version: int = SCHEMA_VERSION
-    reason: str | None = attrs.field(default=None, validator=_max_len("reason", MAX_REASON))  # type: ignore[arg-type]
+    reason: str | None = attrs.field(default=None, validator=_max_len("reason", MAX_REASON))
     generation: str = ""
     registration: str = ""
     pid: int | None = None
@@ -191,9 +185,7 @@ class Entry:
     heartbeat_at: int | None = None
     directive: Directive | None = None
     resumable: ResumablePayload | None = None
-    handoffs: tuple[Handoff, ...] = attrs.field(
-        default=(), converter=tuple, validator=_check_handoffs
-    )
+    handoffs: tuple[Handoff, ...] = attrs.field(default=(), converter=tuple, validator=_check_handoffs)
     exit: ExitRecord | None = None
 
     def __attrs_post_init__(self) -> None:
@@ -201,7 +193,9 @@ class Entry:
         # record of some other agent and must never be trusted as this one.
         expected = self.identity.key(self.role)
         if self.key != expected:
-            raise InvalidId("key", f"{self.key!r} does not match role and sessionId", f"expected {expected!r}")
+            raise InvalidId(
+                "key", f"{self.key!r} does not match role and sessionId", f"expected {expected!r}"
+            )
 
     @property
     def process(self) -> ProcessIdentity | None:
@@ -233,8 +227,8 @@ class Entry:
         """Whether the lifecycle allows ``status -> target``."""
         return target in LEGAL_TRANSITIONS[self.status]
 
-    def moved(self, target: Status, *, reason: str | None = None, **changes: object) -> Entry:
+    def moved(self, target: Status, *, reason: str | None = None, **changes: Any) -> Entry:
         """A copy in ``target`` status; raises :class:`IllegalTransition` if not allowed."""
         if not self.can_move_to(target):
             raise IllegalTransition(self.key, self.status.value, target.value)
-        return attrs.evolve(self, status=target, reason=reason, **changes)  # type: ignore[arg-type]
+        return attrs.evolve(self, status=target, reason=reason, **changes)

@@ -25,9 +25,7 @@ __all__ = ["MAX_AGE_MS", "Action", "ActionKind", "Facts", "Plan", "reconcile"]
 
 MAX_AGE_MS: Final = 30 * 24 * 3600 * 1000
 _EXPIRING: Final = frozenset({Status.RESUMABLE, Status.ADOPTED, Status.TERMINAL})
-_INTERRUPTIBLE: Final = frozenset(
-    {Status.LAUNCHING, Status.RUNNING, Status.WINDING_DOWN, Status.ADOPTED}
-)
+_INTERRUPTIBLE: Final = frozenset({Status.LAUNCHING, Status.RUNNING, Status.WINDING_DOWN, Status.ADOPTED})
 
 
 class ActionKind(str, Enum):
@@ -96,20 +94,17 @@ def _decide(entry: Entry, facts: Facts) -> Action:
         return act(ActionKind.REMOVE, "terminal and delivered")
     if entry.status is Status.RESUMABLE:
         return act(ActionKind.KEEP, "resumable")
-    if entry.role is Role.WORKER and entry.status in _INTERRUPTIBLE:
-        if entry.identity.resume_complete:
-            payload = ResumablePayload(
-                identity=entry.identity,
-                reason="interrupted",
-                at=facts.now_ms,
-                task_ref=entry.task_ref,
-                task_summary=entry.resumable.task_summary if entry.resumable else "",
-                checkpoint=entry.resumable.checkpoint if entry.resumable else None,
-            )
-            replacement = entry.moved(
-                Status.RESUMABLE, reason="interrupted", resumable=payload
-            )
-            return act(ActionKind.MARK_RESUMABLE, "worker died before its resumable write", replacement)
+    if entry.role is Role.WORKER and entry.status in _INTERRUPTIBLE and entry.identity.resume_complete:
+        payload = ResumablePayload(
+            identity=entry.identity,
+            reason="interrupted",
+            at=facts.now_ms,
+            task_ref=entry.task_ref,
+            task_summary=entry.resumable.task_summary if entry.resumable else "",
+            checkpoint=entry.resumable.checkpoint if entry.resumable else None,
+        )
+        replacement = entry.moved(Status.RESUMABLE, reason="interrupted", resumable=payload)
+        return act(ActionKind.MARK_RESUMABLE, "worker died before its resumable write", replacement)
     if entry.undelivered:
         return act(ActionKind.KEEP, "undelivered terminal handoff retained")
     return act(ActionKind.REMOVE, "process gone and nothing to resume")

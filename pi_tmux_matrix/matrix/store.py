@@ -15,6 +15,7 @@ or a crash sees the whole old version or the whole new one. Readers take no lock
 
 from __future__ import annotations
 
+import builtins
 import errno
 import itertools
 import os
@@ -23,7 +24,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Final
 
@@ -188,7 +189,9 @@ class MatrixStore:
                         path=str(path),
                         errno=exc.errno,
                     ) from None
-                raise StoreError(f"{path}: cannot open ({exc.strerror})", path=str(path), errno=exc.errno) from None
+                raise StoreError(
+                    f"{path}: cannot open ({exc.strerror})", path=str(path), errno=exc.errno
+                ) from None
             try:
                 self._check_dir(fd, path)
             except BaseException:
@@ -283,10 +286,8 @@ class MatrixStore:
     def _sweep_temp(root_fd: int, key: str) -> None:
         # Writes to a key are serialised by its lock, so one temp name per key suffices and any
         # temp found while holding the lock was left by a writer that died mid-write.
-        try:
+        with suppress(FileNotFoundError):
             os.unlink(f".{key}{TMP_SUFFIX}", dir_fd=root_fd)
-        except FileNotFoundError:
-            pass
 
     # -- reading --------------------------------------------------------------------------------
     def _read(self, root_fd: int, key: str) -> Entry | None:
@@ -376,9 +377,7 @@ class MatrixStore:
                     problems.append(Problem(path, exc.reason, kind))
                     continue
                 entries.append((key, entry, raw))
-        return ListResult(
-            tuple(e for _, e, _ in entries), tuple(r for _, _, r in entries), tuple(problems)
-        )
+        return ListResult(tuple(e for _, e, _ in entries), tuple(r for _, _, r in entries), tuple(problems))
 
     # -- writing ----------------------------------------------------------------------------------
     def _write(self, root_fd: int, key: str, entry: Entry, *, exclusive: bool) -> None:
@@ -419,10 +418,8 @@ class MatrixStore:
             ) from None
         finally:
             if not committed:
-                try:
+                with suppress(OSError):
                     os.unlink(tmp, dir_fd=root_fd)
-                except OSError:
-                    pass
 
     def _stamp(self, entry: Entry, *, register: bool) -> Entry:
         token = new_token()
@@ -506,19 +503,21 @@ class MatrixStore:
                 os.unlink(key + SUFFIX, dir_fd=root_fd)
                 _fsync(root_fd)
             except OSError as exc:
-                raise StoreError(f"{path}: delete failed ({exc.strerror})", path=path, errno=exc.errno) from None
+                raise StoreError(
+                    f"{path}: delete failed ({exc.strerror})", path=path, errno=exc.errno
+                ) from None
 
     # -- repair -----------------------------------------------------------------------------------
-    def repair(self, *, dry_run: bool = False) -> list[RepairAction]:
+    def repair(self, *, dry_run: bool = False) -> tuple[RepairAction, ...]:
         """Move corrupt and foreign files to ``quarantine/``; remove dead writers' temp files.
 
         Files written by a newer pi-matrix are reported and left alone. With ``dry_run`` nothing
         is created, locked, moved or removed.
         """
-        actions: list[RepairAction] = []
+        actions: builtins.list[RepairAction] = []
         with self._root_fd(create=False) as root_fd:
             if root_fd is None:
-                return actions
+                return ()
             with os.scandir(root_fd) as scan:
                 names = sorted(item.name for item in scan)
         temps = [n for n in names if n.startswith(".") and n.endswith(TMP_SUFFIX)]
@@ -539,7 +538,7 @@ class MatrixStore:
             actions.append(RepairAction(problem.path, "quarantine", problem.reason, target))
             if not dry_run:
                 self._quarantine(name, target)
-        return actions
+        return tuple(actions)
 
     def _quarantine(self, name: str, target: str) -> None:
         key = name[: -len(SUFFIX)] if name.endswith(SUFFIX) else None
