@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import Enum
 from typing import Any, Final
 
@@ -156,6 +156,10 @@ def _check_path(value: object, field: str) -> None:
         raise InvalidId(field, f"{_shown(value)} is relative", "give an absolute path")
 
 
+def _to_paths(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
 def _check_pointers(_inst: object, _attr: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
     if len(value) > MAX_RESOURCE_POINTERS:
         raise InvalidId(
@@ -184,7 +188,9 @@ class AgentIdentityContract:
     profile: str | None = attrs.field(default=None, validator=_optional_id("profile"))
     provider: str | None = attrs.field(default=None, validator=_optional_id("provider"))
     mode: Mode | None = None
-    resource_pointers: tuple[str, ...] = attrs.field(default=(), converter=tuple, validator=_check_pointers)
+    resource_pointers: tuple[str, ...] = attrs.field(
+        default=(), converter=_to_paths, validator=_check_pointers
+    )
 
     def key(self, role: Role) -> str:
         """The matrix key of the entry this identity registers as ``role``."""

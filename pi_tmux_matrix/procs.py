@@ -20,12 +20,18 @@ from .identity import ProcessIdentity
 
 __all__ = [
     "ProcessIdentity",
+    "SignalWakeup",
+    "ancestors",
     "boot_id",
+    "cpu_seconds",
     "current",
     "identify",
     "is_alive",
+    "open_pidfd",
     "process_state",
+    "rss_bytes",
     "send_signal",
+    "signal_group",
     "wait_for_exit",
 ]
 
@@ -45,14 +51,19 @@ def _read_stat(pid: int) -> tuple[str, int] | None:
     if pid <= 0:
         return None
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, ProcessLookupError):
         return None
     except OSError as exc:
         if exc.errno in (errno.ESRCH, errno.ENOENT):
             return None
         raise
+    try:
+        data = os.read(fd, 4096)
+    except ProcessLookupError:
+        return None
+    finally:
+        os.close(fd)
     # The command name (field 2) may hold spaces and parentheses; fields after the *last* ')'
     # are fixed: state is field 3, starttime field 22.
     tail = data[data.rfind(b")") + 2 :].split()
@@ -92,7 +103,30 @@ def is_alive(identity: ProcessIdentity | None) -> bool:
     if stat is None:
         return False
     state, ticks = stat
-    return ticks == identity.start_ticks and state not in _DEAD_STATES
+    if ticks != identity.start_ticks:
+        return False
+    if state in _DEAD_STATES:
+        # A leader whose main thread exited shows Z while its other threads still run.
+        return state == "Z" and _has_live_threads(identity.pid)
+    return True
+
+
+def _has_live_threads(pid: int) -> bool:
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in tasks:
+        if tid == str(pid):
+            continue
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"Z", b"X", b"x"):
+            return True
+    return False
 
 
 def _open_pidfd(identity: ProcessIdentity) -> int | None:
@@ -167,3 +201,99 @@ def send_signal(identity: ProcessIdentity, sig: int | signal.Signals) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def open_pidfd(identity: ProcessIdentity) -> int | None:
+    """A pidfd pinned to exactly ``identity`` (caller closes it), or None if it is gone."""
+    return _open_pidfd(identity)
+
+
+def signal_group(identity: ProcessIdentity, sig: int | signal.Signals) -> bool:
+    """Signal the process group led by ``identity`` (only if it still is that leader)."""
+    if not is_alive(identity):
+        return False
+    try:
+        if os.getpgid(identity.pid) != identity.pid:
+            return send_signal(identity, sig)
+        os.killpg(identity.pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def ancestors(pid: int | None = None) -> list[ProcessIdentity]:
+    """The identities of ``pid``'s ancestors, nearest first (``pid`` itself excluded)."""
+    import psutil
+
+    found: list[ProcessIdentity] = []
+    try:
+        process = psutil.Process(os.getpid() if pid is None else pid)
+        parents = process.parents()
+    except psutil.Error:
+        return found
+    for parent in parents:
+        identity = identify(parent.pid)
+        if identity is not None:
+            found.append(identity)
+    return found
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident set size of ``pid`` in bytes, or None if it is gone."""
+    import psutil
+
+    try:
+        return int(psutil.Process(pid).memory_info().rss)
+    except psutil.Error:
+        return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time of ``pid`` so far, or None if it is gone."""
+    import psutil
+
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return float(times.user + times.system)
+
+
+class SignalWakeup:
+    """Turn signals into readable bytes on a pipe, so one ``select`` loop sees everything.
+
+    Python runs signal handlers between bytecodes of the main thread; writing the signal
+    number to a non-blocking pipe (``signal.set_wakeup_fd``) lets the host's selector wake at
+    once instead of polling.
+    """
+
+    def __init__(self, signals: tuple[int, ...]) -> None:
+        self.read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._signals = signals
+        self._previous: dict[int, object] = {}
+        self._old_wakeup = -1
+
+    def __enter__(self) -> SignalWakeup:
+        self._old_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        for sig in self._signals:
+            self._previous[sig] = signal.signal(sig, lambda *_: None)
+        return self
+
+    def drain(self) -> list[int]:
+        """The signals received since the last drain, in order."""
+        received: list[int] = []
+        while True:
+            try:
+                chunk = os.read(self.read_fd, 512)
+            except BlockingIOError:
+                return received
+            if not chunk:
+                return received
+            received.extend(chunk)
+
+    def __exit__(self, *_exc: object) -> None:
+        signal.set_wakeup_fd(self._old_wakeup)
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        os.close(self.read_fd)
+        os.close(self._write_fd)

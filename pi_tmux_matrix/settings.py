@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -83,13 +84,23 @@ def resolve_state_dir(cli_value: str | None = None, env: Mapping[str, str] | Non
 def _read_section(path: Path) -> dict[str, Any] | None:
     """The ``processMatrix`` object of one settings file, or None (warned) if unusable."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(SETTINGS_MAX_BYTES + 1)
+        # O_NONBLOCK + a regular-file check: a FIFO named settings.json must not hang startup.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as exc:
         log.warning("%s: cannot read settings (%s); using defaults for its values", path, exc.strerror)
         return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            log.warning("%s: not a regular file; using defaults for its values", path)
+            return None
+        data = os.read(fd, SETTINGS_MAX_BYTES + 1)
+    except OSError as exc:
+        log.warning("%s: cannot read settings (%s); using defaults for its values", path, exc.strerror)
+        return None
+    finally:
+        os.close(fd)
     try:
         document = strictjson.loads(data, max_bytes=SETTINGS_MAX_BYTES)
     except strictjson.StrictJSONError as exc:
@@ -119,8 +130,10 @@ def _coerce(key: str, value: Any, path: Path) -> Any:
         log.warning("%s: processMatrix.enabled must be true or false, not %r; using default", path, value)
         return None
     default, low, high = BOUNDS[key]
-    # bool is an int subclass: `true` is a type error, not 1 ms.
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    # bool is an int subclass: `true` is a type error, not 1 ms. A fractional (or infinite,
+    # from 1e400) float is a type error too: milliseconds are whole numbers.
+    fractional = isinstance(value, float) and not value.is_integer()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or fractional:
         log.warning(
             "%s: processMatrix.%s must be a number of milliseconds, not %r; using default %d",
             path,
@@ -129,8 +142,6 @@ def _coerce(key: str, value: Any, path: Path) -> Any:
             default,
         )
         return None
-    if isinstance(value, float) and not value.is_integer():
-        value = round(value)
     number = int(value)
     if number < low or number > high:
         clamped = min(max(number, low), high)

@@ -34,6 +34,10 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
+# Built once: json.loads with hooks constructs a new decoder on every call.
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+
+
 def _depth_ok(text: str | bytes, limit: int) -> bool:
     # A cheap scan before parsing: brackets inside strings can only overcount, which errs on
     # the side of rejecting, and the real parser never sees a structure that could exhaust
@@ -77,7 +81,8 @@ def loads(text: str | bytes, *, max_bytes: int, max_depth: int = MAX_DEPTH) -> A
     ...
     pi_tmux_matrix.strictjson.StrictJSONError: duplicate key 'a'
     """
-    if len(text) > max_bytes:
+    size = len(text) if isinstance(text, bytes) else len(text.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
         raise StrictJSONError(f"larger than {max_bytes} bytes")
     if isinstance(text, bytes):
         try:
@@ -87,10 +92,13 @@ def loads(text: str | bytes, *, max_bytes: int, max_depth: int = MAX_DEPTH) -> A
     if not _depth_ok(text, max_depth):
         raise StrictJSONError(f"nested deeper than {max_depth} levels")
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+        return _DECODER.decode(text)
     except StrictJSONError:
         raise
     except RecursionError:
         raise StrictJSONError(f"nested deeper than {max_depth} levels") from None
     except json.JSONDecodeError as exc:
         raise StrictJSONError(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except ValueError as exc:
+        # int() refuses numbers of more than 4300 digits (CVE-2020-10735): still just bad input.
+        raise StrictJSONError(f"unacceptable number ({exc})"[:200]) from None

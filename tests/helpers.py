@@ -69,6 +69,9 @@ def dir_digest(root: str) -> dict[str, tuple[int, int, int, str]]:
             elif stat.S_ISLNK(info.st_mode):
                 digest = os.readlink(path)
             out[os.path.relpath(path, root)] = (
-                stat.S_IFMT(info.st_mode), stat.S_IMODE(info.st_mode), info.st_size, digest
+                stat.S_IFMT(info.st_mode),
+                stat.S_IMODE(info.st_mode),
+                info.st_size,
+                digest,
             )
     return out

@@ -68,8 +68,17 @@ def test_ls_lists_valid_entries_reports_the_rest_and_changes_nothing(
     assert rows[0]["schemaVersion"] == 1 and "identity" in rows[0]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 9
-    for name in ("worker-trunc", "worker-junk", "worker-fifo", "worker-dir", "worker-link",
-                 "worker-other", "worker-big", "notes.txt", "bad name"):
+    for name in (
+        "worker-trunc",
+        "worker-junk",
+        "worker-fifo",
+        "worker-dir",
+        "worker-link",
+        "worker-other",
+        "worker-big",
+        "notes.txt",
+        "bad name",
+    ):
         assert sum(name in line for line in lines) == 1, name
     assert elapsed < 2.0 + 1.5  # the 2 s budget plus interpreter start-up on a loaded CI core
     assert dir_digest(str(store.root)) == before

@@ -12,7 +12,7 @@ import attrs
 
 from .. import __version__
 from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, PiMatrixError
-from . import entries
+from . import entries, supervise
 
 __all__ = ["Io", "build_parser", "main", "run"]
 
@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     entries.register(sub, EPILOG)
+    supervise.register(sub, EPILOG)
     return parser
 
 
@@ -81,10 +82,21 @@ def main(argv: Sequence[str] | None = None, *, io: Io | None = None) -> int:
     """Run ``pi-matrix`` with ``argv``; returns the exit code (never calls sys.exit)."""
     io = io or Io(sys.stdout, sys.stderr)
     parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    # Everything after the first "--" is the agent's argv, passed on untouched (never parsed,
+    # never joined into a shell string).
+    trailing: list[str] | None = None
+    if "--" in words:
+        cut = words.index("--")
+        words, trailing = words[:cut], words[cut + 1 :]
     try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
+        args = parser.parse_args(words)
     except SystemExit as exc:
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+    if trailing is not None and not getattr(args, "takes_argv", False):
+        io.err.write(f"pi-matrix: error: '{args.command}' takes no arguments after --\n")
+        return EXIT_USAGE
+    args.argv = trailing or []
     package_log = logging.getLogger("pi_tmux_matrix")
     handler = _StderrHandler(io.err)
     package_log.addHandler(handler)

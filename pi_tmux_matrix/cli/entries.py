@@ -80,10 +80,14 @@ def _age(now: int, then: int | None) -> str:
     return f"{seconds}s"
 
 
-def _console(io: Io) -> Any:
-    from rich.console import Console  # rich is only needed for human output
-
-    return Console(file=io.out, width=io.width, highlight=False, soft_wrap=False)
+def format_table(header: list[str], rows: list[list[str]]) -> str:
+    """Plain aligned columns: never truncated, so keys stay copy-pasteable at any width."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in [header, *rows]
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def cmd_ls(args: argparse.Namespace, io: Io) -> int:
@@ -95,14 +99,9 @@ def cmd_ls(args: argparse.Namespace, io: Io) -> int:
         io.out.write(json.dumps(rows, ensure_ascii=False) + "\n")
         _report(result.problems, io)
         return EXIT_OK
-    from rich.table import Table
-
     now = now_ms()
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("KEY", "ROLE", "STATUS", "ALIVE", "PID", "PARENT", "LANE", "TASK", "AGE", "BEAT"):
-        table.add_column(column, no_wrap=True)
-    for entry in result.entries:
-        table.add_row(
+    table = [
+        [
             entry.key,
             entry.role.value,
             entry.status.value + (f" ({entry.reason})" if entry.reason else ""),
@@ -113,12 +112,14 @@ def cmd_ls(args: argparse.Namespace, io: Io) -> int:
             entry.task_ref or "-",
             _age(now, entry.created_at),
             _age(now, entry.heartbeat_at),
-        )
-    console = _console(io)
-    if result.entries:
-        console.print(table)
+        ]
+        for entry in result.entries
+    ]
+    if table:
+        header = ["KEY", "ROLE", "STATUS", "ALIVE", "PID", "PARENT", "LANE", "TASK", "AGE", "BEAT"]
+        io.out.write(format_table(header, table))
     else:
-        console.print(f"no entries in {_store(args).root}")
+        io.out.write(f"no entries in {_store(args).root}\n")
     _report(result.problems, io)
     return EXIT_OK
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from enum import Enum
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Optional, TypeVar, get_args, get_origin
 
 import attrs
 import cattrs
@@ -17,7 +18,8 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 from cattrs.preconf.json import make_converter
 
 from .. import strictjson
-from .model import SCHEMA_VERSION, Entry
+from ..identity import Mode, Role
+from .model import SCHEMA_VERSION, DirectiveKind, Entry, ExitKind, Status
 
 __all__ = [
     "MAX_ENTRY_BYTES",
@@ -60,28 +62,69 @@ def _strict(kind: type[Any], label: str) -> Any:
     return structure
 
 
+def _strict_optional(kind: type[Any], label: str) -> Any:
+    def structure(value: Any, _type: Any) -> Any:
+        if value is not None and type(value) is not kind:
+            raise TypeError(f"expected {label} or null, got {type(value).__name__}")
+        return value
+
+    return structure
+
+
+def _enum_hook(cls: type[Enum]) -> Any:
+    members = dict(cls._value2member_map_)
+
+    def structure_enum(value: Any, _type: Any) -> Any:
+        # The value map, not cls(value): Enum.__call__ is several times slower.
+        member = members.get(value) if type(value) is str else None
+        if member is None:
+            raise ValueError(f"expected one of {list(members)}, got {value!r}"[:200])
+        return member
+
+    return structure_enum
+
+
+def _exactly(kind: Any) -> Callable[[Any], bool]:
+    def match(cls: Any) -> bool:
+        return bool(cls == kind)  # ==: `int | None` and `Optional[int]` are equal, not identical
+
+    return match
+
+
 def _make_converter(*, detailed: bool) -> cattrs.Converter:
     conv = make_converter(
         forbid_extra_keys=True, prefer_attrib_converters=False, detailed_validation=detailed
     )
-    # Exact-type predicates, not singledispatch: a class hook for str would also catch every
-    # str-valued Enum (singledispatch matches subclasses) and hand back a bare string.
+    # cattrs dispatches classes through singledispatch before any predicate hook, and its
+    # defaults coerce (int("12"), str(5)). So the strict primitives are class hooks, and every
+    # str-valued Enum gets its own class hook too: singledispatch picks the most specific
+    # class, so Status is never taken for a plain str.
     for kind, label in ((int, "an integer"), (str, "a string"), (bool, "true or false")):
-        conv.register_structure_hook_func(lambda t, k=kind: t is k, _strict(kind, label))
+        conv.register_structure_hook(kind, _strict(kind, label))
+        # Optional primitives in one call instead of cattrs' generic optional -> inner hop:
+        # an entry has ~20 of them and this is the hot path of every listing.
+        conv.register_structure_hook_func(_exactly(Optional[kind]), _strict_optional(kind, label))  # noqa: UP045
+    for enum in (Role, Mode, Status, DirectiveKind, ExitKind):
+        conv.register_structure_hook(enum, _enum_hook(enum))
 
-    # Registered after the str hook so that str-valued enums are not taken for plain strings.
-    def is_enum(cls: Any) -> bool:
-        return isinstance(cls, type) and issubclass(cls, Enum)
+    # Homogeneous tuples come from JSON arrays only: cattrs would happily iterate a string
+    # into characters or a mapping into its keys.
+    def is_array(cls: Any) -> bool:
+        args = get_args(cls)
+        return get_origin(cls) is tuple and len(args) == 2 and args[1] is Ellipsis
 
-    def enum_factory(cls: Any) -> Any:
-        def structure_enum(value: Any, _type: Any) -> Any:
-            if type(value) is not str:
-                raise TypeError(f"expected one of {[m.value for m in cls]}, got {type(value).__name__}")
-            return cls(value)
+    def array_factory(cls: Any) -> Any:
+        item_type = get_args(cls)[0]
+        item = conv.get_structure_hook(item_type)
 
-        return structure_enum
+        def structure_array(value: Any, _type: Any) -> tuple[Any, ...]:
+            if type(value) is not list:
+                raise TypeError(f"expected an array, got {type(value).__name__}")
+            return tuple([item(v, item_type) for v in value])
 
-    conv.register_structure_hook_factory(is_enum, enum_factory)
+        return structure_array
+
+    conv.register_structure_hook_factory(is_array, array_factory)
 
     def is_attrs(cls: Any) -> bool:
         return attrs.has(cls)
@@ -113,11 +156,17 @@ def _describe(exc: BaseException, _type: Any = None) -> str:
     return str(exc) or type(exc).__name__
 
 
+def _camel_path(message: str) -> str:
+    # cattrs names attributes; the file (and the person reading it) uses camelCase keys.
+    text, sep, path = message.rpartition(" @ ")
+    return f"{text}{sep}{to_camel(path)}" if sep else message
+
+
 def _explain(data: Any, cls: type[Any], fallback: BaseException) -> str:
     try:
         _explainer.structure(data, cls)
     except cattrs.BaseValidationError as exc:
-        messages = cattrs.transform_error(exc, path="$", format_exception=_describe)
+        messages = [_camel_path(m) for m in cattrs.transform_error(exc, path="$", format_exception=_describe)]
         shown = "; ".join(messages[:3])
         return shown + (f" (+{len(messages) - 3} more)" if len(messages) > 3 else "")
     except Exception as exc:  # noqa: BLE001 - any failure is the explanation we want
@@ -141,7 +190,10 @@ def unstructure_entry(entry: Entry) -> dict[str, Any]:
 
 def encode_entry(entry: Entry) -> bytes:
     """The exact bytes written to ``<key>.json``."""
-    return (json.dumps(unstructure_entry(entry), indent=2, ensure_ascii=False) + "\n").encode()
+    # One line: json.dumps with indent falls back to the pure-Python encoder (5x slower).
+    # ensure_ascii: a lone surrogate (legal in JSON text, not in UTF-8) is written as an escape
+    # instead of making the entry unwritable.
+    return (json.dumps(unstructure_entry(entry)) + "\n").encode()
 
 
 def decode_entry(data: bytes, expected_key: str) -> tuple[Entry, dict[str, Any]]:

@@ -9,7 +9,7 @@ directive into my entry" (same registration) from "a newer process owns it now" 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from enum import Enum
 from typing import Any, Final
 
@@ -55,8 +55,10 @@ class Status(str, Enum):
 _S = Status
 LEGAL_TRANSITIONS: Final[dict[Status, frozenset[Status]]] = {
     _S.LAUNCHING: frozenset({_S.LAUNCHING, _S.RUNNING, _S.RESUMABLE, _S.TERMINAL, _S.CLOSED}),
-    _S.RUNNING: frozenset({_S.RUNNING, _S.WINDING_DOWN, _S.RESUMABLE, _S.TERMINAL, _S.CLOSED}),
-    _S.WINDING_DOWN: frozenset({_S.WINDING_DOWN, _S.RESUMABLE, _S.RUNNING, _S.TERMINAL, _S.CLOSED}),
+    _S.RUNNING: frozenset({_S.RUNNING, _S.WINDING_DOWN, _S.RESUMABLE, _S.ADOPTED, _S.TERMINAL, _S.CLOSED}),
+    _S.WINDING_DOWN: frozenset(
+        {_S.WINDING_DOWN, _S.RESUMABLE, _S.RUNNING, _S.ADOPTED, _S.TERMINAL, _S.CLOSED}
+    ),
     _S.RESUMABLE: frozenset({_S.RESUMABLE, _S.ADOPTED, _S.RUNNING, _S.LAUNCHING, _S.TERMINAL, _S.CLOSED}),
     _S.ADOPTED: frozenset({_S.ADOPTED, _S.RUNNING, _S.WINDING_DOWN, _S.RESUMABLE, _S.TERMINAL, _S.CLOSED}),
     # A terminal entry only gains delivery marks until every handoff is delivered.
@@ -154,6 +156,10 @@ class Handoff:
     delivered_at: int | None = None
 
 
+def _to_handoffs(value: Iterable[Handoff]) -> tuple[Handoff, ...]:
+    return tuple(value)
+
+
 def _check_handoffs(_inst: object, _attr: object, value: tuple[Handoff, ...]) -> None:
     if len(value) > MAX_HANDOFFS:
         raise InvalidId("handoffs", f"{len(value)} handoffs", f"keep at most {MAX_HANDOFFS}")
@@ -180,12 +186,13 @@ class Entry:
     parent_session_id: str | None = None
     parent_proc_start: int | None = None
     task_ref: str | None = attrs.field(default=None, validator=_optional_task_ref)
+    task_summary: str = attrs.field(default="", validator=_max_len("taskSummary", MAX_TEXT))
     child_pid: int | None = None
     child_proc_start: int | None = None
     heartbeat_at: int | None = None
     directive: Directive | None = None
     resumable: ResumablePayload | None = None
-    handoffs: tuple[Handoff, ...] = attrs.field(default=(), converter=tuple, validator=_check_handoffs)
+    handoffs: tuple[Handoff, ...] = attrs.field(default=(), converter=_to_handoffs, validator=_check_handoffs)
     exit: ExitRecord | None = None
 
     def __attrs_post_init__(self) -> None:

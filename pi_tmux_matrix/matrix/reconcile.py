@@ -100,7 +100,7 @@ def _decide(entry: Entry, facts: Facts) -> Action:
             reason="interrupted",
             at=facts.now_ms,
             task_ref=entry.task_ref,
-            task_summary=entry.resumable.task_summary if entry.resumable else "",
+            task_summary=entry.resumable.task_summary if entry.resumable else entry.task_summary,
             checkpoint=entry.resumable.checkpoint if entry.resumable else None,
         )
         replacement = entry.moved(Status.RESUMABLE, reason="interrupted", resumable=payload)

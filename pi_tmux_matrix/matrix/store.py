@@ -21,7 +21,6 @@ import itertools
 import os
 import secrets
 import stat
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -29,7 +28,6 @@ from pathlib import Path
 from typing import Final
 
 import attrs
-import filelock
 
 from ..errors import (
     Conflict,
@@ -42,7 +40,8 @@ from ..errors import (
 )
 from ..identity import parse_key
 from .codec import MAX_ENTRY_BYTES, DecodeError, decode_entry, encode_entry
-from .model import Entry
+from .locks import LockError, LockTimeout, entry_lock
+from .model import MAX_HANDOFFS, Entry
 
 __all__ = [
     "ListResult",
@@ -137,9 +136,6 @@ class RepairAction:
 
 
 # --- the store ---------------------------------------------------------------------------------
-_locks_guard = threading.Lock()
-
-
 class MatrixStore:
     """File-backed entries with per-entry locks and generation-token CAS."""
 
@@ -148,11 +144,9 @@ class MatrixStore:
         root: str | os.PathLike[str],
         *,
         lock_timeout: float = 10.0,
-        poll_interval: float = 0.002,
     ) -> None:
         self.root = Path(root)
         self.lock_timeout = lock_timeout
-        self.poll_interval = poll_interval
 
     # -- directories ------------------------------------------------------------------------
     def _check_dir(self, fd: int, path: Path) -> None:
@@ -230,57 +224,71 @@ class MatrixStore:
             if fd is not None:
                 os.close(fd)
 
+    def side_dir(self, *parts: str) -> Path:
+        """``<state dir>/<parts…>`` created 0700 with the state dir's checks (mailboxes, events)."""
+        path = self.root
+        for part in (None, *parts):
+            if part is not None:
+                path = path / part
+            fd = self._open_dir(path, create=True)
+            if fd is not None:
+                os.close(fd)
+        return path
+
     def exists(self) -> bool:
         """Whether the state dir exists (nothing is created by asking)."""
         return os.path.lexists(self.root)
 
     # -- locking ------------------------------------------------------------------------------
-    def _lock(self, key: str) -> filelock.UnixFileLock:
-        lock_dir = self.root / LOCKS
-        fd = self._open_dir(lock_dir, create=True)
-        if fd is not None:
-            os.close(fd)
-        path = str(lock_dir / f"{key}.lock")
-        with _locks_guard:
-            # is_singleton: one lock object per path per process (a second object on the same
-            # path would contend with the first inside this process).
-            return filelock.UnixFileLock(
-                path,
-                timeout=self.lock_timeout,
-                mode=0o600,
-                is_singleton=True,
-                poll_interval=self.poll_interval,
-                fallback_to_soft=False,
-                preserve_lock_file=True,
-            )
-
     @contextmanager
     def locked(self, key: str) -> Iterator[int]:
         """Hold ``key``'s lock; yields the state dir fd (created if needed)."""
         parse_key(key)
         with self._root_fd(create=True) as root_fd:
             assert root_fd is not None
-            lock = self._lock(key)
+            locks_fd = self._locks_fd(root_fd)
+            path = str(self.root / LOCKS / f"{key}.lock")
             try:
-                lock.acquire()
-            except filelock.Timeout:
+                with entry_lock(locks_fd, f"{key}.lock", path, self.lock_timeout):
+                    self._sweep_temp(root_fd, key)
+                    yield root_fd
+            except LockTimeout:
                 raise LockUnavailable(
                     f"{key}: lock still held after {self.lock_timeout:.0f}s; another pi-matrix "
                     "process is writing this entry, retry shortly",
-                    path=lock.lock_file,
+                    path=path,
                 ) from None
-            except OSError as exc:
+            except LockError as exc:
                 raise LockUnavailable(
-                    f"{lock.lock_file}: cannot take a real file lock ({exc.strerror}); the state dir "
-                    "must be on a local filesystem that supports flock",
-                    path=lock.lock_file,
+                    f"{path}: cannot take a real file lock ({exc.strerror}); the state dir must be "
+                    "on a local filesystem that supports flock",
+                    path=path,
                     errno=exc.errno,
                 ) from None
-            try:
-                self._sweep_temp(root_fd, key)
-                yield root_fd
             finally:
-                lock.release()
+                os.close(locks_fd)
+
+    def _locks_fd(self, root_fd: int) -> int:
+        try:
+            fd = os.open(LOCKS, _DIR_FLAGS, dir_fd=root_fd)
+        except FileNotFoundError:
+            with suppress(FileExistsError):
+                os.mkdir(LOCKS, 0o700, dir_fd=root_fd)
+            fd = os.open(LOCKS, _DIR_FLAGS, dir_fd=root_fd)
+            os.fchmod(fd, 0o700)
+        except OSError as exc:
+            path = self.root / LOCKS
+            raise StateDirError(
+                f"{path}: is a symlink or not a directory ({exc.strerror}); move it aside",
+                path=str(path),
+                errno=exc.errno,
+            ) from None
+        try:
+            self._check_dir(fd, self.root / LOCKS)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     @staticmethod
     def _sweep_temp(root_fd: int, key: str) -> None:
@@ -299,7 +307,7 @@ class MatrixStore:
 
     def _read_file(self, root_fd: int, key: str) -> tuple[Entry, dict[str, object]]:
         name = key + SUFFIX
-        path = str(self.root / name)
+        path = f"{self.root}{os.sep}{name}"  # a plain string: pathlib costs ~8 us per entry
         try:
             fd = os.open(name, _READ_FLAGS, dir_fd=root_fd)
         except FileNotFoundError:
@@ -314,7 +322,7 @@ class MatrixStore:
                 raise CorruptEntry(path, f"is not a regular file ({_kind(info.st_mode)})")
             if info.st_size > MAX_ENTRY_BYTES:
                 raise CorruptEntry(path, f"is {info.st_size} bytes, over the {MAX_ENTRY_BYTES} byte cap")
-            data = os.read(fd, MAX_ENTRY_BYTES + 1)
+            data = os.read(fd, info.st_size + 1)  # not the cap: a 1 MiB buffer per read costs
         except OSError as exc:
             raise CorruptEntry(path, f"cannot read ({exc.strerror})") from None
         finally:
@@ -404,10 +412,14 @@ class MatrixStore:
                     os.link(tmp, name, src_dir_fd=root_fd, dst_dir_fd=root_fd, follow_symlinks=False)
                 except FileExistsError:
                     raise EntryExists(key, None) from None
-                os.unlink(tmp, dir_fd=root_fd)
+                committed = True
+                # The entry is in place; the temp name is only a second link to it now, and
+                # a leftover one is swept under the lock by the next writer.
+                with suppress(OSError):
+                    os.unlink(tmp, dir_fd=root_fd)
             else:
                 os.replace(tmp, name, src_dir_fd=root_fd, dst_dir_fd=root_fd)
-            committed = True
+                committed = True
             _fsync(root_fd)
         except OSError as exc:
             note = "; the new version is in place but may not survive a crash" if committed else ""
@@ -442,9 +454,17 @@ class MatrixStore:
         """Write ``entry`` as a new process generation, whatever was there before.
 
         This is how a newer process of the same session takes ownership: every write of the
-        older process after this one fails with :class:`Conflict`.
+        older process after this one fails with :class:`Conflict`. Undelivered terminal
+        handoffs of the previous record are carried over: they belong to the owner, not to
+        the process generation that wrote them.
         """
         with self.locked(entry.key) as root_fd:
+            # A corrupt file here raises CorruptEntry: it is evidence, never overwritten
+            # without an explicit repair.
+            previous = self._read(root_fd, entry.key)
+            if previous is not None and previous.undelivered:
+                kept = tuple(h for h in previous.undelivered if h not in entry.handoffs)
+                entry = attrs.evolve(entry, handoffs=(*kept, *entry.handoffs)[-MAX_HANDOFFS:])
             stamped = self._stamp(entry, register=True)
             self._write(root_fd, entry.key, stamped, exclusive=False)
             return stamped
@@ -463,21 +483,27 @@ class MatrixStore:
         change: Callable[[Entry], Entry | None],
         *,
         expected: str | None = None,
+        registration: str | None = None,
     ) -> Entry:
         """Re-read under the lock, apply ``change``, write the result under a fresh token.
 
-        If ``expected`` is given the entry must still carry that generation (else
-        :class:`Conflict`). ``change`` may return None to write nothing (the current entry is
-        returned). A corrupt entry is never overwritten: :class:`CorruptEntry` is raised.
+        If ``expected`` is given the entry must still carry that generation (the exact write
+        the caller observed); if ``registration`` is given it must still be that process
+        generation (the owner's own writes: a directive written by a master in between is
+        seen by ``change``, a newer registration is a :class:`Conflict`). ``change`` may return
+        None to write nothing (the current entry is returned). A corrupt entry is never
+        overwritten: :class:`CorruptEntry` is raised.
         """
         with self.locked(key) as root_fd:
             current = self._read(root_fd, key)
             if current is None:
-                if expected is not None:
-                    raise Conflict(key, expected, None)
+                if expected is not None or registration is not None:
+                    raise Conflict(key, expected or registration, None)
                 raise NotFound(key)
             if expected is not None and current.generation != expected:
                 raise Conflict(key, expected, current.generation)
+            if registration is not None and current.registration != registration:
+                raise Conflict(key, registration, current.registration)
             changed = change(current)
             if changed is None:
                 return current

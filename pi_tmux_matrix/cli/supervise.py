@@ -1,0 +1,559 @@
+"""Supervision verbs: host, master, scan, reconcile, adopt, cleanup, send, stop, tree."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .. import procs
+from ..contract import add_contract_arguments, contract_from_args, parse_env
+from ..errors import EXIT_OK, EXIT_USAGE, ContractError, PiMatrixError
+from ..identity import (
+    ID_PATTERN,
+    AgentIdentityContract,
+    Mode,
+    ProcessIdentity,
+    Role,
+    parse_key,
+    validate_id,
+    validate_task_ref,
+)
+from ..matrix.model import Entry, Handoff, Status
+from ..matrix.reconcile import reconcile
+from ..matrix.store import MatrixStore, now_ms
+from ..settings import load_settings, resolve_state_dir
+from ..supervise import lifecycle
+from ..supervise.host import AgentHost, HostHooks, HostSpec
+from ..supervise.mailbox import Inbox
+from ..supervise.master import TASK_STATES, ActivationReport, Master, TtyPrompter, apply_plan, gather_facts
+from ..supervise.relaunch import DetachedHostRelauncher
+
+if TYPE_CHECKING:
+    from .app import Io
+
+__all__ = ["register"]
+
+
+def register(sub: Any, epilog: str) -> None:
+    """Add the supervision verbs."""
+    common = {"epilog": epilog, "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+    host = sub.add_parser(
+        "host",
+        help="the agent host: register, run ARGV (after --) as its one child, supervise",
+        usage="pi-matrix host [options] -- ARGV...",
+        **common,
+    )
+    add_contract_arguments(host)
+    _identity_arguments(host)
+    host.add_argument("--deadline", type=float, metavar="SECONDS", help="stop the child after this long")
+    host.add_argument(
+        "--stop-grace",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="grace between the stop request, SIGTERM and SIGKILL (default 3)",
+    )
+    host.add_argument("--rpc-prompt", metavar="TEXT", help="rpc mode: the first prompt to send")
+    host.set_defaults(handler=cmd_host, takes_argv=True)
+
+    master = sub.add_parser(
+        "master",
+        help="master activation: register, reconcile, scan for orphans, recover or ask, heartbeat",
+        usage="pi-matrix master [options] [-- ARGV...]",
+        **common,
+    )
+    master.add_argument("--session-id", metavar="ID", help="this master's session id (default: a new one)")
+    master.add_argument("--task-ref", metavar="REF", help="the active goal/task (fences exact recovery)")
+    master.add_argument(
+        "--task-state",
+        choices=TASK_STATES,
+        default="active",
+        help="a blocked or terminal task disables automatic recovery (default active)",
+    )
+    how = master.add_mutually_exclusive_group()
+    how.add_argument(
+        "--interactive", action="store_true", help="ask about foreign orphans (default with a TTY)"
+    )
+    how.add_argument(
+        "--headless", action="store_true", help="only report foreign orphans; write nothing for them"
+    )
+    master.add_argument("--once", action="store_true", help="return after activation")
+    master.add_argument(
+        "--json", action="store_true", help="with --once: print the activation report as JSON"
+    )
+    master.add_argument(
+        "--mode",
+        choices=[m.value for m in Mode],
+        default=Mode.INTERACTIVE.value,
+        help="how ARGV runs (print and rpc masters are headless)",
+    )
+    master.set_defaults(handler=cmd_master, takes_argv=True)
+
+    scan = sub.add_parser(
+        "scan", help="orphan report (workers whose parent is dead); writes nothing", **common
+    )
+    scan.add_argument("--json", action="store_true")
+    scan.set_defaults(handler=cmd_scan)
+
+    rec = sub.add_parser(
+        "reconcile", help="the reconciliation plan, applied under CAS unless --dry-run", **common
+    )
+    rec.add_argument("--dry-run", action="store_true")
+    rec.add_argument("--json", action="store_true")
+    rec.set_defaults(handler=cmd_reconcile)
+
+    adopt = sub.add_parser("adopt", help="owner-approved adoption grant for a worker", **common)
+    adopt.add_argument("key", metavar="KEY")
+    adopt.add_argument("--parent-pid", type=int, metavar="PID", help="the adopting master's pid")
+    adopt.add_argument("--parent-session", metavar="ID", help="the adopting master's session id")
+    adopt.set_defaults(handler=cmd_adopt)
+
+    cleanup = sub.add_parser("cleanup", help="owner-approved cooperative wind-down request", **common)
+    cleanup.add_argument("key", metavar="KEY")
+    cleanup.set_defaults(handler=cmd_cleanup)
+
+    send = sub.add_parser("send", help="a message to the agent through its host's mailbox", **common)
+    send.add_argument("key", metavar="KEY")
+    what = send.add_mutually_exclusive_group(required=True)
+    what.add_argument("--steer", metavar="TEXT")
+    what.add_argument("--prompt", metavar="TEXT")
+    what.add_argument("--abort", action="store_true")
+    send.set_defaults(handler=cmd_send)
+
+    stop = sub.add_parser(
+        "stop", help="the host's stop sequence on its own child (needs --confirm)", **common
+    )
+    stop.add_argument("key", metavar="KEY")
+    stop.add_argument("--confirm", action="store_true", help="really stop it (without: a preview)")
+    stop.set_defaults(handler=cmd_stop)
+
+    tree = sub.add_parser("tree", help="masters with their workers: status, age, lane, task", **common)
+    tree.add_argument("--json", action="store_true")
+    tree.set_defaults(handler=cmd_tree)
+
+
+def _identity_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("identity")
+    group.add_argument("--session-id", metavar="ID", help="the agent's session id (default: a new one)")
+    group.add_argument("--session-file", metavar="FILE", help="the agent's exact session file")
+    group.add_argument("--cwd", metavar="DIR", help="the agent's working directory")
+    group.add_argument("--worktree", metavar="DIR", help="the lane's worktree")
+    group.add_argument("--resource", action="append", default=[], metavar="PATH", help="a resource pointer")
+    group.add_argument(
+        "--mode",
+        choices=[m.value for m in Mode],
+        default=Mode.INTERACTIVE.value,
+        help="interactive (TTY passed through), print (stdin /dev/null) or rpc (JSON lines)",
+    )
+    group.add_argument("--profile", metavar="NAME", help="the launch profile name")
+    group.add_argument("--provider", metavar="NAME", help="the agent CLI (default: ARGV[0]'s name)")
+    group.add_argument("--task-summary", default="", metavar="TEXT", help="a bounded summary of the task")
+
+
+def _store(args: argparse.Namespace) -> MatrixStore:
+    return MatrixStore(resolve_state_dir(args.state_dir))
+
+
+def _abs(path: str | None) -> str | None:
+    return os.path.abspath(path) if path else None
+
+
+def _provider(args: argparse.Namespace, argv: list[str]) -> str | None:
+    if args.provider:
+        return validate_id(args.provider, "--provider")
+    if argv:
+        name = os.path.basename(argv[0])
+        if ID_PATTERN.fullmatch(name):
+            return name
+    return None
+
+
+def cmd_host(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix host [flags] -- ARGV…``."""
+    argv: list[str] = args.argv
+    if not argv:
+        raise ContractError("ARGV", "no command given", "put the agent command after --, e.g. -- pi")
+    settings = load_settings(args.cwd)
+    if not settings.enabled:
+        # The hard off switch: just be the child, write nothing.
+        try:
+            os.execvp(argv[0], argv)  # argv list, never a shell
+        except OSError as exc:
+            io.err.write(f"pi-matrix: error: cannot start {argv[0]!r}: {exc.strerror}\n")
+            return 127
+    contract = contract_from_args(args)
+    session_id = validate_id(args.session_id, "--session-id") if args.session_id else uuid.uuid4().hex
+    identity = AgentIdentityContract(
+        agent_id=contract.agent_id or f"agent-{session_id[:12]}",
+        session_id=session_id,
+        session_file=_abs(args.session_file),
+        cwd=_abs(args.cwd) or os.getcwd(),
+        worktree=_abs(args.worktree),
+        lane=contract.worktree_lane,
+        profile=validate_id(args.profile, "--profile") if args.profile else None,
+        provider=_provider(args, argv),
+        mode=Mode(args.mode),
+        resource_pointers=tuple(os.path.abspath(p) for p in args.resource),
+    )
+    spec = HostSpec(
+        argv=tuple(argv),
+        identity=identity,
+        contract=contract,
+        mode=Mode(args.mode),
+        task_summary=args.task_summary,
+        deadline_s=args.deadline,
+        stop_grace_s=args.stop_grace,
+        rpc_prompt=args.rpc_prompt,
+    )
+    return AgentHost(spec, _store(args), settings, out=io.out).run()
+
+
+def _print_report(report: ActivationReport, io: Io) -> None:
+    io.out.write(f"master {report.key} active\n")
+    for key, action, reason in report.reconciled:
+        io.out.write(f"reconcile {key}: {action} ({reason})\n")
+    for d in report.orphans:
+        kind = "exact" if d.exact else "foreign"
+        state = "alive" if d.alive else "dead"
+        detail = f": {d.detail}" if d.detail else ""
+        who = f"{kind}, {state}, agent {d.agent_id}, lane {d.lane or '-'}"
+        io.out.write(f"orphan {d.key} ({who}): {d.action}{detail}\n")
+    for key, handoff in report.delivered:
+        _print_handoff(io, key, handoff)
+    io.out.flush()
+
+
+def _print_handoff(io: Io, key: str, handoff: Handoff) -> None:
+    code = f" code {handoff.code}" if handoff.code is not None else ""
+    sig = f" signal {handoff.signal}" if handoff.signal is not None else ""
+    io.out.write(f"handoff {key}: {handoff.outcome.value}{code}{sig}: {handoff.summary[:500]}\n")
+    io.out.flush()
+
+
+def _report_json(report: ActivationReport) -> dict[str, Any]:
+    from ..matrix.codec import converter
+
+    return {
+        "key": report.key,
+        "sessionId": report.session_id,
+        "reconciled": [{"key": k, "action": a, "reason": r} for k, a, r in report.reconciled],
+        "orphans": [attrs.asdict(d) for d in report.orphans],
+        "delivered": [{"key": k, "handoff": converter.unstructure(h)} for k, h in report.delivered],
+    }
+
+
+def cmd_master(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix master [flags] [-- ARGV…]``."""
+    argv: list[str] = args.argv or []
+    settings = load_settings()
+    if not settings.enabled:
+        if argv:
+            try:
+                os.execvp(argv[0], argv)  # argv list, never a shell
+            except OSError as exc:
+                io.err.write(f"pi-matrix: error: cannot start {argv[0]!r}: {exc.strerror}\n")
+                return 127
+        return EXIT_OK
+    store = _store(args)
+    env_contract = parse_env()
+    task_ref = args.task_ref or env_contract.task_ref
+    contract = attrs.evolve(env_contract, parent_pid=None, parent_session=None, task_ref=task_ref)
+    if task_ref is not None:
+        validate_task_ref(task_ref, "--task-ref")
+    session_id = validate_id(args.session_id, "--session-id") if args.session_id else uuid.uuid4().hex
+    mode = Mode(args.mode)
+    interactive = args.interactive or (
+        not args.headless and mode is Mode.INTERACTIVE and sys.stdin.isatty() and sys.stdout.isatty()
+    )
+    prompter = TtyPrompter(sys.stdin, io.err) if interactive else None
+
+    def deliver(entry: Entry, handoff: Handoff) -> bool:
+        _print_handoff(io, entry.key, handoff)
+        return True
+
+    identity = AgentIdentityContract(
+        agent_id=contract.agent_id or f"master-{session_id[:12]}",
+        session_id=session_id,
+        cwd=os.getcwd(),
+        provider=_provider(argparse.Namespace(provider=None), argv) if argv else None,
+        mode=mode,
+    )
+    if args.once:
+        me = procs.current()
+        store.register(
+            lifecycle.new_entry(
+                role=Role.MASTER, identity=identity, process=me, now=now_ms(), task_ref=task_ref
+            )
+        )
+        master = Master(
+            store, session_id, me, DetachedHostRelauncher(store), task_ref=task_ref,
+            task_state=args.task_state, prompter=prompter, deliver=None if args.json else deliver,
+        )  # fmt: skip
+        report = master.activate()
+        if args.json:
+            io.out.write(json.dumps(_report_json(report), indent=2) + "\n")
+        else:
+            _print_report(report, io)
+        return EXIT_OK
+
+    spec = HostSpec(argv=tuple(argv), identity=identity, contract=contract, mode=mode, role=Role.MASTER)
+    holder: dict[str, Master] = {}
+
+    def on_registered(host: AgentHost) -> None:
+        master = Master(
+            store, session_id, host.me, DetachedHostRelauncher(store), task_ref=task_ref,
+            task_state=args.task_state, prompter=prompter, deliver=deliver,
+        )  # fmt: skip
+        holder["master"] = master
+        _print_report(master.activate(), io)
+
+    def on_tick(_host: AgentHost) -> None:
+        master = holder.get("master")
+        if master is not None:
+            master.deliver_handoffs()
+
+    return AgentHost(spec, store, settings, hooks=HostHooks(on_registered, on_tick), out=io.out).run()
+
+
+def _orphan_rows(store: MatrixStore) -> tuple[list[dict[str, Any]], list[str]]:
+    listing = store.list()
+    facts = gather_facts(listing.entries)
+    plan = reconcile(listing.entries, facts)
+    by_key = {e.key: e for e in listing.entries}
+    rows = []
+    for key in plan.orphans:
+        entry = by_key[key]
+        rows.append(
+            {
+                "key": key,
+                "agentId": entry.identity.agent_id,
+                "lane": entry.identity.lane,
+                "status": entry.status.value,
+                "alive": facts.alive.get(key, False) or facts.child_alive.get(key, False),
+                "parentPid": entry.parent_pid,
+                "parentSessionId": entry.parent_session_id,
+                "taskRef": entry.task_ref,
+                "resumable": entry.identity.resume_complete,
+            }
+        )
+    return rows, [p.line() for p in listing.problems]
+
+
+def cmd_scan(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix scan [--json]``: report only."""
+    rows, problems = _orphan_rows(_store(args))
+    for line in problems:
+        io.err.write(f"pi-matrix: warning: {line}\n")
+    if args.json:
+        io.out.write(json.dumps(rows, indent=2) + "\n")
+        return EXIT_OK
+    if not rows:
+        io.out.write("no orphans\n")
+    for row in rows:
+        io.out.write(
+            f"orphan {row['key']} agent {row['agentId']} lane {row['lane'] or '-'} {row['status']} "
+            f"{'alive' if row['alive'] else 'dead'} (parent pid {row['parentPid']}, "
+            f"session {row['parentSessionId'] or '-'}, task {row['taskRef'] or '-'})\n"
+        )
+    return EXIT_OK
+
+
+def cmd_reconcile(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix reconcile [--dry-run] [--json]``."""
+    store = _store(args)
+    listing = store.list()
+    plan = reconcile(listing.entries, gather_facts(listing.entries))
+    if args.dry_run:
+        rows = [
+            {"key": a.key, "action": a.kind.value, "reason": a.reason, "generation": a.generation}
+            for a in plan.actions
+        ]
+    else:
+        if not load_settings().enabled:
+            io.err.write("pi-matrix: error: processMatrix.enabled is false; use --dry-run\n")
+            return EXIT_USAGE
+        rows = [{"key": k, "action": a, "reason": r} for k, a, r in apply_plan(store, plan)]
+    if args.json:
+        io.out.write(json.dumps(rows, indent=2) + "\n")
+    else:
+        for row in rows:
+            io.out.write(f"{row['key']}: {row['action']} ({row['reason']})\n")
+        if not rows:
+            io.out.write("nothing to reconcile\n")
+    return EXIT_OK
+
+
+def _calling_master(store: MatrixStore) -> tuple[ProcessIdentity, str] | None:
+    """The nearest ancestor process registered as a master, with its session id."""
+    masters = {
+        (e.pid, e.proc_start): e.identity.session_id
+        for e in store.list().entries
+        if e.role is Role.MASTER and e.pid is not None
+    }
+    for ancestor in procs.ancestors():
+        session = masters.get((ancestor.pid, ancestor.start_ticks))
+        if session is not None:
+            return ancestor, session
+    return None
+
+
+def _worker(store: MatrixStore, key: str) -> Entry:
+    role, _ = parse_key(key)
+    entry = store.get(key)
+    if role is not Role.WORKER:
+        raise ContractError("KEY", f"{key} is a master", "name a worker entry (worker-<sessionId>)")
+    return entry
+
+
+def cmd_adopt(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix adopt KEY [--parent-pid P --parent-session S]``."""
+    store = _store(args)
+    entry = _worker(store, args.key)
+    if args.parent_pid is not None or args.parent_session is not None:
+        if args.parent_pid is None or args.parent_session is None:
+            raise ContractError(
+                "--parent-pid/--parent-session", "only one was given", "give both, or neither"
+            )
+        master = procs.identify(args.parent_pid)
+        if master is None:
+            raise ContractError("--parent-pid", f"no process {args.parent_pid}", "name a live master process")
+        session = validate_id(args.parent_session, "--parent-session")
+    else:
+        found = _calling_master(store)
+        if found is None:
+            raise ContractError(
+                "parent",
+                "no calling master found",
+                "run this under 'pi-matrix master', or pass --parent-pid and --parent-session",
+            )
+        master, session = found
+    if entry.status in (Status.TERMINAL, Status.CLOSED):
+        raise ContractError(
+            "KEY", f"{args.key} is {entry.status.value}", "only a live or resumable worker can be adopted"
+        )
+    now = now_ms()
+    store.update(
+        args.key, lambda e: lifecycle.grant_adoption(e, master, session, now), expected=entry.generation
+    )
+    Inbox(store, args.key).post("wake", sender="pi-matrix adopt")
+    io.out.write(f"adoption granted: {args.key} -> master session {session} (pid {master.pid})\n")
+    return EXIT_OK
+
+
+def cmd_cleanup(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix cleanup KEY``."""
+    store = _store(args)
+    entry = _worker(store, args.key)
+    found = _calling_master(store)
+    session = found[1] if found else None
+    store.update(
+        args.key, lambda e: lifecycle.request_cleanup(e, session, now_ms()), expected=entry.generation
+    )
+    Inbox(store, args.key).post("wake", sender="pi-matrix cleanup")
+    io.out.write(f"cleanup requested: {args.key} (the worker stops its own agent and exits)\n")
+    return EXIT_OK
+
+
+def _live_host(store: MatrixStore, key: str) -> Entry:
+    parse_key(key)
+    entry = store.get(key)
+    if not procs.is_alive(entry.process):
+        raise PiMatrixError(
+            f"{key}: its host (pid {entry.pid}) is not alive; nothing can receive the message"
+        )
+    return entry
+
+
+def cmd_send(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix send KEY (--steer T | --prompt T | --abort)``."""
+    store = _store(args)
+    _live_host(store, args.key)
+    if args.abort:
+        kind, text = "abort", ""
+    elif args.steer is not None:
+        kind, text = "steer", args.steer
+    else:
+        kind, text = "prompt", args.prompt
+    Inbox(store, args.key).post(kind, text, sender="pi-matrix send")
+    io.out.write(f"sent {kind} to {args.key}\n")
+    return EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix stop KEY --confirm``."""
+    store = _store(args)
+    entry = _live_host(store, args.key)
+    what = f"{args.key} (agent {entry.identity.agent_id}, host pid {entry.pid}, child pid {entry.child_pid})"
+    if not args.confirm:
+        io.out.write(f"would stop {what}: request -> grace -> SIGTERM -> SIGKILL, recorded as killed\n")
+        io.err.write("pi-matrix: error: nothing was stopped; add --confirm to stop it\n")
+        return EXIT_USAGE
+    Inbox(store, args.key).post("stop", sender="pi-matrix stop")
+    io.out.write(f"stop requested: {what}\n")
+    return EXIT_OK
+
+
+def _node(entry: Entry, now: int) -> dict[str, Any]:
+    return {
+        "key": entry.key,
+        "agentId": entry.identity.agent_id,
+        "status": entry.status.value,
+        "reason": entry.reason,
+        "alive": procs.is_alive(entry.process),
+        "childAlive": procs.is_alive(entry.child_process),
+        "lane": entry.identity.lane,
+        "taskRef": entry.task_ref,
+        "ageMs": now - entry.created_at,
+        "pendingHandoffs": len(entry.undelivered),
+    }
+
+
+def cmd_tree(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix tree [--json]``."""
+    store = _store(args)
+    listing = store.list()
+    now = now_ms()
+    masters = [e for e in listing.entries if e.role is Role.MASTER]
+    workers = [e for e in listing.entries if e.role is Role.WORKER]
+    by_session: dict[str, list[Entry]] = {}
+    for worker in workers:
+        by_session.setdefault(worker.parent_session_id or "", []).append(worker)
+    tree = []
+    for master in masters:
+        node = _node(master, now)
+        node["workers"] = [_node(w, now) for w in by_session.pop(master.identity.session_id, [])]
+        tree.append(node)
+    unparented = [_node(w, now) for ws in by_session.values() for w in ws]
+    for problem in listing.problems:
+        io.err.write(f"pi-matrix: warning: {problem.line()}\n")
+    if args.json:
+        io.out.write(json.dumps({"masters": tree, "unparented": unparented}, indent=2) + "\n")
+        return EXIT_OK
+
+    def line(node: dict[str, Any], indent: str) -> str:
+        alive = "alive" if node["alive"] else ("child alive" if node["childAlive"] else "dead")
+        age = max(0, node["ageMs"] // 1000)
+        extra = f" handoffs {node['pendingHandoffs']}" if node["pendingHandoffs"] else ""
+        return (
+            f"{indent}{node['key']}  {node['status']}{' (' + node['reason'] + ')' if node['reason'] else ''}"
+            f"  {alive}  lane {node['lane'] or '-'}  task {node['taskRef'] or '-'}  age {age}s{extra}\n"
+        )
+
+    for node in tree:
+        io.out.write(line(node, ""))
+        for child in node["workers"]:
+            io.out.write(line(child, "  └─ "))
+    if unparented:
+        io.out.write("(no registered master)\n")
+        for orphan in unparented:
+            io.out.write(line(orphan, "  └─ "))
+    if not tree and not unparented:
+        io.out.write("no entries\n")
+    return EXIT_OK

@@ -1,0 +1,69 @@
+"""A minimal inotify watch (Linux, via libc) so hosts wake on new mail instead of polling.
+
+Only what the host needs: one non-blocking fd that becomes readable when a file is moved into
+or closed-after-write in a directory. Where inotify is missing the caller polls instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+from typing import Final
+
+__all__ = ["DirWatch", "available"]
+
+IN_CLOSE_WRITE: Final = 0x00000008
+IN_MOVED_TO: Final = 0x00000080
+IN_CREATE: Final = 0x00000100
+IN_NONBLOCK: Final = os.O_NONBLOCK
+IN_CLOEXEC: Final = os.O_CLOEXEC
+
+
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        lib = ctypes.CDLL(name or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+    if not hasattr(lib, "inotify_init1"):
+        return None
+    return lib
+
+
+_LIBC = _libc()
+
+
+def available() -> bool:
+    """Whether inotify can be used here."""
+    return _LIBC is not None
+
+
+class DirWatch:
+    """``fd`` turns readable when a file lands in ``path``; :meth:`drain` clears it."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        if _LIBC is None:
+            raise OSError("inotify is not available")
+        fd = _LIBC.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if fd < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        mask = IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE
+        if _LIBC.inotify_add_watch(fd, os.fsencode(path), mask) < 0:
+            err = ctypes.get_errno()
+            os.close(fd)
+            raise OSError(err, os.strerror(err), str(path))
+        self.fd: int = fd
+
+    def drain(self) -> None:
+        """Discard the queued events (the caller re-reads the directory anyway)."""
+        while True:
+            try:
+                if not os.read(self.fd, 65536):
+                    return
+            except BlockingIOError:
+                return
+
+    def close(self) -> None:
+        os.close(self.fd)

@@ -1,0 +1,239 @@
+"""The bundled stand-in agent: behaves enough like ``pi`` to demo and test without an LLM.
+
+``python -m pi_tmux_matrix.standin [-p | --mode rpc] [--session FILE] [TASK...]``
+
+It takes a task, prints progress, writes a pi-like JSONL session file (header line, then
+messages), and ends its turn with a ``DONE`` marker (``BLOCKED`` if the task says so). Like pi:
+
+* print mode (``-p``) does one turn and exits;
+* interactive mode does the first turn, then stays for more: lines on stdin are prompts, and
+  notices appended to ``$PI_MATRIX_MAILBOX`` (what the pi bridge reads) arrive as steering
+  messages; a ``shutdown`` notice or SIGTERM ends it gracefully (exit 0);
+* rpc mode speaks JSON lines on stdin/stdout (``prompt``, ``steer``, ``follow_up``, ``abort``,
+  ``get_state``) and exits at stdin EOF.
+
+Tasks may contain ``FAIL`` (exit 3), ``BLOCKED`` (marker, exit 2 in print mode) or ``HANG``
+(never finishes the turn). ``STANDIN_STEPS`` and ``STANDIN_STEP_S`` set the pace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import select
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+
+class Session:
+    """An append-only JSONL session file, the way pi keeps one."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.id = uuid.uuid4().hex
+        if path is None:
+            return
+        if path.exists() and path.stat().st_size:
+            with open(path, encoding="utf-8") as handle:
+                first = handle.readline()
+            with contextlib.suppress(ValueError):
+                self.id = json.loads(first).get("id", self.id)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.append({"type": "session", "version": 3, "id": self.id, "cwd": os.getcwd()})
+
+    def append(self, record: dict[str, Any]) -> None:
+        if self.path is None:
+            return
+        record.setdefault("timestamp", time.time())
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+            handle.flush()
+
+
+def _default_session_path() -> Path:
+    agent_dir = Path(os.environ.get("PI_CODING_AGENT_DIR") or Path.home() / ".pi" / "agent")
+    stamp = time.strftime("%Y-%m-%dT%H-%M-%S")
+    return agent_dir / "sessions" / "stand-in" / f"{stamp}_{uuid.uuid4().hex[:12]}.jsonl"
+
+
+class Agent:
+    def __init__(self, session: Session, emit_rpc: bool) -> None:
+        self.session = session
+        self.emit_rpc = emit_rpc
+        self.steps = int(os.environ.get("STANDIN_STEPS", "3"))
+        self.step_s = float(os.environ.get("STANDIN_STEP_S", "0.2"))
+        self.aborted = False
+
+    def out(self, text: str) -> None:
+        if not self.emit_rpc:
+            print(text, flush=True)
+
+    def event(self, record: dict[str, Any]) -> None:
+        if self.emit_rpc:
+            print(json.dumps(record), flush=True)
+
+    def turn(self, task: str) -> int:
+        """One agent turn; returns 0 done, 2 blocked, 3 failed."""
+        self.session.append({"type": "message", "role": "user", "content": task})
+        self.event({"type": "agent_start"})
+        self.out(f"stand-in: working on: {task}")
+        if "HANG" in task:
+            while not self.aborted:
+                time.sleep(0.05)
+        for step in range(1, self.steps + 1):
+            if self.aborted:
+                break
+            time.sleep(self.step_s)
+            self.out(f"stand-in: step {step}/{self.steps}")
+        if "FAIL" in task:
+            reply, marker, code = f"failed: {task}", "FAILED", 3
+        elif "BLOCKED" in task:
+            reply, marker, code = f"blocked: {task}", "BLOCKED", 2
+        else:
+            reply, marker, code = f"done: {task}", "DONE", 0
+        message = {"role": "assistant", "content": reply}
+        self.session.append({"type": "message", **message})
+        self.event({"type": "message_end", "message": message})
+        self.event({"type": "agent_end", "message": message})
+        self.out(marker)
+        return code
+
+    def steer(self, text: str) -> None:
+        self.session.append({"type": "message", "role": "user", "steer": True, "content": text})
+        self.out(f"stand-in: steering message: {text}")
+
+
+def _notices(path: str | None, offset: int) -> tuple[list[dict[str, Any]], int]:
+    if not path:
+        return [], offset
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except OSError:
+        return [], offset
+    complete = data[: data.rfind(b"\n") + 1]
+    found: list[dict[str, Any]] = []
+    for line in complete.splitlines():
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            found.append(value)
+    return found, offset + len(complete)
+
+
+def _interactive(agent: Agent, first: str | None) -> int:
+    stop = {"now": False}
+
+    def graceful(_sig: int, _frame: object) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, graceful)
+    if first:
+        agent.turn(first)
+    mailbox = os.environ.get("PI_MATRIX_MAILBOX")
+    offset = 0
+    if mailbox and os.path.exists(mailbox):
+        offset = os.path.getsize(mailbox)  # notices from before we started are not for us
+    watch_stdin = sys.stdin is not None and not sys.stdin.closed and sys.stdin.isatty()
+    while not stop["now"]:
+        if watch_stdin:
+            ready, _, _ = select.select([sys.stdin], [], [], 0.1)
+            if ready:
+                line = sys.stdin.readline()
+                if not line:
+                    break
+                if line.strip():
+                    agent.turn(line.strip())
+        else:
+            time.sleep(0.1)
+        notices, offset = _notices(mailbox, offset)
+        for notice in notices:
+            kind = notice.get("type")
+            text = str(notice.get("message", ""))
+            if kind == "shutdown":
+                stop["now"] = True
+            elif kind == "prompt":
+                agent.turn(text)
+            else:
+                agent.steer(text)
+    agent.session.append({"type": "shutdown"})
+    agent.out("stand-in: shutting down")
+    return 0
+
+
+def _rpc(agent: Agent) -> int:
+    for line in sys.stdin:
+        try:
+            command = json.loads(line)
+        except ValueError:
+            agent.event({"type": "response", "success": False, "error": "not JSON"})
+            continue
+        kind = command.get("type")
+        agent.event({"type": "response", "command": kind, "success": True, "id": command.get("id")})
+        if kind in {"prompt", "follow_up"}:
+            agent.turn(str(command.get("message", "")))
+        elif kind == "steer":
+            agent.steer(str(command.get("message", "")))
+        elif kind == "abort":
+            agent.aborted = True
+        elif kind == "get_state":
+            agent.event(
+                {
+                    "type": "state",
+                    "sessionId": agent.session.id,
+                    "sessionFile": str(agent.session.path) if agent.session.path else None,
+                }
+            )
+    agent.session.append({"type": "shutdown"})
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="stand-in", description="a stand-in coding agent")
+    parser.add_argument("-p", "--print", action="store_true", dest="print_mode")
+    parser.add_argument("--mode", choices=["interactive", "print", "rpc", "json"], default=None)
+    parser.add_argument("--session")
+    parser.add_argument("--session-dir")
+    parser.add_argument("--no-session", action="store_true")
+    parser.add_argument("--offline", action="store_true")
+    parser.add_argument("-e", "--extension", action="append", default=[])
+    parser.add_argument("--no-extensions", action="store_true")
+    parser.add_argument("--model")
+    parser.add_argument("message", nargs="*")
+    args, _unknown = parser.parse_known_args(argv)
+    mode = args.mode or ("print" if args.print_mode else "interactive")
+    if args.no_session:
+        path = None
+    elif args.session:
+        path = Path(args.session)
+    elif args.session_dir:
+        path = Path(args.session_dir) / f"{uuid.uuid4().hex[:12]}.jsonl"
+    else:
+        path = _default_session_path()
+    session = Session(path)
+    agent = Agent(session, emit_rpc=mode == "rpc")
+    task = " ".join(args.message) or None
+    if mode == "rpc":
+        return _rpc(agent)
+    if mode == "print":
+        if not task:
+            print("stand-in: nothing to do (give a task)", file=sys.stderr)
+            return 1
+        return agent.turn(task)
+    return _interactive(agent, task)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Supervision: the agent host, worker wind-down and adoption, master activation."""

@@ -1,0 +1,614 @@
+"""The agent host: the registered process that owns exactly one agent child.
+
+Real ``pi`` cannot be changed, so the host carries the seed's pi-side behaviour for it (and a
+foreign CLI gets the same supervision): it registers the entry, runs ARGV without a shell,
+watches the declared parent's identity with a pidfd (death is seen at once; ``watcherPollMs``
+polling is the safety net), winds down to ``resumable`` when the parent is gone, waits the
+grace window for an adoption grant or a cleanup request, and records how the child ended.
+
+It never kills anything but its own child, and only when its owner asked (``stop``), its
+deadline passed, a cleanup was requested, or the grace window expired.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from contextlib import suppress
+from typing import IO, Any, Final
+
+import attrs
+
+from .. import procs
+from ..contract import LaunchContract
+from ..errors import Conflict, PiMatrixError
+from ..identity import AgentIdentityContract, Mode, ProcessIdentity, Role
+from ..inotify import DirWatch
+from ..inotify import available as inotify_available
+from ..matrix.model import DirectiveKind, Entry, ExitKind, ExitRecord, Status
+from ..matrix.store import MatrixStore, now_ms
+from ..settings import MatrixSettings
+from . import lifecycle
+from .mailbox import AgentNotices, EventLog, Inbox, Message
+
+__all__ = ["AgentHost", "HostHooks", "HostSpec", "exit_code_of"]
+
+log = logging.getLogger(__name__)
+
+ENV_KEY: Final = "PI_MATRIX_KEY"
+ENV_STATE_DIR: Final = "PI_MATRIX_STATE_DIR"
+ENV_MAILBOX: Final = "PI_MATRIX_MAILBOX"
+ENV_HOST_PID: Final = "PI_MATRIX_HOST_PID"
+# With inotify the inbox wakes the host at once; without it, this is how often it looks.
+INBOX_POLL_S: Final = 1.0
+
+
+@attrs.frozen(kw_only=True)
+class HostSpec:
+    """Everything the host needs to know before it starts."""
+
+    argv: tuple[str, ...]
+    identity: AgentIdentityContract
+    contract: LaunchContract
+    mode: Mode = Mode.INTERACTIVE
+    task_summary: str = ""
+    deadline_s: float | None = None
+    stop_grace_s: float = 3.0
+    rpc_prompt: str | None = None
+    role: Role | None = None  # None: worker iff the contract declares a valid parent
+
+
+@attrs.define
+class HostHooks:
+    """Extension points the master uses (activation, delivery on every tick)."""
+
+    on_registered: Callable[[AgentHost], None] | None = None
+    on_tick: Callable[[AgentHost], None] | None = None
+
+
+def exit_code_of(returncode: int) -> int:
+    """A child's return code as a process exit status (signals as 128+n, like a shell)."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+class AgentHost:
+    """Register, run the child, supervise, record the end. One instance per process."""
+
+    def __init__(
+        self,
+        spec: HostSpec,
+        store: MatrixStore,
+        settings: MatrixSettings,
+        *,
+        hooks: HostHooks | None = None,
+        out: IO[str] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.store = store
+        self.settings = settings
+        self.hooks = hooks or HostHooks()
+        self.out = out or sys.stdout
+        self.role = spec.role or spec.contract.role
+        self.me = procs.current()
+        self.key = spec.identity.key(self.role)
+        self.registration = ""
+        self.entry: Entry | None = None
+        self.superseded = False
+        self.parent: ProcessIdentity | None = None
+        self.child: subprocess.Popen[bytes] | None = None
+        self.child_identity: ProcessIdentity | None = None
+        self.events = EventLog(store, self.key)
+        self.inbox = Inbox(store, self.key)
+        self.notices = AgentNotices(store, self.key)
+        # supervision state
+        self.phase = "running"  # running | grace | stopping
+        self.grace_deadline: float | None = None
+        self.stop_outcome: ExitKind | None = None
+        self.stop_reason: str | None = None
+        self.stop_steps: list[tuple[float, int]] = []
+        self.forwarded: int | None = None
+        self.last_message = ""
+        self._parent_fd: int | None = None
+        self._selector: selectors.BaseSelector | None = None
+        self._rpc_buffer = b""
+
+    # -- writes to our own entry (fenced by our process generation) --------------------------
+    def write(self, change: Callable[[Entry], Entry | None]) -> Entry | None:
+        """Apply ``change`` to our entry; None (and no more writes) once a newer process owns it."""
+        if self.superseded:
+            return None
+        before = self.entry.status if self.entry is not None else None
+        try:
+            entry = self.store.update(self.key, change, registration=self.registration)
+        except Conflict as exc:
+            self.superseded = True
+            log.warning(
+                "%s: a newer process generation owns this entry now (%s); this host will not write it again",
+                self.key,
+                exc.found,
+            )
+            self.events.write("superseded", found=exc.found)
+            return None
+        except PiMatrixError as exc:
+            log.warning("%s: could not update the entry: %s", self.key, exc)
+            return None
+        self.entry = entry
+        if entry.status is not before:
+            self.events.write("status", status=entry.status.value, reason=entry.reason)
+        return entry
+
+    # -- registration -----------------------------------------------------------------------------
+    def register(self) -> Entry:
+        """Write our entry as a new process generation (an older same-session host loses it)."""
+        contract = self.spec.contract
+        if self.role is Role.WORKER and contract.parent_pid is not None:
+            self.parent = procs.identify(contract.parent_pid)
+        entry = lifecycle.new_entry(
+            role=self.role,
+            identity=self.spec.identity,
+            process=self.me,
+            now=now_ms(),
+            parent=self.parent,
+            parent_pid=contract.parent_pid,
+            parent_session_id=contract.parent_session,
+            task_ref=contract.task_ref,
+            task_summary=self.spec.task_summary,
+        )
+        self.entry = self.store.register(entry)
+        self.registration = self.entry.registration
+        self.superseded = False
+        self.events.write("registered", role=self.role.value, generation=self.registration)
+        return self.entry
+
+    # -- the child --------------------------------------------------------------------------------
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            {
+                ENV_KEY: self.key,
+                ENV_STATE_DIR: str(self.store.root),
+                ENV_MAILBOX: str(self.notices.ensure()),
+                ENV_HOST_PID: str(self.me.pid),
+            }
+        )
+        return env
+
+    def _spawn(self) -> None:
+        mode = self.spec.mode
+        kwargs: dict[str, Any] = {
+            "env": self._child_env(),
+            "cwd": self.spec.identity.cwd,
+            "close_fds": True,
+        }
+        if mode is Mode.PRINT:
+            kwargs.update(stdin=subprocess.DEVNULL, start_new_session=True)
+        elif mode is Mode.RPC:
+            kwargs.update(stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+        self.child = subprocess.Popen(list(self.spec.argv), **kwargs)  # argv list, never a shell
+        self.child_identity = procs.identify(self.child.pid)
+        if self.child_identity is not None:
+            identity = self.child_identity
+            self.write(lambda e: lifecycle.with_child(e, identity))
+        self.events.write("child_started", pid=self.child.pid, argv=list(self.spec.argv)[:20])
+        if mode is Mode.RPC and self.spec.rpc_prompt:
+            self._rpc_send({"type": "prompt", "message": self.spec.rpc_prompt})
+
+    def _rpc_send(self, command: dict[str, Any]) -> bool:
+        child = self.child
+        if child is None or child.stdin is None or child.stdin.closed:
+            return False
+        try:
+            child.stdin.write((json.dumps(command) + "\n").encode())
+            child.stdin.flush()
+        except (BrokenPipeError, OSError):
+            return False
+        return True
+
+    def _signal_child(self, sig: int) -> None:
+        identity = self.child_identity
+        if identity is None:
+            return
+        if self.spec.mode is Mode.INTERACTIVE:
+            procs.send_signal(identity, sig)
+        else:
+            procs.signal_group(identity, sig)
+
+    # -- stopping our own child -------------------------------------------------------------------
+    def request_stop(self, outcome: ExitKind, reason: str) -> None:
+        """The one stop path: request -> grace -> SIGTERM -> grace -> SIGKILL."""
+        if self.stop_outcome is not None:
+            return
+        self.stop_outcome = outcome
+        self.stop_reason = reason
+        self.events.write("stop_requested", outcome=outcome.value, reason=reason)
+        now = time.monotonic()
+        grace = self.spec.stop_grace_s
+        requested = False
+        if self.spec.mode is Mode.RPC:
+            requested = self._rpc_send({"type": "abort"})
+            child = self.child
+            if child is not None and child.stdin is not None:
+                # pi --mode rpc exits at once on stdin EOF: the cleanest stop it offers.
+                with suppress(OSError):
+                    child.stdin.close()
+                requested = True
+        elif self.spec.mode is Mode.INTERACTIVE and self.spec.identity.is_pi:
+            self.notices.notify("shutdown", f"stop requested: {reason}")
+            requested = True
+        first = now + grace if requested else now
+        self.stop_steps = [(first, signal.SIGTERM), (first + grace, signal.SIGKILL)]
+
+    def _run_stop_steps(self) -> None:
+        now = time.monotonic()
+        while self.stop_steps and self.stop_steps[0][0] <= now:
+            _, sig = self.stop_steps.pop(0)
+            self.events.write("stop_signal", signal=int(sig))
+            self._signal_child(sig)
+
+    # -- parent death and the grace window ------------------------------------------------------
+    def _watch_parent(self) -> None:
+        self._unwatch_parent()
+        if self.parent is None or self._selector is None:
+            return
+        fd = procs.open_pidfd(self.parent)
+        if fd is None:
+            return
+        self._parent_fd = fd
+        self._selector.register(fd, selectors.EVENT_READ, "parent")
+
+    def _unwatch_parent(self) -> None:
+        if self._parent_fd is not None:
+            if self._selector is not None:
+                self._selector.unregister(self._parent_fd)
+            os.close(self._parent_fd)
+            self._parent_fd = None
+
+    def parent_alive(self) -> bool:
+        return self.parent is not None and procs.is_alive(self.parent)
+
+    def on_parent_lost(self) -> None:
+        """Seed 000 steps 1-3: winding_down -> resumable -> one steer notice -> grace window."""
+        if self.role is not Role.WORKER or self.phase != "running":
+            return
+        self._unwatch_parent()
+        self.phase = "grace"
+        now = now_ms()
+        self.events.write("parent_lost", parent_pid=self.parent.pid if self.parent else None)
+        self.write(lambda e: lifecycle.wind_down(e, now) if e.can_move_to(Status.WINDING_DOWN) else None)
+        self.write(
+            lambda e: lifecycle.make_resumable(e, now_ms()) if e.can_move_to(Status.RESUMABLE) else None
+        )
+        grace_s = self.settings.adoption_grace_ms / 1000
+        entry = self.entry
+        text = (
+            f"[pi-matrix] Your parent session ({entry.parent_session_id if entry else '?'}, "
+            f"pid {entry.parent_pid if entry else '?'}) is gone. Finish or checkpoint the current "
+            f"step and start no new work. A new master may adopt you within {grace_s:.0f}s; "
+            "otherwise this agent will be stopped and left resumable."
+        )
+        self.steer(text, notice=True)
+        self.grace_deadline = time.monotonic() + grace_s
+
+    def steer(self, text: str, *, notice: bool = False) -> None:
+        """Deliver a steering message to the child the way its mode allows."""
+        if self.spec.mode is Mode.RPC:
+            delivered = self._rpc_send({"type": "steer", "message": text})
+            channel = "rpc" if delivered else "lost"
+        elif self.spec.mode is Mode.INTERACTIVE and self.spec.identity.is_pi:
+            self.notices.notify("steer", text)
+            channel = "mailbox"
+        else:
+            channel = "recorded"
+        self.events.write("steer_notice" if notice else "steer", channel=channel, message=text)
+
+    def check_entry(self) -> None:
+        """Read our entry (lock-free) and act on a master's directive."""
+        if self.superseded:
+            return
+        try:
+            current = self.store.get(self.key)
+        except PiMatrixError as exc:
+            log.warning("%s: cannot read own entry: %s", self.key, exc)
+            return
+        if current.registration != self.registration:
+            self.superseded = True
+            self.events.write("superseded", found=current.registration)
+            return
+        directive = current.directive
+        if directive is None:
+            return
+        if directive.kind is DirectiveKind.CLEANUP and self.stop_outcome is None:
+            self.events.write("cleanup_requested", by=directive.parent_session_id)
+            self.phase = "stopping"
+            self.request_stop(ExitKind.KILLED, "cleanup")
+        elif directive.kind is DirectiveKind.ADOPT and current.status is Status.ADOPTED:
+            self._accept_adoption(current)
+
+    def _accept_adoption(self, current: Entry) -> None:
+        directive = current.directive
+        assert directive is not None
+        boot = current.boot_id or self.me.boot_id
+        if directive.parent_pid is None or directive.parent_proc_start is None:
+            return
+        new_parent = ProcessIdentity(directive.parent_pid, directive.parent_proc_start, boot)
+        if not procs.is_alive(new_parent):
+            self.events.write("adoption_ignored", reason="new parent not alive", pid=new_parent.pid)
+            return
+
+        def accept(entry: Entry) -> Entry | None:
+            d = entry.directive
+            if d is None or d.kind is not DirectiveKind.ADOPT or entry.status is not Status.ADOPTED:
+                return None
+            return lifecycle.accept_adoption(entry, now_ms())
+
+        if self.write(accept) is None:
+            return
+        self.parent = new_parent
+        self.phase = "running"
+        self.grace_deadline = None
+        self.events.write("adopted", parent_pid=new_parent.pid, parent_session=directive.parent_session_id)
+        self._watch_parent()
+        if not procs.is_alive(new_parent):
+            self.on_parent_lost()
+
+    def _grace_expired(self) -> None:
+        self.grace_deadline = None
+        self.events.write("grace_expired")
+        self.phase = "stopping"
+        self.request_stop(ExitKind.KILLED, "grace_expired")
+
+    # -- owner commands -----------------------------------------------------------------------------
+    def handle_messages(self, messages: list[Message]) -> None:
+        for message in messages:
+            self.events.write("message", kind=message.kind, sender=message.sender)
+            if message.kind == "stop":
+                self.request_stop(ExitKind.KILLED, "stop")
+            elif message.kind == "steer":
+                self.steer(message.text)
+            elif message.kind == "prompt":
+                if self.spec.mode is Mode.RPC:
+                    self._rpc_send(
+                        {"type": "prompt", "message": message.text, "streamingBehavior": "followUp"}
+                    )
+                elif self.spec.mode is Mode.INTERACTIVE and self.spec.identity.is_pi:
+                    self.notices.notify("prompt", message.text)
+            elif message.kind == "abort":
+                if self.spec.mode is Mode.RPC:
+                    self._rpc_send({"type": "abort"})
+                elif self.spec.mode is Mode.INTERACTIVE and self.spec.identity.is_pi:
+                    self.notices.notify("abort", message.text)
+
+    def wake(self) -> None:
+        """New mail, or a directive announced: look now rather than at the next tick."""
+        self.handle_messages(self.inbox.take())
+        self.check_entry()
+
+    # -- rpc output -----------------------------------------------------------------------------------
+    def _read_rpc(self, fd: int) -> bool:
+        """Consume what the rpc child wrote; False at EOF."""
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return True
+        if not chunk:
+            return False
+        self._consume_rpc(chunk)
+        return True
+
+    def _consume_rpc(self, chunk: bytes) -> None:
+        # Echo the raw stream (a tmux pane then shows the rpc conversation).
+        buffer = getattr(self.out, "buffer", None)
+        with suppress(OSError, ValueError):
+            if buffer is not None:
+                buffer.write(chunk)
+                buffer.flush()
+        self._rpc_buffer += chunk
+        *lines, self._rpc_buffer = self._rpc_buffer.split(b"\n")
+        for line in lines:
+            text = line.decode("utf-8", "replace").strip()
+            if not text:
+                continue
+            try:
+                event = json.loads(text)
+            except ValueError:
+                event = {"raw": text[:2000]}
+            if isinstance(event, dict):
+                self.events.write("rpc", data=event)
+                message = event.get("message")
+                if event.get("type") in ("message_end", "agent_end") and isinstance(message, dict):
+                    content = message.get("content")
+                    if isinstance(content, str):
+                        self.last_message = content[-2000:]
+
+    def _drain_rpc(self) -> None:
+        stdout = self.child.stdout if self.child is not None else None
+        if stdout is None or stdout.closed:
+            return
+        while True:
+            try:
+                chunk = os.read(stdout.fileno(), 65536)
+            except (BlockingIOError, OSError, ValueError):
+                return
+            if not chunk:
+                return
+            self._consume_rpc(chunk)
+
+    # -- the end --------------------------------------------------------------------------------------
+    def _classify(self, returncode: int) -> ExitRecord:
+        now = now_ms()
+        code = returncode if returncode >= 0 else None
+        sig = -returncode if returncode < 0 else None
+        if self.stop_outcome is not None:
+            return ExitRecord(kind=self.stop_outcome, at=now, code=code, signal=sig)
+        if self.forwarded is not None:
+            return ExitRecord(kind=ExitKind.KILLED, at=now, code=code, signal=sig)
+        if sig is not None:
+            return ExitRecord(kind=ExitKind.CRASHED, at=now, code=None, signal=sig)
+        return ExitRecord(kind=ExitKind.EXITED, at=now, code=code)
+
+    def _record_end(self, returncode: int) -> None:
+        record = self._classify(returncode)
+        self.events.write("child_exited", kind=record.kind.value, code=record.code, signal=record.signal)
+        now = now_ms()
+        if self.stop_reason == "grace_expired":
+            # Expiry leaves the entry resumable for a future session; only the exit is noted.
+            self.write(lambda e: attrs.evolve(e, exit=record) if e.status is Status.RESUMABLE else None)
+            return
+        if self.stop_reason == "cleanup":
+            self.write(lambda e: lifecycle.close(attrs.evolve(e, exit=record), "cleanup", now))
+            return
+        summary = self.last_message or (
+            f"{record.kind.value}"
+            + (f" code {record.code}" if record.code is not None else "")
+            + (f" signal {record.signal}" if record.signal is not None else "")
+        )
+
+        def finish(entry: Entry) -> Entry | None:
+            if not entry.can_move_to(Status.TERMINAL):
+                return None
+            return lifecycle.record_terminal(
+                entry, record, now, summary=summary, result_pointer=str(self.events.path)
+            )
+
+        self.write(finish)
+
+    # -- the loop -------------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Register, run the child (if any), supervise until it ends; returns its exit code."""
+        self.register()
+        if self.hooks.on_registered is not None:
+            self.hooks.on_registered(self)
+        if self.role is Role.WORKER and not self.parent_alive():
+            self.on_parent_lost()
+        # Handlers, not SIG_IGN: an ignored disposition would be inherited by the child across
+        # exec and make Ctrl-C dead in an interactive agent. _on_signals decides what each means.
+        watched = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR2)
+        with procs.SignalWakeup(watched) as wakeup:
+            if self.spec.argv:
+                try:
+                    self._spawn()
+                except OSError as exc:
+                    print(
+                        f"pi-matrix host: cannot start {self.spec.argv[0]!r}: {exc.strerror}", file=sys.stderr
+                    )
+                    self.events.write("spawn_failed", error=str(exc))
+                    self._record_end(127)
+                    return 127
+            return self._loop(wakeup)
+
+    def _loop(self, wakeup: procs.SignalWakeup) -> int:
+        selector = selectors.DefaultSelector()
+        self._selector = selector
+        selector.register(wakeup.read_fd, selectors.EVENT_READ, "signal")
+        child_fd = None
+        if self.child is not None:
+            child_fd = os.pidfd_open(self.child.pid)
+            selector.register(child_fd, selectors.EVENT_READ, "child")
+            if self.child.stdout is not None:
+                os.set_blocking(self.child.stdout.fileno(), False)
+                selector.register(self.child.stdout.fileno(), selectors.EVENT_READ, "rpc")
+        watch: DirWatch | None = None
+        if inotify_available():
+            try:
+                watch = DirWatch(self.store.side_dir("mailbox", self.key))
+                selector.register(watch.fd, selectors.EVENT_READ, "inbox")
+            except OSError:
+                watch = None
+        if self.phase == "running":
+            self._watch_parent()
+        poll_s = self.settings.watcher_poll_ms / 1000
+        beat_s = self.settings.heartbeat_ms / 1000
+        started = time.monotonic()
+        next_poll = started + poll_s
+        next_beat = started + beat_s
+        next_inbox = started + INBOX_POLL_S
+        deadline = started + self.spec.deadline_s if self.spec.deadline_s else None
+        self.wake()  # mail sent before we were watching
+        try:
+            while True:
+                now = time.monotonic()
+                timers = [next_poll, next_beat]
+                if watch is None:
+                    timers.append(next_inbox)
+                if self.grace_deadline is not None:
+                    timers.append(self.grace_deadline)
+                if deadline is not None and self.stop_outcome is None:
+                    timers.append(deadline)
+                if self.stop_steps:
+                    timers.append(self.stop_steps[0][0])
+                timeout = max(0.0, min(timers) - now)
+                for key, _ in selector.select(timeout):
+                    tag = key.data
+                    if tag == "child":
+                        assert self.child is not None
+                        returncode = self.child.wait()
+                        self._unwatch_parent()
+                        self._drain_rpc()
+                        self._record_end(returncode)
+                        return exit_code_of(returncode)
+                    if tag == "parent":
+                        if not self.parent_alive():
+                            self.on_parent_lost()
+                    elif tag == "signal":
+                        self._on_signals(wakeup.drain())
+                    elif tag == "inbox" and watch is not None:
+                        watch.drain()
+                        self.wake()
+                    elif tag == "rpc" and not self._read_rpc(key.fd):
+                        selector.unregister(key.fd)
+                if self.child is None and self.stop_outcome is not None:
+                    self._record_end(0)
+                    return 0
+                now = time.monotonic()
+                if now >= next_poll:
+                    next_poll = now + poll_s
+                    if self.phase == "running" and self.role is Role.WORKER and not self.parent_alive():
+                        self.on_parent_lost()
+                    self.wake()
+                if watch is None and now >= next_inbox:
+                    next_inbox = now + INBOX_POLL_S
+                    self.handle_messages(self.inbox.take())
+                if now >= next_beat:
+                    next_beat = now + beat_s
+                    self._heartbeat()
+                    if self.hooks.on_tick is not None:
+                        self.hooks.on_tick(self)
+                if self.grace_deadline is not None and now >= self.grace_deadline:
+                    self._grace_expired()
+                if deadline is not None and now >= deadline and self.stop_outcome is None:
+                    self.request_stop(ExitKind.TIMED_OUT, "deadline")
+                self._run_stop_steps()
+        finally:
+            self._unwatch_parent()
+            if child_fd is not None:
+                os.close(child_fd)
+            if watch is not None:
+                watch.close()
+            selector.close()
+            self._selector = None
+
+    def _heartbeat(self) -> None:
+        beat = now_ms()
+        self.write(lambda e: lifecycle.heartbeat(e, beat))
+
+    def _on_signals(self, received: list[int]) -> None:
+        for sig in received:
+            if sig == signal.SIGUSR2:
+                self.wake()
+            elif sig == signal.SIGINT and self.spec.mode is Mode.INTERACTIVE and self.child is not None:
+                continue  # the terminal already sent it to the child's process group
+            elif sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+                if self.child is None:
+                    # A master with no child: being asked to stop is the end of the line.
+                    self.request_stop(ExitKind.KILLED, "signal")
+                    continue
+                self.forwarded = sig
+                self.events.write("signal_forwarded", signal=sig)
+                self._signal_child(sig)

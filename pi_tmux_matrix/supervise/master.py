@@ -1,0 +1,267 @@
+"""Master activation: reconcile once, scan once for orphans, recover or ask, deliver handoffs.
+
+Seed 000: a master never kills what it finds. Exact orphans (recorded ``parentSessionId`` and
+``taskRef`` equal to this master's session and task) are recovered without asking: live ones
+re-adopted, dead ones with a complete pi context relaunched into their exact session. Every
+foreign orphan is owner-gated: with a TTY the owner is asked (resume / adopt / clean up /
+leave); headless, it is only reported and nothing is written.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import IO, Final, Protocol
+
+import attrs
+
+from .. import procs
+from ..errors import Conflict, NotFound, PiMatrixError
+from ..identity import ProcessIdentity, Role
+from ..matrix.model import Entry, Handoff, Status
+from ..matrix.reconcile import ActionKind, Facts, Plan, reconcile
+from ..matrix.store import MatrixStore, now_ms
+from . import lifecycle
+from .mailbox import Inbox
+from .relaunch import Relauncher, ResumeRefused
+
+__all__ = [
+    "ActivationReport",
+    "Decision",
+    "Master",
+    "Prompter",
+    "TtyPrompter",
+    "apply_plan",
+    "gather_facts",
+    "is_exact",
+]
+
+log = logging.getLogger(__name__)
+
+TASK_STATES: Final = ("active", "blocked", "terminal")
+
+
+class Prompter(Protocol):
+    """Asks the owner a yes/no question."""
+
+    def ask(self, question: str) -> bool: ...
+
+
+@attrs.define
+class TtyPrompter:
+    """Asks on a terminal; anything but y/yes is no."""
+
+    input: IO[str]
+    output: IO[str]
+
+    def ask(self, question: str) -> bool:
+        self.output.write(f"{question} [y/N] ")
+        self.output.flush()
+        answer = self.input.readline()
+        return answer.strip().lower() in ("y", "yes")
+
+
+@attrs.frozen
+class Decision:
+    """What activation did (or, headless, would leave to the owner) for one orphan."""
+
+    key: str
+    agent_id: str
+    lane: str | None
+    exact: bool
+    alive: bool
+    action: str  # re-adopted | relaunched | adopted | cleanup_requested | resumed | left | reported | failed
+    detail: str = ""
+
+
+@attrs.frozen
+class ActivationReport:
+    """Everything one activation did, for the CLI to print."""
+
+    key: str
+    session_id: str
+    reconciled: tuple[tuple[str, str, str], ...]  # (key, action, reason)
+    orphans: tuple[Decision, ...]
+    delivered: tuple[tuple[str, Handoff], ...]
+
+
+def gather_facts(entries: Iterable[Entry], now: int | None = None) -> Facts:
+    """Liveness by process identity, for the pure reconciliation pass."""
+    alive: dict[str, bool] = {}
+    child: dict[str, bool] = {}
+    parent: dict[str, bool] = {}
+    for entry in entries:
+        alive[entry.key] = procs.is_alive(entry.process)
+        child[entry.key] = procs.is_alive(entry.child_process)
+        parent[entry.key] = procs.is_alive(entry.parent_process)
+    return Facts(now_ms=now_ms() if now is None else now, alive=alive, child_alive=child, parent_alive=parent)
+
+
+def apply_plan(store: MatrixStore, plan: Plan) -> list[tuple[str, str, str]]:
+    """Apply a plan under CAS; an entry that changed meanwhile is skipped for the next pass."""
+    done: list[tuple[str, str, str]] = []
+    for action in plan.actions:
+        if action.kind is ActionKind.KEEP:
+            continue
+        try:
+            if action.kind is ActionKind.REMOVE:
+                store.delete(action.key, action.generation)
+            elif action.entry is not None:
+                store.replace(action.key, action.generation, action.entry)
+        except Conflict:
+            done.append((action.key, "skipped", "changed since the facts were gathered"))
+            continue
+        except PiMatrixError as exc:
+            done.append((action.key, "failed", str(exc)))
+            continue
+        done.append((action.key, action.kind.value, action.reason))
+    return done
+
+
+def is_exact(entry: Entry, session_id: str, task_ref: str | None) -> bool:
+    """Seed 000's identity fence for recovery without asking."""
+    return entry.parent_session_id == session_id and entry.task_ref == task_ref
+
+
+@attrs.define
+class Master:
+    """One master session's activation and its recurring duties."""
+
+    store: MatrixStore
+    session_id: str
+    me: ProcessIdentity
+    relauncher: Relauncher
+    task_ref: str | None = None
+    task_state: str = "active"
+    prompter: Prompter | None = None  # None: headless, report only
+    deliver: Callable[[Entry, Handoff], bool] | None = None
+    _delivered_ids: set[str] = attrs.field(factory=set)
+
+    @property
+    def key(self) -> str:
+        return f"{Role.MASTER.value}-{self.session_id}"
+
+    def activate(self, *, reconcile_first: bool = True) -> ActivationReport:
+        """The once-per-activation pass: reconcile, scan, recover/ask/report, deliver."""
+        listing = self.store.list()
+        facts = gather_facts(listing.entries)
+        plan = reconcile(listing.entries, facts)
+        reconciled = apply_plan(self.store, plan) if reconcile_first else []
+        decisions = [self._decide(key) for key in plan.orphans]
+        delivered = self.deliver_handoffs()
+        return ActivationReport(
+            key=self.key,
+            session_id=self.session_id,
+            reconciled=tuple(reconciled),
+            orphans=tuple(d for d in decisions if d is not None),
+            delivered=tuple(delivered),
+        )
+
+    # -- orphans ----------------------------------------------------------------------------------
+    def _decide(self, key: str) -> Decision | None:
+        try:
+            entry = self.store.get(key)
+        except NotFound:
+            return None
+        except PiMatrixError as exc:
+            return Decision(key, "?", None, False, False, "failed", str(exc))
+        if entry.parent_process is not None and procs.is_alive(entry.parent_process):
+            return None  # re-parented since the scan
+        alive = procs.is_alive(entry.process) or procs.is_alive(entry.child_process)
+        exact = is_exact(entry, self.session_id, self.task_ref)
+        decision = attrs.evolve(
+            Decision(key, entry.identity.agent_id, entry.identity.lane, exact, alive, "reported"),
+        )
+        if exact and self.task_state == "active":
+            return self._recover(entry, decision)
+        if exact:
+            decision = attrs.evolve(
+                decision, detail=f"task is {self.task_state}: automatic recovery disabled"
+            )
+        if self.prompter is None:
+            return decision
+        return self._ask(entry, decision)
+
+    def _recover(self, entry: Entry, decision: Decision) -> Decision:
+        if decision.alive:
+            return self._adopt(entry, decision, "re-adopted")
+        return self._resume(entry, decision, "relaunched")
+
+    def _adopt(self, entry: Entry, decision: Decision, action: str) -> Decision:
+        now = now_ms()
+        try:
+            self.store.update(
+                entry.key,
+                lambda e: lifecycle.grant_adoption(e, self.me, self.session_id, now),
+                expected=entry.generation,
+            )
+        except PiMatrixError as exc:
+            return attrs.evolve(decision, action="failed", detail=str(exc))
+        Inbox(self.store, entry.key).post("wake", sender=self.key)
+        return attrs.evolve(decision, action=action)
+
+    def _cleanup(self, entry: Entry, decision: Decision) -> Decision:
+        try:
+            self.store.update(
+                entry.key,
+                lambda e: lifecycle.request_cleanup(e, self.session_id, now_ms()),
+                expected=entry.generation,
+            )
+        except PiMatrixError as exc:
+            return attrs.evolve(decision, action="failed", detail=str(exc))
+        Inbox(self.store, entry.key).post("wake", sender=self.key)
+        return attrs.evolve(decision, action="cleanup_requested")
+
+    def _resume(self, entry: Entry, decision: Decision, action: str) -> Decision:
+        try:
+            pid = self.relauncher(entry, self.me, self.session_id)
+        except ResumeRefused as exc:
+            return attrs.evolve(decision, action="reported", detail=str(exc))
+        except (PiMatrixError, OSError) as exc:
+            return attrs.evolve(decision, action="failed", detail=str(exc))
+        return attrs.evolve(decision, action=action, detail=f"new host pid {pid}")
+
+    def _ask(self, entry: Entry, decision: Decision) -> Decision:
+        assert self.prompter is not None
+        name = f"worker {entry.identity.agent_id} (lane {entry.identity.lane or '-'})"
+        if not decision.alive:
+            resumable = entry.status is Status.RESUMABLE and entry.identity.resume_complete
+            if resumable and self.prompter.ask(f"resume {name} in its own session?"):
+                return self._resume(entry, decision, "resumed")
+            return attrs.evolve(decision, action="left")
+        if self.prompter.ask(f"adopt {name}?"):
+            return self._adopt(entry, decision, "adopted")
+        if self.prompter.ask(f"clean up {name} gracefully?"):
+            return self._cleanup(entry, decision)
+        return attrs.evolve(decision, action="left")
+
+    # -- handoffs -----------------------------------------------------------------------------------
+    def deliver_handoffs(self) -> list[tuple[str, Handoff]]:
+        """Deliver each undelivered handoff addressed to this session exactly once."""
+        delivered: list[tuple[str, Handoff]] = []
+        for entry in self.store.list().entries:
+            for handoff in entry.undelivered:
+                if handoff.parent_session_id != self.session_id:
+                    continue
+                if handoff.id not in self._delivered_ids:
+                    accepted = self.deliver(entry, handoff) if self.deliver is not None else True
+                    if not accepted:
+                        continue
+                    self._delivered_ids.add(handoff.id)
+                    delivered.append((entry.key, handoff))
+                self._acknowledge(entry.key, handoff.id)
+        return delivered
+
+    def _acknowledge(self, key: str, handoff_id: str) -> None:
+        # Merged under the lock on the version re-read there: only this handoff is marked, and
+        # only a *terminal* record closes, so a newer registration of the same session (which
+        # carried the undelivered handoff over) is never closed by an old completion.
+        def mark(entry: Entry) -> Entry | None:
+            if not any(h.id == handoff_id for h in entry.undelivered):
+                return None
+            return lifecycle.mark_delivered(entry, handoff_id, now_ms())
+
+        try:
+            self.store.update(key, mark)
+        except PiMatrixError as exc:
+            log.warning("%s: handoff %s delivered but not yet acknowledged: %s", key, handoff_id, exc)

@@ -1,0 +1,194 @@
+"""Relaunching a dead worker into its exact session: the pluggable relauncher.
+
+The default is a detached, headless ``pi-matrix host`` running ``pi -p --session <file> <wake>``
+(the tmux launcher arrives with the dispatcher and plugs in here). Either way the launcher
+publishes the new host's pid (status ``launching``) before the host registers, fenced by the
+generation it observed, so a relaunch that lost a race never overwrites a newer registration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from contextlib import suppress
+from typing import Final, Protocol
+
+import attrs
+
+from .. import procs
+from ..contract import ENV_AGENT_ID, ENV_ALLOWED_PATHS, ENV_PARENT_PID, ENV_PARENT_SESSION, ENV_TASK_REF
+from ..errors import Conflict, PiMatrixError
+from ..identity import ProcessIdentity
+from ..matrix.model import Entry, ResumablePayload, Status, bounded
+from ..matrix.store import MatrixStore
+
+__all__ = [
+    "ENV_PI_COMMAND",
+    "DetachedHostRelauncher",
+    "Relauncher",
+    "ResumeRefused",
+    "pi_command",
+    "wake_prompt",
+]
+
+ENV_PI_COMMAND: Final = "PI_MATRIX_PI_COMMAND"
+MAX_WAKE: Final = 2000
+
+
+class ResumeRefused(PiMatrixError):
+    """The entry cannot be resumed as it stands; the message says why and what to do."""
+
+
+class Relauncher(Protocol):
+    """Relaunch ``entry`` (resumable, dead) under ``parent``; returns the new host pid."""
+
+    def __call__(self, entry: Entry, parent: ProcessIdentity, parent_session: str) -> int: ...
+
+
+def pi_command(env: Mapping[str, str] | None = None) -> list[str]:
+    """The argv prefix that runs pi: ``$PI_MATRIX_PI_COMMAND`` (a JSON array) or ``["pi"]``."""
+    source = os.environ if env is None else env
+    raw = source.get(ENV_PI_COMMAND)
+    if not raw:
+        return ["pi"]
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ResumeRefused(
+            f'{ENV_PI_COMMAND}: not a JSON array of strings; set it like ["/usr/bin/pi"] or unset it'
+        )
+    return list(value)
+
+
+def wake_prompt(payload: ResumablePayload) -> str:
+    """The first prompt of a resumed session: pointers, never a second transcript."""
+    identity = payload.identity
+    parts = [
+        (
+            f"[pi-matrix] You are agent {identity.agent_id}, resumed in your own session after "
+            f"your process was lost ({payload.reason})."
+        ),
+    ]
+    if payload.task_ref:
+        parts.append(f"Task: {payload.task_ref}.")
+    if payload.task_summary:
+        parts.append(f"Task summary: {bounded(payload.task_summary, 600)}")
+    parts.append(f"Latest checkpoint: {payload.checkpoint or 'the last message of this session'}.")
+    if identity.resource_pointers:
+        parts.append("Context: " + ", ".join(identity.resource_pointers[:8]) + ".")
+    parts.append("Re-read what you need, then continue the task from where you stopped.")
+    return bounded(" ".join(parts), MAX_WAKE)
+
+
+def check_resumable(entry: Entry) -> ResumablePayload:
+    """The payload to resume from, or :class:`ResumeRefused` saying what is missing."""
+    payload = entry.resumable
+    if entry.status is not Status.RESUMABLE or payload is None:
+        raise ResumeRefused(f"{entry.key}: status {entry.status.value} is not resumable")
+    identity = payload.identity
+    if not identity.resume_complete:
+        raise ResumeRefused(f"{entry.key}: no complete pi context (session file and cwd) to resume from")
+    assert identity.session_file is not None and identity.cwd is not None
+    if not os.path.isfile(identity.session_file):
+        raise ResumeRefused(
+            f"{entry.key}: session file {identity.session_file} is gone; it cannot be resumed exactly"
+        )
+    if not os.path.isdir(identity.cwd):
+        raise ResumeRefused(
+            f"{entry.key}: working directory {identity.cwd} is gone (pi would stop at a prompt); "
+            "restore it or clean the entry up"
+        )
+    return payload
+
+
+@attrs.define
+class DetachedHostRelauncher:
+    """Relaunch as a detached, headless ``pi-matrix host`` (print mode), logging beside the entry."""
+
+    store: MatrixStore
+    command: Sequence[str] | None = None
+
+    def build(
+        self, entry: Entry, parent: ProcessIdentity, parent_session: str
+    ) -> tuple[list[str], dict[str, str], str]:
+        """The argv, env and cwd of the relaunch (also what ``--dry-run`` shows)."""
+        payload = check_resumable(entry)
+        identity = payload.identity
+        assert identity.session_file is not None and identity.cwd is not None
+        host = [
+            sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(self.store.root), "host",
+            "--session-id", identity.session_id, "--agent-id", identity.agent_id,
+            "--session-file", identity.session_file, "--cwd", identity.cwd, "--mode", "print",
+            "--parent-pid", str(parent.pid), "--parent-session", parent_session,
+            "--task-summary", payload.task_summary,
+        ]  # fmt: skip
+        if payload.task_ref:
+            host += ["--task-ref", payload.task_ref]
+        if identity.lane:
+            host += ["--worktree-lane", identity.lane]
+        if identity.profile:
+            host += ["--profile", identity.profile]
+        if identity.worktree:
+            host += ["--worktree", identity.worktree]
+        for pointer in identity.resource_pointers:
+            host += ["--resource", pointer]
+        agent = [
+            *(self.command or pi_command()),
+            "-p",
+            "--session",
+            identity.session_file,
+            wake_prompt(payload),
+        ]
+        env = {
+            key: value
+            for key, value in os.environ.items()
+            if key not in (ENV_PARENT_PID, ENV_PARENT_SESSION, ENV_TASK_REF, ENV_AGENT_ID)
+        }
+        env[ENV_AGENT_ID] = identity.agent_id
+        env.setdefault(ENV_ALLOWED_PATHS, "[]")
+        if payload.task_ref:
+            env[ENV_TASK_REF] = payload.task_ref
+        return [*host, "--", *agent], env, identity.cwd
+
+    def __call__(self, entry: Entry, parent: ProcessIdentity, parent_session: str) -> int:
+        argv, env, cwd = self.build(entry, parent, parent_session)
+        logs = self.store.side_dir("logs")
+        log_path = logs / f"{entry.key}.log"
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
+        try:
+            child = subprocess.Popen(  # argv list, never a shell
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=fd,
+                stderr=fd,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+            )
+        finally:
+            os.close(fd)
+        launched = procs.identify(child.pid)
+        if launched is not None:
+            # Conflict: the new host registered first; its registration wins, as it should.
+            with suppress(Conflict):
+                self.store.update(
+                    entry.key,
+                    lambda e: e.moved(
+                        Status.LAUNCHING,
+                        reason="relaunch",
+                        pid=launched.pid,
+                        proc_start=launched.start_ticks,
+                        boot_id=launched.boot_id,
+                        child_pid=None,
+                        child_proc_start=None,
+                        directive=None,
+                    ),
+                    expected=entry.generation,
+                )
+        return child.pid
