@@ -72,6 +72,9 @@ class Agent:
         self.steps = int(os.environ.get("STANDIN_STEPS", "3"))
         self.step_s = float(os.environ.get("STANDIN_STEP_S", "0.2"))
         self.aborted = False
+        self.stopping = False
+        # Called while a turn runs: pi takes steering messages mid-turn, so does the stand-in.
+        self.on_idle: Any = None
 
     def out(self, text: str) -> None:
         if not self.emit_rpc:
@@ -87,12 +90,12 @@ class Agent:
         self.event({"type": "agent_start"})
         self.out(f"stand-in: working on: {task}")
         if "HANG" in task:
-            while not self.aborted:
-                time.sleep(0.05)
+            while not self.aborted and not self.stopping:
+                self._wait(0.05)
         for step in range(1, self.steps + 1):
-            if self.aborted:
+            if self.aborted or self.stopping:
                 break
-            time.sleep(self.step_s)
+            self._wait(self.step_s)
             self.out(f"stand-in: step {step}/{self.steps}")
         if "FAIL" in task:
             reply, marker, code = f"failed: {task}", "FAILED", 3
@@ -106,6 +109,16 @@ class Agent:
         self.event({"type": "agent_end", "message": message})
         self.out(marker)
         return code
+
+    def _wait(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while True:
+            if self.on_idle is not None:
+                self.on_idle()
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.05))
 
     def steer(self, text: str) -> None:
         self.session.append({"type": "message", "role": "user", "steer": True, "content": text})
@@ -134,20 +147,35 @@ def _notices(path: str | None, offset: int) -> tuple[list[dict[str, Any]], int]:
 
 
 def _interactive(agent: Agent, first: str | None) -> int:
-    stop = {"now": False}
-
     def graceful(_sig: int, _frame: object) -> None:
-        stop["now"] = True
+        agent.stopping = True
 
     signal.signal(signal.SIGTERM, graceful)
+    mailbox = os.environ.get("PI_MATRIX_MAILBOX")
+    state = {"offset": 0}
+    if mailbox and os.path.exists(mailbox):
+        state["offset"] = os.path.getsize(mailbox)  # notices from before we started are not for us
+    prompts: list[str] = []
+
+    def poll() -> None:
+        notices, state["offset"] = _notices(mailbox, state["offset"])
+        for notice in notices:
+            kind = notice.get("type")
+            text = str(notice.get("message", ""))
+            if kind == "shutdown":
+                agent.stopping = True
+            elif kind == "abort":
+                agent.aborted = True
+            elif kind == "prompt":
+                prompts.append(text)
+            else:
+                agent.steer(text)
+
+    agent.on_idle = poll
     if first:
         agent.turn(first)
-    mailbox = os.environ.get("PI_MATRIX_MAILBOX")
-    offset = 0
-    if mailbox and os.path.exists(mailbox):
-        offset = os.path.getsize(mailbox)  # notices from before we started are not for us
     watch_stdin = sys.stdin is not None and not sys.stdin.closed and sys.stdin.isatty()
-    while not stop["now"]:
+    while not agent.stopping:
         if watch_stdin:
             ready, _, _ = select.select([sys.stdin], [], [], 0.1)
             if ready:
@@ -155,19 +183,13 @@ def _interactive(agent: Agent, first: str | None) -> int:
                 if not line:
                     break
                 if line.strip():
-                    agent.turn(line.strip())
+                    prompts.append(line.strip())
         else:
             time.sleep(0.1)
-        notices, offset = _notices(mailbox, offset)
-        for notice in notices:
-            kind = notice.get("type")
-            text = str(notice.get("message", ""))
-            if kind == "shutdown":
-                stop["now"] = True
-            elif kind == "prompt":
-                agent.turn(text)
-            else:
-                agent.steer(text)
+        poll()
+        while prompts and not agent.stopping:
+            agent.aborted = False
+            agent.turn(prompts.pop(0))
     agent.session.append({"type": "shutdown"})
     agent.out("stand-in: shutting down")
     return 0

@@ -157,7 +157,8 @@ def cmd_show(args: argparse.Namespace, io: Io) -> int:
         lines.append(f"  task         {entry.task_ref}")
     for name, value in attrs.asdict(entry.identity).items():
         if value not in (None, (), []):
-            lines.append(f"  identity.{name:<18} {value}")
+            shown = value.value if hasattr(value, "value") else value
+            lines.append(f"  identity.{name:<18} {shown}")
     if entry.directive is not None:
         d = entry.directive
         lines.append(f"  directive    {d.kind.value} by pid {d.parent_pid} session {d.parent_session_id}")
