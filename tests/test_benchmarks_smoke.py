@@ -1,4 +1,4 @@
-"""The store benchmark still runs (sizes shrunk by --quick; timings are never asserted)."""
+"""The benchmarks still run (sizes shrunk by --quick; timings are never asserted)."""
 
 from __future__ import annotations
 
@@ -31,3 +31,22 @@ def test_bench_store_quick_runs(tmp_path: Path) -> None:
     assert "CAS transition" in result.stdout
     assert "ls --json" in result.stdout
     assert (tmp_path / "bench_store.json").is_file()
+
+
+def test_bench_supervise_quick_runs(tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_supervise.py"), "--quick",
+         "--output", str(tmp_path / "bench_supervise.json")],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "parent death -> winding_down" in result.stdout
+    assert "idle hosts" in result.stdout
+    assert (tmp_path / "bench_supervise.json").is_file()

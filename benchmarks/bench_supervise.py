@@ -1,0 +1,251 @@
+#!/usr/bin/env python
+"""Supervision benchmarks, each figure against a baseline measured in the same run.
+
+    python benchmarks/bench_supervise.py [--quick]
+
+1. Parent death -> ``winding_down`` latency: a real ``pi-matrix host`` watches a real parent;
+   the parent is SIGKILLed and the host's own event timestamp of the ``winding_down`` write is
+   compared with the kill time. p50/p99 over >= 20 trials, and p99 / ``watcherPollMs`` (the
+   cadence a polling watcher would need; the seed's TS origin polls every 25 s). Goal: p99 <=
+   100 ms.
+2. Host RSS vs its child's RSS (the child: the bundled stand-in agent, a small Python program).
+3. Total CPU of N idle watching hosts over a window (default settings: heartbeat 30 s,
+   watcher poll 25 s), against one core-second per second. Goal: <= 1% of a core for 50 hosts
+   over 30 s.
+
+Prints one table and writes it to benchmarks/results/bench_supervise.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pi_tmux_matrix import procs
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "bench_supervise.json"
+FULL = {"trials": 24, "hosts": 50, "window": 30.0}
+QUICK = {"trials": 3, "hosts": 4, "window": 2.0}
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise TimeoutError(what)
+
+
+def events(state: Path, key: str) -> list[dict[str, Any]]:
+    path = state / "events" / f"{key}.jsonl"
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def host_argv(
+    state: Path, session: str, parent: int, child: list[str], mode: str = "interactive"
+) -> list[str]:
+    return [
+        sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(state), "host",
+        "--parent-pid", str(parent), "--parent-session", "bench-master", "--session-id", session,
+        "--provider", "bench", "--mode", mode, "--", *child,
+    ]  # fmt: skip
+
+
+def spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.kill()
+    process.wait()
+
+
+def death_latency(root: Path, env: dict[str, str], trials: int, poll_ms: int) -> dict[str, Any]:
+    latencies: list[float] = []
+    for trial in range(trials):
+        state = root / f"death-{trial}"
+        parent = spawn([sys.executable, "-c", "import time; time.sleep(600)"], env)
+        host = spawn(host_argv(state, f"w{trial}", parent.pid, ["sleep", "600"]), env)
+        try:
+            wait_for(
+                lambda s=state, t=trial: any(
+                    e["event"] == "child_started" for e in events(s, f"worker-w{t}")
+                ),
+                30,
+                "host start",
+            )
+            time.sleep(0.2)  # let the host settle into its select loop
+            killed_at = time.time() * 1000
+            parent.kill()
+            found = wait_for(
+                lambda s=state, t=trial: [
+                    e
+                    for e in events(s, f"worker-w{t}")
+                    if e["event"] == "status" and e.get("status") == "winding_down"
+                ],
+                10,
+                "winding_down",
+            )
+            latencies.append(found[0]["at"] - killed_at)
+        finally:
+            stop(parent)
+            host.send_signal(signal.SIGTERM)
+            try:
+                host.wait(10)
+            except subprocess.TimeoutExpired:
+                stop(host)
+    latencies.sort()
+    p50 = statistics.median(latencies)
+    p99 = latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
+    return {"trials": trials, "p50_ms": p50, "p99_ms": p99, "watcher_poll_ms": poll_ms, "all_ms": latencies}
+
+
+def rss(root: Path, env: dict[str, str]) -> dict[str, Any]:
+    state = root / "rss"
+    parent = spawn([sys.executable, "-c", "import time; time.sleep(600)"], env)
+    child = [sys.executable, "-m", "pi_tmux_matrix.standin", "--no-session", "HANG"]
+    host = spawn(host_argv(state, "rss", parent.pid, child), env)
+    try:
+        started = wait_for(
+            lambda: [e for e in events(state, "worker-rss") if e["event"] == "child_started"],
+            30,
+            "host start",
+        )
+        time.sleep(1.0)
+        host_rss = procs.rss_bytes(host.pid) or 0
+        child_rss = procs.rss_bytes(started[0]["pid"]) or 0
+    finally:
+        host.send_signal(signal.SIGTERM)
+        try:
+            host.wait(10)
+        except subprocess.TimeoutExpired:
+            stop(host)
+        stop(parent)
+    return {"host_rss": host_rss, "child_rss": child_rss}
+
+
+def idle_cpu(root: Path, env: dict[str, str], count: int, window: float) -> dict[str, Any]:
+    state = root / "idle"
+    parent = spawn([sys.executable, "-c", "import time; time.sleep(3600)"], env)
+    hosts = [spawn(host_argv(state, f"idle{i}", parent.pid, ["sleep", "3600"]), env) for i in range(count)]
+    try:
+        for i in range(count):
+            wait_for(
+                lambda i=i: any(e["event"] == "child_started" for e in events(state, f"worker-idle{i}")),
+                120,
+                "hosts start",
+            )
+        time.sleep(2.0)  # start-up CPU is not idle CPU
+        before = sum(procs.cpu_seconds(h.pid) or 0.0 for h in hosts)
+        time.sleep(window)
+        after = sum(procs.cpu_seconds(h.pid) or 0.0 for h in hosts)
+    finally:
+        for h in hosts:
+            h.send_signal(signal.SIGTERM)
+        for h in hosts:
+            try:
+                h.wait(15)
+            except subprocess.TimeoutExpired:
+                stop(h)
+        stop(parent)
+    used = after - before
+    return {"hosts": count, "window_s": window, "cpu_s": used, "share_of_core": used / window}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else FULL
+    root = Path(tempfile.mkdtemp(prefix="pi-matrix-bench-sup-"))
+    agent = root / "agent"
+    agent.mkdir()
+    env = dict(os.environ, PI_CODING_AGENT_DIR=str(agent), HOME=str(root))
+    env.pop("PI_MATRIX_STATE_DIR", None)
+    started = time.monotonic()
+    try:
+        poll_ms = 25_000  # the default watcherPollMs: a pidfd, not the poll, sees the death
+        death = death_latency(root, env, int(sizes["trials"]), poll_ms)
+        memory = rss(root, env)
+        cpu = idle_cpu(root, env, int(sizes["hosts"]), float(sizes["window"]))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    rows = [
+        (
+            f"1 parent death -> winding_down p99 ({death['trials']} trials)",
+            f"{death['p99_ms']:.1f} ms",
+            f"{poll_ms} ms poll",
+            f"{death['p99_ms'] / poll_ms:.4f}",
+            "p99 <= 100 ms",
+            "yes" if death["p99_ms"] <= 100 else "NO",
+        ),
+        (
+            "1 parent death -> winding_down p50",
+            f"{death['p50_ms']:.1f} ms",
+            f"{poll_ms} ms poll",
+            f"{death['p50_ms'] / poll_ms:.4f}",
+            "-",
+            "-",
+        ),
+        (
+            "2 host RSS / child RSS (stand-in)",
+            f"{memory['host_rss'] / 2**20:.1f} MiB",
+            f"{memory['child_rss'] / 2**20:.1f} MiB",
+            f"{memory['host_rss'] / max(memory['child_rss'], 1):.2f}",
+            "-",
+            "-",
+        ),
+        (
+            f"3 CPU of {cpu['hosts']} idle hosts over {cpu['window_s']:.0f} s",
+            f"{cpu['cpu_s']:.3f} cpu-s",
+            f"{cpu['window_s']:.0f} cpu-s (1 core)",
+            f"{cpu['share_of_core']:.4f}",
+            "<= 0.01 of a core",
+            "yes" if cpu["share_of_core"] <= 0.01 else "NO",
+        ),
+    ]
+    header = ("figure", "ours", "baseline", "ratio", "goal", "met")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    print(f"bench_supervise ({'quick' if args.quick else 'full'}): {os.cpu_count()} CPUs, "
+          f"{time.monotonic() - started:.1f} s")  # fmt: skip
+    for row in [header, tuple("-" * w for w in widths), *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(
+        json.dumps({"death": death, "rss": memory, "idle_cpu": cpu, "table": rows}, indent=2) + "\n"
+    )
+    print(f"written to {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
