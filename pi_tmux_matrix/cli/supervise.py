@@ -319,7 +319,16 @@ def cmd_master(args: argparse.Namespace, io: Io) -> int:
         if master is not None:
             master.deliver_handoffs()
 
-    return AgentHost(spec, store, settings, hooks=HostHooks(on_registered, on_tick), out=io.out).run()
+    def on_switch(host: AgentHost, _old_key: str) -> None:
+        # Identity, notices and the orphan scan follow the active session.
+        master = holder.get("master")
+        if master is not None:
+            master.session_id = host.spec.identity.session_id
+            master.task_ref = host.spec.contract.task_ref
+            _print_report(master.activate(), io)
+
+    hooks = HostHooks(on_registered, on_tick, on_switch)
+    return AgentHost(spec, store, settings, hooks=hooks, out=io.out).run()
 
 
 def _orphan_rows(store: MatrixStore) -> tuple[list[dict[str, Any]], list[str]]:

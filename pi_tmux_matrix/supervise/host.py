@@ -29,7 +29,7 @@ import attrs
 from .. import procs
 from ..contract import LaunchContract
 from ..errors import Conflict, PiMatrixError
-from ..identity import AgentIdentityContract, Mode, ProcessIdentity, Role
+from ..identity import AgentIdentityContract, Mode, ProcessIdentity, Role, validate_id, validate_task_ref
 from ..inotify import DirWatch
 from ..inotify import available as inotify_available
 from ..matrix.model import DirectiveKind, Entry, ExitKind, ExitRecord, Status
@@ -71,6 +71,7 @@ class HostHooks:
 
     on_registered: Callable[[AgentHost], None] | None = None
     on_tick: Callable[[AgentHost], None] | None = None
+    on_switch: Callable[[AgentHost, str], None] | None = None
 
 
 def exit_code_of(returncode: int) -> int:
@@ -116,6 +117,7 @@ class AgentHost:
         self.forwarded: int | None = None
         self.last_message = ""
         self._parent_fd: int | None = None
+        self._inbox_watch: DirWatch | None = None
         self._selector: selectors.BaseSelector | None = None
         self._rpc_buffer = b""
 
@@ -263,6 +265,25 @@ class AgentHost:
         self._parent_fd = fd
         self._selector.register(fd, selectors.EVENT_READ, "parent")
 
+    def _watch_inbox(self) -> None:
+        """Wake on new mail in our inbox (inotify); without inotify the loop polls it."""
+        self._unwatch_inbox()
+        if self._selector is None or not inotify_available():
+            return
+        try:
+            watch = DirWatch(self.store.side_dir("mailbox", self.key))
+        except OSError:
+            return
+        self._inbox_watch = watch
+        self._selector.register(watch.fd, selectors.EVENT_READ, "inbox")
+
+    def _unwatch_inbox(self) -> None:
+        if self._inbox_watch is not None:
+            if self._selector is not None:
+                self._selector.unregister(self._inbox_watch.fd)
+            self._inbox_watch.close()
+            self._inbox_watch = None
+
     def _unwatch_parent(self) -> None:
         if self._parent_fd is not None:
             if self._selector is not None:
@@ -364,6 +385,43 @@ class AgentHost:
         self.phase = "stopping"
         self.request_stop(ExitKind.KILLED, "grace_expired")
 
+    # -- session switch (/new, /resume, /fork) -----------------------------------------------------
+    def switch_session(
+        self, session_id: str, *, session_file: str | None = None, task_ref: str | None = None
+    ) -> None:
+        """Follow the agent into another session: new key, new registration, old record closed.
+
+        The old record is closed first under our own registration, so no timer of the old
+        session can write it again; its handoffs stay where they are and replay when a master
+        of that session activates.
+        """
+        validate_id(session_id, "sessionId")
+        if task_ref is not None:
+            validate_task_ref(task_ref)
+        old_key = self.key
+        if session_id == self.spec.identity.session_id:
+            return
+        now = now_ms()
+        self.write(
+            lambda e: lifecycle.close(e, "session_switched", now) if e.can_move_to(Status.CLOSED) else None
+        )
+        self.events.write("session_switched", to=session_id)
+        identity = attrs.evolve(self.spec.identity, session_id=session_id, session_file=session_file)
+        contract = attrs.evolve(self.spec.contract, task_ref=task_ref)
+        self.spec = attrs.evolve(self.spec, identity=identity, contract=contract)
+        self.key = identity.key(self.role)
+        self.events = EventLog(self.store, self.key)
+        self.inbox = Inbox(self.store, self.key)
+        self.notices = AgentNotices(self.store, self.key)
+        self.register()
+        if self.child_identity is not None:
+            child = self.child_identity
+            self.write(lambda e: lifecycle.with_child(e, child))
+        self.events.write("session_switched", previous=old_key)
+        self._watch_inbox()
+        if self.hooks.on_switch is not None:
+            self.hooks.on_switch(self, old_key)
+
     # -- owner commands -----------------------------------------------------------------------------
     def handle_messages(self, messages: list[Message]) -> None:
         for message in messages:
@@ -379,11 +437,24 @@ class AgentHost:
                     )
                 elif self.spec.mode is Mode.INTERACTIVE and self.spec.identity.is_pi:
                     self.notices.notify("prompt", message.text)
+            elif message.kind == "switch":
+                self._switch_from_message(message.text)
             elif message.kind == "abort":
                 if self.spec.mode is Mode.RPC:
                     self._rpc_send({"type": "abort"})
                 elif self.spec.mode is Mode.INTERACTIVE and self.spec.identity.is_pi:
                     self.notices.notify("abort", message.text)
+
+    def _switch_from_message(self, text: str) -> None:
+        try:
+            request = json.loads(text)
+            self.switch_session(
+                str(request["sessionId"]),
+                session_file=request.get("sessionFile"),
+                task_ref=request.get("taskRef"),
+            )
+        except (ValueError, KeyError, TypeError, PiMatrixError) as exc:
+            self.events.write("switch_refused", error=str(exc)[:300])
 
     def wake(self) -> None:
         """New mail, or a directive announced: look now rather than at the next tick."""
@@ -514,13 +585,7 @@ class AgentHost:
             if self.child.stdout is not None:
                 os.set_blocking(self.child.stdout.fileno(), False)
                 selector.register(self.child.stdout.fileno(), selectors.EVENT_READ, "rpc")
-        watch: DirWatch | None = None
-        if inotify_available():
-            try:
-                watch = DirWatch(self.store.side_dir("mailbox", self.key))
-                selector.register(watch.fd, selectors.EVENT_READ, "inbox")
-            except OSError:
-                watch = None
+        self._watch_inbox()
         if self.phase == "running":
             self._watch_parent()
         poll_s = self.settings.watcher_poll_ms / 1000
@@ -535,7 +600,7 @@ class AgentHost:
             while True:
                 now = time.monotonic()
                 timers = [next_poll, next_beat]
-                if watch is None:
+                if self._inbox_watch is None:
                     timers.append(next_inbox)
                 if self.grace_deadline is not None:
                     timers.append(self.grace_deadline)
@@ -558,8 +623,8 @@ class AgentHost:
                             self.on_parent_lost()
                     elif tag == "signal":
                         self._on_signals(wakeup.drain())
-                    elif tag == "inbox" and watch is not None:
-                        watch.drain()
+                    elif tag == "inbox" and self._inbox_watch is not None:
+                        self._inbox_watch.drain()
                         self.wake()
                     elif tag == "rpc" and not self._read_rpc(key.fd):
                         selector.unregister(key.fd)
@@ -572,7 +637,7 @@ class AgentHost:
                     if self.phase == "running" and self.role is Role.WORKER and not self.parent_alive():
                         self.on_parent_lost()
                     self.wake()
-                if watch is None and now >= next_inbox:
+                if self._inbox_watch is None and now >= next_inbox:
                     next_inbox = now + INBOX_POLL_S
                     self.handle_messages(self.inbox.take())
                 if now >= next_beat:
@@ -589,8 +654,7 @@ class AgentHost:
             self._unwatch_parent()
             if child_fd is not None:
                 os.close(child_fd)
-            if watch is not None:
-                watch.close()
+            self._unwatch_inbox()
             selector.close()
             self._selector = None
 

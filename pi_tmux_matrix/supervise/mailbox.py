@@ -26,7 +26,7 @@ from ..matrix.store import MatrixStore, now_ms
 
 __all__ = ["MESSAGE_KINDS", "AgentNotices", "EventLog", "Inbox", "Message"]
 
-MESSAGE_KINDS: Final = frozenset({"steer", "prompt", "abort", "stop", "wake"})
+MESSAGE_KINDS: Final = frozenset({"steer", "prompt", "abort", "stop", "wake", "switch"})
 MAX_MESSAGE_BYTES: Final = 64 * 1024
 _O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 
