@@ -8,6 +8,7 @@ starts is tracked by its identity and killed by pid in the ``reaper`` fixture's 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -23,6 +24,8 @@ import pytest
 from helpers import dir_digest, spawn_sleeper
 
 from pi_tmux_matrix import procs
+from pi_tmux_matrix.cli import main
+from pi_tmux_matrix.cli.app import Io
 from pi_tmux_matrix.identity import ProcessIdentity
 from pi_tmux_matrix.matrix.model import Entry, ExitKind, Status
 from pi_tmux_matrix.matrix.store import MatrixStore
@@ -517,6 +520,62 @@ def test_cleanup_within_the_grace_window_stops_agent_and_host_within_a_poll_and_
     assert entry.exit is not None and entry.exit.kind is ExitKind.KILLED
     assert len(host.events("cleanup_requested")) == 1
     assert host.events("grace_expired") == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "package bug: adopt/cleanup fence on the exact generation they read (cli/supervise.py "
+        "cmd_adopt/cmd_cleanup, supervise/master.py Master._adopt/_cleanup), so a live host's "
+        "heartbeat between that read and the write makes an owner-approved handshake fail (exit 1)"
+    ),
+)
+@pytest.mark.parametrize("verb", ["cleanup", "adopt"])
+def test_owner_handshake_survives_a_heartbeat_between_its_read_and_write(
+    verb: str, reaper: Reaper, store: MatrixStore, work: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    parent = reaper.sleeper()
+    task = "HANG orphaned"
+    host = start_host(
+        reaper, store, work, f"race-{verb}", mode="interactive", parent=parent.pid, parent_session="boss1",
+        agent=[task], extra=("--stop-grace", "1"),
+    )  # fmt: skip
+    child = host.wait_child(reaper)
+    wait_for("the agent's first turn", lambda: host.turn_started(task), detail=host.diagnose)
+    kill_parent(parent)
+    wait_for("resumable", entry_is(host, Status.RESUMABLE), timeout=5, detail=host.diagnose)
+
+    real_get = MatrixStore.get
+
+    def get_then_heartbeat(self: MatrixStore, key: str) -> Entry:
+        # The command's read, then the host's next heartbeat (<= heartbeatMs), then its write:
+        # the timing a human answering a master's prompt always produces.
+        entry = real_get(self, key)
+        wait_for("the host's next heartbeat", lambda: real_get(self, key).generation != entry.generation)
+        return entry
+
+    args = ["--state-dir", str(store.root), verb, host.key]
+    if verb == "adopt":
+        new_parent = reaper.sleeper()
+        args += ["--parent-pid", str(new_parent.pid), "--parent-session", "boss2"]
+    out, err = io.StringIO(), io.StringIO()
+    with monkeypatch.context() as patched:
+        patched.setattr(MatrixStore, "get", get_then_heartbeat)
+        code = main(args, io=Io(out, err))
+    assert code == 0, err.getvalue()
+
+    if verb == "cleanup":
+        host.wait_exit(10)
+        wait_for("the agent process to be gone", gone(child), timeout=5)
+        entry = host.entry()
+        assert entry is not None and (entry.status, entry.reason) == (Status.CLOSED, "cleanup")
+    else:
+        wait_for(
+            "running under the new parent",
+            entry_is(host, Status.RUNNING, parent_pid=new_parent.pid, parent_session_id="boss2"),
+            timeout=5,
+            detail=host.diagnose,
+        )
 
 
 # === 4. two hosts of one session: generation fencing ============================================
