@@ -464,16 +464,6 @@ def test_exact_dead_orphan_is_relaunched_into_the_same_session_and_key(lab: Lab)
     assert (lab.state / "logs" / "worker-w2.log").exists()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "package bug: DetachedHostRelauncher.build (supervise/relaunch.py) does not pass "
-        "--provider, so the relaunched host derives it from the pi command's argv[0] "
-        "(cli/supervise.py _provider); with PI_MATRIX_PI_COMMAND=[python, -m, ...standin] the "
-        "provider becomes 'python' (basename of sys.executable), is_pi is False and the "
-        "relaunched entry is no longer resume_complete"
-    ),
-)
 def test_a_relaunched_worker_keeps_its_pi_identity(lab: Lab) -> None:
     before = lab.dead_resumable("w3", "boss", "goal-1")
     done = lab.run("master", "--session-id", "boss", "--task-ref", "goal-1", "--once")
@@ -703,30 +693,12 @@ def _terminal_worker(lab: Lab, session: str, owner: str) -> Entry:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "package bug: cli/supervise.py cmd_master passes deliver= (which prints the handoff) "
-        "and then _print_report prints report.delivered again, so every handoff delivered "
-        "during an activation is printed twice (--once, and the first activation of a "
-        "running master)"
-    ),
-)
 def test_a_handoff_replayed_on_activation_is_printed_exactly_once(lab: Lab) -> None:
     _terminal_worker(lab, "h3", "away")
     done = lab.run("master", "--session-id", "away", "--once")
     assert handoff_lines(done.stdout, "worker-h3") == ["handoff worker-h3: exited code 0: finished"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "package bug: matrix/reconcile.py _decide removes every CLOSED record before looking "
-        "at undelivered handoffs, and Master.activate reconciles before delivering; a record "
-        "closed while it still carries an undelivered handoff (cleanup or session switch of a "
-        "generation that inherited it through MatrixStore.register) loses the handoff"
-    ),
-)
 def test_an_undelivered_handoff_survives_a_closed_record(lab: Lab) -> None:
     first = _terminal_worker(lab, "h4", "away")
     (handoff,) = first.undelivered

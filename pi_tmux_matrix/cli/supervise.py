@@ -225,8 +225,7 @@ def _print_report(report: ActivationReport, io: Io) -> None:
         detail = f": {d.detail}" if d.detail else ""
         who = f"{kind}, {state}, agent {d.agent_id}, lane {d.lane or '-'}"
         io.out.write(f"orphan {d.key} ({who}): {d.action}{detail}\n")
-    for key, handoff in report.delivered:
-        _print_handoff(io, key, handoff)
+    # Delivered handoffs were already printed by the deliver callback, once each.
     io.out.flush()
 
 

@@ -24,7 +24,7 @@ from .model import Entry, ResumablePayload, Status
 __all__ = ["MAX_AGE_MS", "Action", "ActionKind", "Facts", "Plan", "reconcile"]
 
 MAX_AGE_MS: Final = 30 * 24 * 3600 * 1000
-_EXPIRING: Final = frozenset({Status.RESUMABLE, Status.ADOPTED, Status.TERMINAL})
+_EXPIRING: Final = frozenset({Status.RESUMABLE, Status.ADOPTED, Status.TERMINAL, Status.CLOSED})
 _INTERRUPTIBLE: Final = frozenset({Status.LAUNCHING, Status.RUNNING, Status.WINDING_DOWN, Status.ADOPTED})
 
 
@@ -79,11 +79,15 @@ def _decide(entry: Entry, facts: Facts) -> Action:
     def act(kind: ActionKind, reason: str, replacement: Entry | None = None) -> Action:
         return Action(kind, entry.key, entry.generation, reason, replacement)
 
-    if entry.status is Status.CLOSED:
-        return act(ActionKind.REMOVE, "closed")
     age = facts.now_ms - entry.updated_at
     if entry.status in _EXPIRING and age > facts.max_age_ms:
         return act(ActionKind.REMOVE, f"expired: {entry.status.value} for more than 30 days")
+    if entry.status is Status.CLOSED:
+        # A record closed by cleanup or a session switch may still carry a handoff it inherited
+        # at registration; it waits for its owner like any pending terminal record.
+        if entry.undelivered:
+            return act(ActionKind.KEEP, "closed, undelivered terminal handoff retained")
+        return act(ActionKind.REMOVE, "closed")
     if facts.alive.get(entry.key, False):
         return act(ActionKind.KEEP, "process alive")
     if facts.child_alive.get(entry.key, False):

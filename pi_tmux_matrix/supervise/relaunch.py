@@ -125,7 +125,7 @@ class DetachedHostRelauncher:
             "--session-id", identity.session_id, "--agent-id", identity.agent_id,
             "--session-file", identity.session_file, "--cwd", identity.cwd, "--mode", "print",
             "--parent-pid", str(parent.pid), "--parent-session", parent_session,
-            "--task-summary", payload.task_summary,
+            "--task-summary", payload.task_summary, "--provider", identity.provider or "pi",
         ]  # fmt: skip
         if payload.task_ref:
             host += ["--task-ref", payload.task_ref]
