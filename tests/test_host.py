@@ -522,14 +522,6 @@ def test_cleanup_within_the_grace_window_stops_agent_and_host_within_a_poll_and_
     assert host.events("grace_expired") == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "package bug: adopt/cleanup fence on the exact generation they read (cli/supervise.py "
-        "cmd_adopt/cmd_cleanup, supervise/master.py Master._adopt/_cleanup), so a live host's "
-        "heartbeat between that read and the write makes an owner-approved handshake fail (exit 1)"
-    ),
-)
 @pytest.mark.parametrize("verb", ["cleanup", "adopt"])
 def test_owner_handshake_survives_a_heartbeat_between_its_read_and_write(
     verb: str, reaper: Reaper, store: MatrixStore, work: Path, monkeypatch: pytest.MonkeyPatch

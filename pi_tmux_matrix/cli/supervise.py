@@ -31,7 +31,15 @@ from ..settings import load_settings, resolve_state_dir
 from ..supervise import lifecycle
 from ..supervise.host import AgentHost, HostHooks, HostSpec
 from ..supervise.mailbox import Inbox
-from ..supervise.master import TASK_STATES, ActivationReport, Master, TtyPrompter, apply_plan, gather_facts
+from ..supervise.master import (
+    TASK_STATES,
+    ActivationReport,
+    Master,
+    TtyPrompter,
+    apply_plan,
+    gather_facts,
+    handshake,
+)
 from ..supervise.relaunch import DetachedHostRelauncher
 
 if TYPE_CHECKING:
@@ -447,10 +455,7 @@ def cmd_adopt(args: argparse.Namespace, io: Io) -> int:
             "KEY", f"{args.key} is {entry.status.value}", "only a live or resumable worker can be adopted"
         )
     now = now_ms()
-    store.update(
-        args.key, lambda e: lifecycle.grant_adoption(e, master, session, now), expected=entry.generation
-    )
-    Inbox(store, args.key).post("wake", sender="pi-matrix adopt")
+    handshake(store, entry, lambda e: lifecycle.grant_adoption(e, master, session, now), "pi-matrix adopt")
     io.out.write(f"adoption granted: {args.key} -> master session {session} (pid {master.pid})\n")
     return EXIT_OK
 
@@ -461,10 +466,7 @@ def cmd_cleanup(args: argparse.Namespace, io: Io) -> int:
     entry = _worker(store, args.key)
     found = _calling_master(store)
     session = found[1] if found else None
-    store.update(
-        args.key, lambda e: lifecycle.request_cleanup(e, session, now_ms()), expected=entry.generation
-    )
-    Inbox(store, args.key).post("wake", sender="pi-matrix cleanup")
+    handshake(store, entry, lambda e: lifecycle.request_cleanup(e, session, now_ms()), "pi-matrix cleanup")
     io.out.write(f"cleanup requested: {args.key} (the worker stops its own agent and exits)\n")
     return EXIT_OK
 

@@ -118,6 +118,25 @@ def apply_plan(store: MatrixStore, plan: Plan) -> list[tuple[str, str, str]]:
     return done
 
 
+def handshake(store: MatrixStore, observed: Entry, step: Callable[[Entry], Entry], sender: str) -> Entry:
+    """An owner's write into a worker's entry, then a wake-up for its host.
+
+    Fenced by what the owner decided on: the same process generation, in the same status, with
+    the same directive. A heartbeat in between moves only the time and does not void the
+    owner's answer (a person may take longer to answer than ``heartbeatMs``); any other change
+    is a :class:`Conflict` and nothing is written.
+    """
+
+    def apply(current: Entry) -> Entry:
+        if current.status is not observed.status or current.directive != observed.directive:
+            raise Conflict(observed.key, observed.generation, current.generation)
+        return step(current)
+
+    written = store.update(observed.key, apply, registration=observed.registration)
+    Inbox(store, observed.key).post("wake", sender=sender)
+    return written
+
+
 def is_exact(entry: Entry, session_id: str, task_ref: str | None) -> bool:
     """Seed 000's identity fence for recovery without asking."""
     return entry.parent_session_id == session_id and entry.task_ref == task_ref
@@ -190,26 +209,23 @@ class Master:
     def _adopt(self, entry: Entry, decision: Decision, action: str) -> Decision:
         now = now_ms()
         try:
-            self.store.update(
-                entry.key,
+            handshake(
+                self.store,
+                entry,
                 lambda e: lifecycle.grant_adoption(e, self.me, self.session_id, now),
-                expected=entry.generation,
+                self.key,
             )
         except PiMatrixError as exc:
             return attrs.evolve(decision, action="failed", detail=str(exc))
-        Inbox(self.store, entry.key).post("wake", sender=self.key)
         return attrs.evolve(decision, action=action)
 
     def _cleanup(self, entry: Entry, decision: Decision) -> Decision:
         try:
-            self.store.update(
-                entry.key,
-                lambda e: lifecycle.request_cleanup(e, self.session_id, now_ms()),
-                expected=entry.generation,
+            handshake(
+                self.store, entry, lambda e: lifecycle.request_cleanup(e, self.session_id, now_ms()), self.key
             )
         except PiMatrixError as exc:
             return attrs.evolve(decision, action="failed", detail=str(exc))
-        Inbox(self.store, entry.key).post("wake", sender=self.key)
         return attrs.evolve(decision, action="cleanup_requested")
 
     def _resume(self, entry: Entry, decision: Decision, action: str) -> Decision:
