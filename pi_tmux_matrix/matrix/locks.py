@@ -111,7 +111,14 @@ def _flock(fd: int, timeout: float, path: str) -> None:
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
         except _Alarm:
-            raise LockTimeout(f"{path}: still locked after {timeout:.1f}s") from None
+            # The alarm may land just after the kernel granted the lock: a non-blocking try on
+            # the same descriptor succeeds if we hold it (or it just came free), so a timeout
+            # never leaves a lock held behind the caller's back.
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except OSError:
+                raise LockTimeout(f"{path}: still locked after {timeout:.1f}s") from None
         finally:
             signal.signal(signal.SIGALRM, previous)
         return
@@ -141,6 +148,10 @@ def entry_lock(dir_fd: int, name: str, path: str, timeout: float) -> Iterator[No
     if not slot.guard.acquire(timeout=timeout):
         raise LockTimeout(f"{path}: still locked by another thread after {timeout:.1f}s")
     try:
+        if slot.depth:
+            # A write inside a write of the same entry would be overwritten by the outer one
+            # without a Conflict: nesting is a bug in the caller, never a convenience.
+            raise LockError(errno.EDEADLK, "already held by this thread (nested write of one entry)", path)
         if slot.depth == 0:
             if slot.fd is not None and not _same_file(slot.fd, dir_fd, name):
                 # The lock file was replaced under us (state dir removed and recreated):
