@@ -28,7 +28,8 @@ from pi_tmux_matrix.cli import main
 from pi_tmux_matrix.cli.app import Io
 from pi_tmux_matrix.identity import ProcessIdentity
 from pi_tmux_matrix.matrix.model import Entry, ExitKind, Status
-from pi_tmux_matrix.matrix.store import MatrixStore
+from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
+from pi_tmux_matrix.supervise import lifecycle
 
 GRACE_S = 5.0  # adoptionGraceMs lower bound
 POLL_S = 1.0  # watcherPollMs lower bound
@@ -474,11 +475,72 @@ def test_adoption_within_the_grace_window_reparents_and_a_new_parent_death_winds
     )  # fmt: skip
     assert again.reason == "parent_lost"
     assert again.resumable is not None and again.resumable.identity == again.identity
-    lifecycle = ["winding_down", "resumable", "running", "winding_down", "resumable"]
-    settles("the status events of both wind-downs", lambda: [s for s, _ in host.statuses()], lifecycle)
+    expected = ["winding_down", "resumable", "running", "winding_down", "resumable"]
+    settles("the status events of both wind-downs", lambda: [s for s, _ in host.statuses()], expected)
     wait_for("the second steer notice", lambda: len(host.steers()) == 2, timeout=5, detail=host.diagnose)
 
     # End it the cooperative way rather than waiting out a second grace window.
+    assert owner_command(store, "cleanup", host.key, cwd=work).returncode == 0
+    host.wait_exit(10)
+    wait_for("the agent process to be gone", gone(child), timeout=5)
+
+
+@pytest.mark.parametrize("new_master_alive", [True, False])
+def test_a_grant_that_lands_before_the_parent_death_is_seen_wins_over_the_wind_down(
+    new_master_alive: bool, reaper: Reaper, store: MatrixStore, work: Path
+) -> None:
+    """A master adopts a worker whose parent dies the same instant (before the host's next poll):
+    the host honours a live grant instead of winding down over it; a grant to a dead master is
+    dropped with a normal wind-down."""
+    parent = reaper.sleeper()
+    task = "HANG adopted early"
+    host = start_host(
+        reaper, store, work, f"early-{new_master_alive}", mode="interactive", parent=parent.pid,
+        parent_session="boss1", agent=[task], extra=("--stop-grace", "1"),
+    )  # fmt: skip
+    child = host.wait_child(reaper)
+    wait_for("the agent's first turn", lambda: host.turn_started(task), detail=host.diagnose)
+
+    new_parent = reaper.sleeper()
+    # Freeze the host so the grant and the parent's death are both pending when it wakes: the
+    # order a busy host (or an unlucky scheduler) produces.
+    wait_for("the host idle", lambda: host.entry() is not None)
+    os.kill(host.pid, signal.SIGSTOP)
+    try:
+        # The grant as a master writes it, without the wake that usually follows: the host learns
+        # of it only from its own next look at the entry.
+        master = procs.identify(new_parent.pid)
+        assert master is not None
+        observed = store.get(host.key)
+        store.update(
+            host.key,
+            lambda e: lifecycle.grant_adoption(e, master, "boss2", now_ms()),
+            expected=observed.generation,
+        )
+        if not new_master_alive:
+            kill_parent(new_parent)
+        kill_parent(parent)
+    finally:
+        os.kill(host.pid, signal.SIGCONT)
+
+    if new_master_alive:
+        entry = wait_for(
+            "running under the new parent",
+            entry_is(host, Status.RUNNING, parent_pid=new_parent.pid, parent_session_id="boss2"),
+            timeout=5,
+            detail=host.diagnose,
+        )
+        assert entry.directive is None and entry.resumable is None
+        assert entry.child_pid == child.pid
+        holds(
+            "still running under the new parent", entry_is(host, Status.RUNNING), until=time.monotonic() + 1.5
+        )
+        assert "resumable" not in [s for s, _ in host.statuses()]
+        assert host.steers() == []  # nobody was told their parent is gone: it never was, for long
+        kill_parent(new_parent)
+    entry = wait_for("resumable", entry_is(host, Status.RESUMABLE), timeout=5, detail=host.diagnose)
+    assert entry.reason == "parent_lost"
+    assert entry.directive is None
     assert owner_command(store, "cleanup", host.key, cwd=work).returncode == 0
     host.wait_exit(10)
     wait_for("the agent process to be gone", gone(child), timeout=5)

@@ -302,10 +302,38 @@ class AgentHost:
         self.phase = "grace"
         now = now_ms()
         self.events.write("parent_lost", parent_pid=self.parent.pid if self.parent else None)
-        self.write(lambda e: lifecycle.wind_down(e, now) if e.can_move_to(Status.WINDING_DOWN) else None)
+
+        # A master may have granted adoption before this host saw its parent die (a grant can land
+        # on a running entry). Winding down over a live grant would void an approved adoption, so
+        # the grant wins; a grant to a master that is itself gone is dropped with the wind-down.
+        def grant_pending(e: Entry) -> bool:
+            d = e.directive
+            if e.status is not Status.ADOPTED or d is None or d.kind is not DirectiveKind.ADOPT:
+                return False
+            if d.parent_pid is None or d.parent_proc_start is None:
+                return False
+            return procs.is_alive(
+                ProcessIdentity(d.parent_pid, d.parent_proc_start, e.boot_id or self.me.boot_id)
+            )
+
+        def down(e: Entry) -> Entry | None:
+            if grant_pending(e) or not e.can_move_to(Status.WINDING_DOWN):
+                return None
+            if e.status is Status.ADOPTED:
+                e = attrs.evolve(e, directive=None)
+            return lifecycle.wind_down(e, now)
+
+        self.write(down)
         self.write(
-            lambda e: lifecycle.make_resumable(e, now_ms()) if e.can_move_to(Status.RESUMABLE) else None
+            lambda e: (
+                lifecycle.make_resumable(e, now_ms())
+                if not grant_pending(e) and e.can_move_to(Status.RESUMABLE)
+                else None
+            )
         )
+        self.check_entry()  # a grant or a cleanup request that landed first is honoured now
+        if self.phase != "grace":
+            return
         grace_s = self.settings.adoption_grace_ms / 1000
         entry = self.entry
         text = (
