@@ -15,14 +15,20 @@ __all__ = [
     "Conflict",
     "ContractError",
     "CorruptEntry",
+    "DispatchError",
     "EntryExists",
     "IllegalTransition",
     "InvalidId",
+    "JobNotFound",
+    "LaneError",
     "LockUnavailable",
     "NotFound",
     "PiMatrixError",
+    "ProfileError",
+    "ProfileNotFound",
     "StateDirError",
     "StoreError",
+    "TmuxUnavailable",
 ]
 
 EXIT_OK = 0
@@ -122,3 +128,55 @@ class CorruptEntry(StoreError):
     def __init__(self, path: str, reason: str) -> None:
         self.reason = reason
         super().__init__(f"{path}: {reason}; run 'pi-matrix repair' to move it to quarantine/", path=path)
+
+
+# --- the dispatcher -------------------------------------------------------------------------------
+class ProfileError(ContractError):
+    """A launch profile or team template that cannot be used as written (names file and field)."""
+
+    def __init__(self, source: str, field: str, problem: str, fix: str) -> None:
+        self.source = source
+        super().__init__(f"{source}: {field}" if source else field, problem, fix)
+
+
+class ProfileNotFound(PiMatrixError):
+    """No launch profile or team of that name."""
+
+    exit_code = EXIT_NOT_FOUND
+
+    def __init__(self, kind: str, name: str, known: list[str]) -> None:
+        self.kind = kind
+        self.name = name
+        choices = ", ".join(known) if known else "none"
+        super().__init__(f"no {kind} named {name!r}; known: {choices}")
+
+
+class LaneError(PiMatrixError):
+    """A lane (git worktree) that cannot be created, reused or bound."""
+
+    exit_code = EXIT_USAGE
+
+
+class TmuxUnavailable(PiMatrixError):
+    """The tmux server cannot be reached (not installed, not running, socket refused).
+
+    Never evidence that an agent is dead: the matrix judges that by process identity."""
+
+    def __init__(self, socket: str, reason: str) -> None:
+        self.socket = socket
+        self.reason = reason
+        super().__init__(f"tmux server on socket {socket!r} unreachable: {reason}")
+
+
+class DispatchError(PiMatrixError):
+    """A launch or job operation that failed (nothing half-launched is left unrecorded)."""
+
+
+class JobNotFound(PiMatrixError):
+    """No dispatcher job with that id."""
+
+    exit_code = EXIT_NOT_FOUND
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        super().__init__(f"no job {job_id!r}; 'pi-matrix jobs' lists them")

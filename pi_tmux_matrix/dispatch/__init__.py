@@ -1,0 +1,1 @@
+"""The tmux dispatcher: launch profiles, lanes, tmux, jobs and completion watching."""
