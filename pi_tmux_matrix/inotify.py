@@ -13,6 +13,7 @@ from typing import Final
 
 __all__ = ["DirWatch", "available"]
 
+IN_MODIFY: Final = 0x00000002
 IN_CLOSE_WRITE: Final = 0x00000008
 IN_MOVED_TO: Final = 0x00000080
 IN_CREATE: Final = 0x00000100
@@ -42,14 +43,15 @@ def available() -> bool:
 class DirWatch:
     """``fd`` turns readable when a file lands in ``path``; :meth:`drain` clears it."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, modify: bool = False) -> None:
         if _LIBC is None:
             raise OSError("inotify is not available")
         fd = _LIBC.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if fd < 0:
             err = ctypes.get_errno()
             raise OSError(err, os.strerror(err))
-        mask = IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE
+        # ``modify``: also every write to a watched file (following a growing log).
+        mask = IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | (IN_MODIFY if modify else 0)
         if _LIBC.inotify_add_watch(fd, os.fsencode(path), mask) < 0:
             err = ctypes.get_errno()
             os.close(fd)

@@ -38,6 +38,8 @@ BOUNDS: Final[dict[str, tuple[int, int, int]]] = {
     "heartbeatMs": (30_000, 1_000, 600_000),
     "adoptionGraceMs": (300_000, 5_000, 3_600_000),
     "watcherPollMs": (25_000, 1_000, 600_000),
+    # The dispatcher's cap of live agents per working directory (issue 4), not a time.
+    "maxConcurrentAgents": (3, 1, 64),
 }
 DEFAULTS: Final[dict[str, Any]] = {"enabled": True, **{k: v[0] for k, v in BOUNDS.items()}}
 
@@ -50,6 +52,7 @@ class MatrixSettings:
     heartbeat_ms: int = 30_000
     adoption_grace_ms: int = 300_000
     watcher_poll_ms: int = 25_000
+    max_concurrent_agents: int = 3
     sources: Mapping[str, str] = attrs.field(factory=dict, eq=False)
 
 
@@ -58,6 +61,7 @@ _FIELD = {
     "heartbeatMs": "heartbeat_ms",
     "adoptionGraceMs": "adoption_grace_ms",
     "watcherPollMs": "watcher_poll_ms",
+    "maxConcurrentAgents": "max_concurrent_agents",
 }
 
 
@@ -135,9 +139,10 @@ def _coerce(key: str, value: Any, path: Path) -> Any:
     fractional = isinstance(value, float) and not value.is_integer()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or fractional:
         log.warning(
-            "%s: processMatrix.%s must be a number of milliseconds, not %r; using default %d",
+            "%s: processMatrix.%s must be a whole number%s, not %r; using default %d",
             path,
             key,
+            "" if key == "maxConcurrentAgents" else " of milliseconds",
             value,
             default,
         )

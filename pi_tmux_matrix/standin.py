@@ -14,6 +14,13 @@ messages), and ends its turn with a ``DONE`` marker (``BLOCKED`` if the task say
 
 Tasks may contain ``FAIL`` (exit 3), ``BLOCKED`` (marker, exit 2 in print mode) or ``HANG``
 (never finishes the turn). ``STANDIN_STEPS`` and ``STANDIN_STEP_S`` set the pace.
+
+It accepts (and ignores) pi's launch flags (``--model``, ``--thinking``, ``--tools``,
+``--no-tools``, ``-e``, ``--append-system-prompt``, ``--worktree-lane``), so the ``pi`` argv
+builder of a launch profile can run it. Like an agent following the dispatcher's instructions,
+it ends each turn with ``$PI_MATRIX_DONE_MARKER`` (done) or ``$PI_MATRIX_BLOCKED_MARKER reason``
+(blocked) on a line of its own; a prompt whose last line is
+``[pi-matrix] marker DONE:<nonce> BLOCKED:<nonce>`` switches it to those markers from then on.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import select
 import signal
 import sys
@@ -31,6 +39,11 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["main"]
+
+ENV_DONE_MARKER = "PI_MATRIX_DONE_MARKER"
+ENV_BLOCKED_MARKER = "PI_MATRIX_BLOCKED_MARKER"
+# A follow-up round's markers, as the dispatcher appends them to the prompt's last line.
+MARKER_LINE = re.compile(r"\[pi-matrix\] marker (DONE:\S+) (BLOCKED:\S+)")
 
 
 class Session:
@@ -75,6 +88,8 @@ class Agent:
         self.stopping = False
         # Called while a turn runs: pi takes steering messages mid-turn, so does the stand-in.
         self.on_idle: Any = None
+        self.done_marker = os.environ.get(ENV_DONE_MARKER) or None
+        self.blocked_marker = os.environ.get(ENV_BLOCKED_MARKER) or None
 
     def out(self, text: str) -> None:
         if not self.emit_rpc:
@@ -84,12 +99,26 @@ class Agent:
         if self.emit_rpc:
             print(json.dumps(record), flush=True)
 
+    def _take_markers(self, task: str) -> None:
+        lines = task.rstrip().splitlines()
+        found = MARKER_LINE.fullmatch(lines[-1].strip()) if lines else None
+        if found is not None:
+            self.done_marker, self.blocked_marker = found.group(1), found.group(2)
+
+    def _task_words(self, task: str) -> str:
+        """The task without the dispatcher's marker lines: its instruction says "print BLOCKED
+        ..." on every task, which must not read as a task that asks to be blocked."""
+        nonces = {m.split(":", 1)[1] for m in (self.done_marker, self.blocked_marker) if m and ":" in m}
+        return "\n".join(line for line in task.splitlines() if not any(n in line for n in nonces))
+
     def turn(self, task: str) -> int:
         """One agent turn; returns 0 done, 2 blocked, 3 failed."""
+        self._take_markers(task)
+        words = self._task_words(task)
         self.session.append({"type": "message", "role": "user", "content": task})
         self.event({"type": "agent_start"})
         self.out(f"stand-in: working on: {task}")
-        if "HANG" in task:
+        if "HANG" in words:
             while not self.aborted and not self.stopping:
                 self._wait(0.05)
         for step in range(1, self.steps + 1):
@@ -97,17 +126,27 @@ class Agent:
                 break
             self._wait(self.step_s)
             self.out(f"stand-in: step {step}/{self.steps}")
-        if "FAIL" in task:
+        if "FAIL" in words:
             reply, marker, code = f"failed: {task}", "FAILED", 3
-        elif "BLOCKED" in task:
+        elif "BLOCKED" in words:
             reply, marker, code = f"blocked: {task}", "BLOCKED", 2
         else:
             reply, marker, code = f"done: {task}", "DONE", 0
+        # The dispatcher's marker ends the reply, the way an agent told to print it would end.
+        final: str | None = None
+        if code == 0 and self.done_marker:
+            final = self.done_marker
+        elif code == 2 and self.blocked_marker:
+            final = f"{self.blocked_marker} the task says BLOCKED"
+        if final is not None:
+            reply = f"{reply}\n{final}"
         message = {"role": "assistant", "content": reply}
         self.session.append({"type": "message", **message})
         self.event({"type": "message_end", "message": message})
         self.event({"type": "agent_end", "message": message})
         self.out(marker)
+        if final is not None:
+            self.out(final)
         return code
 
     def _wait(self, seconds: float) -> None:
@@ -233,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-e", "--extension", action="append", default=[])
     parser.add_argument("--no-extensions", action="store_true")
     parser.add_argument("--model")
+    # pi's launch flags, accepted so a pi launch profile can run the stand-in; they change nothing.
+    parser.add_argument("--thinking")
+    parser.add_argument("--tools")
+    parser.add_argument("--no-tools", action="store_true")
+    parser.add_argument("--append-system-prompt")
+    parser.add_argument("--worktree-lane")
     parser.add_argument("message", nargs="*")
     args, _unknown = parser.parse_known_args(argv)
     mode = args.mode or ("print" if args.print_mode else "interactive")

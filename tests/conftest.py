@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,9 +29,47 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "PI_TASK_REF",
         "PI_WORKER_ALLOWED_PATHS",
         "PI_WORKTREE_LANE",
+        "PI_MATRIX_KEY",
+        "PI_MATRIX_MAILBOX",
+        "PI_MATRIX_HOST_PID",
     ):
         monkeypatch.delenv(name, raising=False)
+    # Anything that falls back to the default tmux socket lands on this run's private one.
+    monkeypatch.setenv("PI_MATRIX_TMUX_SOCKET", _SESSION_SOCKET)
     return home
+
+
+_SESSION_SOCKET = f"pm-test-{os.getpid()}"
+
+
+def kill_tmux_server(socket: str) -> None:
+    """Kill the tmux server on ``socket`` (one this test run started; never anyone else's)."""
+    if shutil.which("tmux") is None:
+        return
+    subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, timeout=10, check=False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_tmux_socket() -> Iterator[None]:
+    yield
+    kill_tmux_server(_SESSION_SOCKET)
+
+
+def require_tmux() -> None:
+    """Skip locally, fail under CI: the dispatcher's tests need a real tmux."""
+    if shutil.which("tmux") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("tmux is not installed; CI must have tmux for the dispatcher tests")
+        pytest.skip("tmux is not installed (the dispatcher tests need a real tmux)")
+
+
+@pytest.fixture
+def tmux_socket(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A unique private tmux socket; its server is killed when the test ends."""
+    require_tmux()
+    socket = f"pm-test-{os.getpid()}-{abs(hash(request.node.nodeid)) % 10**8}"
+    yield socket
+    kill_tmux_server(socket)
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ FIELD = {
     "heartbeatMs": "heartbeat_ms",
     "adoptionGraceMs": "adoption_grace_ms",
     "watcherPollMs": "watcher_poll_ms",
+    "maxConcurrentAgents": "max_concurrent_agents",
 }
 DEFAULT_SOURCES = dict.fromkeys(FIELD.values(), "default")
 
@@ -83,11 +84,13 @@ def test_seed_defaults_and_bounds() -> None:
         "heartbeatMs": 30_000,
         "adoptionGraceMs": 300_000,
         "watcherPollMs": 25_000,
+        "maxConcurrentAgents": 3,
     }
     assert BOUNDS == {
         "heartbeatMs": (30_000, 1_000, 600_000),
         "adoptionGraceMs": (300_000, 5_000, 3_600_000),
         "watcherPollMs": (25_000, 1_000, 600_000),
+        "maxConcurrentAgents": (3, 1, 64),
     }
 
 
@@ -107,6 +110,7 @@ def test_agent_dir_file_applies(agent_file: Path, project: Path, caplog: pytest.
         "heartbeat_ms": str(agent_file),
         "adoption_grace_ms": str(agent_file),
         "watcher_poll_ms": str(agent_file),
+        "max_concurrent_agents": "default",
     }
     assert warnings_of(caplog) == []
 
@@ -123,6 +127,7 @@ def test_project_overrides_agent_per_key(agent_file: Path, project: Path) -> Non
         "heartbeat_ms": str(project_file),
         "adoption_grace_ms": "default",
         "watcher_poll_ms": str(agent_file),
+        "max_concurrent_agents": "default",
     }
 
 

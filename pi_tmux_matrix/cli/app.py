@@ -12,7 +12,7 @@ import attrs
 
 from .. import __version__
 from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, PiMatrixError
-from . import entries, supervise
+from . import demo, dispatch, entries, supervise
 
 __all__ = ["Io", "build_parser", "main", "run"]
 
@@ -21,7 +21,7 @@ exit codes:
   {EXIT_OK}  success
   {EXIT_FAILED}  the operation failed (a conflict, a refused stop, a failed launch)
   {EXIT_USAGE}  bad input or usage: the message names the field and the fix; nothing was written
-  {EXIT_NOT_FOUND}  the thing named does not exist (no such entry)
+  {EXIT_NOT_FOUND}  the thing named does not exist (no such entry, job or profile)
 
 state dir: --state-dir, else $PI_MATRIX_STATE_DIR, else
 $PI_CODING_AGENT_DIR/state/process-matrix, else ~/.pi/agent/state/process-matrix
@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     entries.register(sub, EPILOG)
     supervise.register(sub, EPILOG)
+    dispatch.register(sub, EPILOG)
+    demo.register(sub, EPILOG)
     return parser
 
 

@@ -18,7 +18,6 @@ from ..identity import (
     ID_PATTERN,
     AgentIdentityContract,
     Mode,
-    ProcessIdentity,
     Role,
     parse_key,
     validate_id,
@@ -37,10 +36,11 @@ from ..supervise.master import (
     Master,
     TtyPrompter,
     apply_plan,
+    calling_master,
     gather_facts,
     handshake,
 )
-from ..supervise.relaunch import DetachedHostRelauncher
+from ..supervise.relaunch import DetachedHostRelauncher, Relauncher
 
 if TYPE_CHECKING:
     from .app import Io
@@ -102,6 +102,14 @@ def register(sub: Any, epilog: str) -> None:
         default=Mode.INTERACTIVE.value,
         help="how ARGV runs (print and rpc masters are headless)",
     )
+    master.add_argument(
+        "--relaunch",
+        choices=["detached", "tmux"],
+        default="detached",
+        help="how exact orphans that died are relaunched: a detached headless host (print mode), or "
+        "a tmux pane on --socket through the dispatcher's relaunch hook",
+    )
+    master.add_argument("--socket", metavar="NAME", help="tmux -L socket for --relaunch tmux")
     master.set_defaults(handler=cmd_master, takes_argv=True)
 
     scan = sub.add_parser(
@@ -136,10 +144,19 @@ def register(sub: Any, epilog: str) -> None:
     send.set_defaults(handler=cmd_send)
 
     stop = sub.add_parser(
-        "stop", help="the host's stop sequence on its own child (needs --confirm)", **common
+        "stop",
+        help="stop an agent (KEY, needs --confirm) or a whole job (ID, needs --confirm yes-tmux-stop)",
+        **common,
     )
-    stop.add_argument("key", metavar="KEY")
-    stop.add_argument("--confirm", action="store_true", help="really stop it (without: a preview)")
+    stop.add_argument("key", metavar="KEY|ID", help="an entry key (worker-…) or a job id (job-…)")
+    stop.add_argument(
+        "--confirm",
+        nargs="?",
+        const=True,
+        metavar="WORD",
+        help="really stop it (without: a preview); a job needs the word yes-tmux-stop",
+    )
+    stop.add_argument("--json", action="store_true", help="a job stop: print the job afterwards")
     stop.set_defaults(handler=cmd_stop)
 
     tree = sub.add_parser("tree", help="masters with their workers: status, age, lane, task", **common)
@@ -223,6 +240,30 @@ def cmd_host(args: argparse.Namespace, io: Io) -> int:
     return AgentHost(spec, _store(args), settings, out=io.out).run()
 
 
+def _relauncher(args: argparse.Namespace, store: MatrixStore) -> Relauncher:
+    """The master's relauncher: detached (issue 3's default) or the dispatcher's relaunch hook."""
+    if args.relaunch == "detached":
+        return DetachedHostRelauncher(store)
+    from ..dispatch.model import Relaunch
+    from ..dispatch.plugins import plugin_manager
+    from .dispatch import default_socket
+
+    socket = args.socket or default_socket()
+    plugins = plugin_manager()
+
+    def relaunch(entry: Entry, parent: procs.ProcessIdentity, parent_session: str) -> int:
+        request = Relaunch(
+            entry=entry, parent=parent, parent_session=parent_session, state_dir=str(store.root),
+            socket=socket, backend="tmux",
+        )  # fmt: skip
+        pid: int | None = plugins.hook.relaunch(request=request)
+        if pid is None:
+            raise PiMatrixError(f"{entry.key}: no plugin relaunched it")
+        return pid
+
+    return relaunch
+
+
 def _print_report(report: ActivationReport, io: Io) -> None:
     io.out.write(f"master {report.key} active\n")
     for key, action, reason in report.reconciled:
@@ -300,7 +341,7 @@ def cmd_master(args: argparse.Namespace, io: Io) -> int:
             )
         )
         master = Master(
-            store, session_id, me, DetachedHostRelauncher(store), task_ref=task_ref,
+            store, session_id, me, _relauncher(args, store), task_ref=task_ref,
             task_state=args.task_state, prompter=prompter, deliver=None if args.json else deliver,
         )  # fmt: skip
         report = master.activate()
@@ -315,7 +356,7 @@ def cmd_master(args: argparse.Namespace, io: Io) -> int:
 
     def on_registered(host: AgentHost) -> None:
         master = Master(
-            store, session_id, host.me, DetachedHostRelauncher(store), task_ref=task_ref,
+            store, session_id, host.me, _relauncher(args, store), task_ref=task_ref,
             task_state=args.task_state, prompter=prompter, deliver=deliver,
         )  # fmt: skip
         holder["master"] = master
@@ -406,20 +447,6 @@ def cmd_reconcile(args: argparse.Namespace, io: Io) -> int:
     return EXIT_OK
 
 
-def _calling_master(store: MatrixStore) -> tuple[ProcessIdentity, str] | None:
-    """The nearest ancestor process registered as a master, with its session id."""
-    masters = {
-        (e.pid, e.proc_start): e.identity.session_id
-        for e in store.list().entries
-        if e.role is Role.MASTER and e.pid is not None
-    }
-    for ancestor in procs.ancestors():
-        session = masters.get((ancestor.pid, ancestor.start_ticks))
-        if session is not None:
-            return ancestor, session
-    return None
-
-
 def _worker(store: MatrixStore, key: str) -> Entry:
     role, _ = parse_key(key)
     entry = store.get(key)
@@ -442,7 +469,7 @@ def cmd_adopt(args: argparse.Namespace, io: Io) -> int:
             raise ContractError("--parent-pid", f"no process {args.parent_pid}", "name a live master process")
         session = validate_id(args.parent_session, "--parent-session")
     else:
-        found = _calling_master(store)
+        found = calling_master(store)
         if found is None:
             raise ContractError(
                 "parent",
@@ -464,7 +491,7 @@ def cmd_cleanup(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix cleanup KEY``."""
     store = _store(args)
     entry = _worker(store, args.key)
-    found = _calling_master(store)
+    found = calling_master(store)
     session = found[1] if found else None
     handshake(store, entry, lambda e: lifecycle.request_cleanup(e, session, now_ms()), "pi-matrix cleanup")
     io.out.write(f"cleanup requested: {args.key} (the worker stops its own agent and exits)\n")
@@ -497,7 +524,11 @@ def cmd_send(args: argparse.Namespace, io: Io) -> int:
 
 
 def cmd_stop(args: argparse.Namespace, io: Io) -> int:
-    """``pi-matrix stop KEY --confirm``."""
+    """``pi-matrix stop KEY --confirm`` or ``pi-matrix stop JOB --confirm yes-tmux-stop``."""
+    if args.key.startswith("job-"):
+        from .dispatch import stop_job
+
+        return stop_job(args, io)
     store = _store(args)
     entry = _live_host(store, args.key)
     what = f"{args.key} (agent {entry.identity.agent_id}, host pid {entry.pid}, child pid {entry.child_pid})"

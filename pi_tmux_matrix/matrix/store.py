@@ -18,6 +18,7 @@ from __future__ import annotations
 import builtins
 import errno
 import itertools
+import json
 import os
 import secrets
 import stat
@@ -25,10 +26,11 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
+from .. import strictjson
 from ..errors import (
     Conflict,
     CorruptEntry,
@@ -38,7 +40,7 @@ from ..errors import (
     StateDirError,
     StoreError,
 )
-from ..identity import parse_key
+from ..identity import ID_PATTERN, parse_key, validate_id
 from .codec import MAX_ENTRY_BYTES, DecodeError, decode_entry, encode_entry
 from .locks import LockError, LockTimeout, entry_lock
 from .model import MAX_HANDOFFS, Entry
@@ -47,9 +49,12 @@ __all__ = [
     "ListResult",
     "MatrixStore",
     "Problem",
+    "RecordStore",
     "RepairAction",
+    "durable_write",
     "new_token",
     "now_ms",
+    "read_bounded",
 ]
 
 SUFFIX: Final = ".json"
@@ -57,7 +62,7 @@ TMP_SUFFIX: Final = ".json.tmp"
 LOCKS: Final = "locks"
 QUARANTINE: Final = "quarantine"
 # Sub-directories the matrix itself keeps beside the entries; never reported as foreign.
-RESERVED_DIRS: Final = frozenset({LOCKS, QUARANTINE, "events", "mailbox", "results", "runs", "jobs"})
+RESERVED_DIRS: Final = frozenset({LOCKS, QUARANTINE, "events", "mailbox", "results", "runs", "jobs", "logs"})
 
 _O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC
@@ -75,6 +80,79 @@ def _write_all(fd: int, data: bytes) -> None:
     while view:
         written = os.write(fd, view)
         view = view[written:]
+
+
+def durable_write(dir_fd: int, name: str, data: bytes, *, exclusive: bool, path: str) -> None:
+    """Write ``name`` in ``dir_fd`` so a crash leaves the whole old or the whole new version.
+
+    temp (``O_EXCL``, 0600) -> fsync -> rename (``link`` when ``exclusive``: FileExistsError if
+    the name is taken) -> fsync the directory. The caller holds the name's lock, which is what
+    makes the one fixed temp name per file safe. Any failure is a StoreError and the write was
+    not acknowledged.
+    """
+    tmp = f".{name}.tmp"
+    try:
+        fd = os.open(tmp, _CREATE_FLAGS, 0o600, dir_fd=dir_fd)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot write ({exc.strerror})", path=path, errno=exc.errno) from None
+    committed = False
+    try:
+        try:
+            # O_CREAT's mode is filtered by the umask (000 -> fine, 277 -> unwritable); the
+            # file is 0600 whatever the umask.
+            os.fchmod(fd, 0o600)
+            _write_all(fd, data)
+            _fsync(fd)
+        finally:
+            os.close(fd)
+        if exclusive:
+            os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+            committed = True
+            # The file is in place; the temp name is only a second link to it now, and a
+            # leftover one is swept under the lock by the next writer.
+            with suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+        else:
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            committed = True
+        _fsync(dir_fd)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        note = "; the new version is in place but may not survive a crash" if committed else ""
+        raise StoreError(
+            f"{path}: write failed ({exc.strerror}){note}; the change was not acknowledged",
+            path=path,
+            errno=exc.errno,
+        ) from None
+    finally:
+        if not committed:
+            with suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+
+
+def read_bounded(dir_fd: int, name: str, path: str, max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``, never following a symlink and never
+    blocking on a FIFO. FileNotFoundError if absent; CorruptEntry (with the reason) otherwise."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CorruptEntry(path, "is a symlink (never followed)") from None
+        raise CorruptEntry(path, f"cannot open ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CorruptEntry(path, f"is not a regular file ({_kind(info.st_mode)})")
+        if info.st_size > max_bytes:
+            raise CorruptEntry(path, f"is {info.st_size} bytes, over the {max_bytes} byte cap")
+        return os.read(fd, info.st_size + 1)  # not the cap: a 1 MiB buffer per read costs
+    except OSError as exc:
+        raise CorruptEntry(path, f"cannot read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
 
 
 # --- generation tokens -----------------------------------------------------------------------
@@ -244,18 +322,24 @@ class MatrixStore:
     def locked(self, key: str) -> Iterator[int]:
         """Hold ``key``'s lock; yields the state dir fd (created if needed)."""
         parse_key(key)
+        with self._hold(f"{key}.lock", f"{key}: lock still held", "this entry") as root_fd:
+            self._sweep_temp(root_fd, key)
+            yield root_fd
+
+    @contextmanager
+    def _hold(self, lock_name: str, what: str, writing: str) -> Iterator[int]:
+        """Hold ``locks/<lock_name>``; yields the state dir fd (created if needed)."""
         with self._root_fd(create=True) as root_fd:
             assert root_fd is not None
             locks_fd = self._locks_fd(root_fd)
-            path = str(self.root / LOCKS / f"{key}.lock")
+            path = str(self.root / LOCKS / lock_name)
             try:
-                with entry_lock(locks_fd, f"{key}.lock", path, self.lock_timeout):
-                    self._sweep_temp(root_fd, key)
+                with entry_lock(locks_fd, lock_name, path, self.lock_timeout):
                     yield root_fd
             except LockTimeout:
                 raise LockUnavailable(
-                    f"{key}: lock still held after {self.lock_timeout:.0f}s; another pi-matrix "
-                    "process is writing this entry, retry shortly",
+                    f"{what} after {self.lock_timeout:.0f}s; another pi-matrix process is writing "
+                    f"{writing}, retry shortly",
                     path=path,
                 ) from None
             except LockError as exc:
@@ -308,25 +392,7 @@ class MatrixStore:
     def _read_file(self, root_fd: int, key: str) -> tuple[Entry, dict[str, object]]:
         name = key + SUFFIX
         path = f"{self.root}{os.sep}{name}"  # a plain string: pathlib costs ~8 us per entry
-        try:
-            fd = os.open(name, _READ_FLAGS, dir_fd=root_fd)
-        except FileNotFoundError:
-            raise
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise CorruptEntry(path, "is a symlink (never followed)") from None
-            raise CorruptEntry(path, f"cannot open ({exc.strerror})") from None
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode):
-                raise CorruptEntry(path, f"is not a regular file ({_kind(info.st_mode)})")
-            if info.st_size > MAX_ENTRY_BYTES:
-                raise CorruptEntry(path, f"is {info.st_size} bytes, over the {MAX_ENTRY_BYTES} byte cap")
-            data = os.read(fd, info.st_size + 1)  # not the cap: a 1 MiB buffer per read costs
-        except OSError as exc:
-            raise CorruptEntry(path, f"cannot read ({exc.strerror})") from None
-        finally:
-            os.close(fd)
+        data = read_bounded(root_fd, name, path, MAX_ENTRY_BYTES)
         try:
             return decode_entry(data, key)
         except DecodeError as exc:
@@ -389,49 +455,11 @@ class MatrixStore:
 
     # -- writing ----------------------------------------------------------------------------------
     def _write(self, root_fd: int, key: str, entry: Entry, *, exclusive: bool) -> None:
-        data = encode_entry(entry)
-        tmp = f".{key}{TMP_SUFFIX}"
         name = key + SUFFIX
-        path = str(self.root / name)
         try:
-            fd = os.open(tmp, _CREATE_FLAGS, 0o600, dir_fd=root_fd)
-        except OSError as exc:
-            raise StoreError(f"{path}: cannot write ({exc.strerror})", path=path, errno=exc.errno) from None
-        committed = False
-        try:
-            try:
-                # O_CREAT's mode is filtered by the umask (000 -> fine, 277 -> unwritable); the
-                # entry is 0600 whatever the umask.
-                os.fchmod(fd, 0o600)
-                _write_all(fd, data)
-                _fsync(fd)
-            finally:
-                os.close(fd)
-            if exclusive:
-                try:
-                    os.link(tmp, name, src_dir_fd=root_fd, dst_dir_fd=root_fd, follow_symlinks=False)
-                except FileExistsError:
-                    raise EntryExists(key, None) from None
-                committed = True
-                # The entry is in place; the temp name is only a second link to it now, and
-                # a leftover one is swept under the lock by the next writer.
-                with suppress(OSError):
-                    os.unlink(tmp, dir_fd=root_fd)
-            else:
-                os.replace(tmp, name, src_dir_fd=root_fd, dst_dir_fd=root_fd)
-                committed = True
-            _fsync(root_fd)
-        except OSError as exc:
-            note = "; the new version is in place but may not survive a crash" if committed else ""
-            raise StoreError(
-                f"{path}: write failed ({exc.strerror}){note}; the change was not acknowledged",
-                path=path,
-                errno=exc.errno,
-            ) from None
-        finally:
-            if not committed:
-                with suppress(OSError):
-                    os.unlink(tmp, dir_fd=root_fd)
+            durable_write(root_fd, name, encode_entry(entry), exclusive=exclusive, path=str(self.root / name))
+        except FileExistsError:
+            raise EntryExists(key, None) from None
 
     def _stamp(self, entry: Entry, *, register: bool) -> Entry:
         token = new_token()
@@ -615,3 +643,129 @@ def _kind(mode: int) -> str:
         if test(mode):
             return label
     return "not a regular file"
+
+
+class RecordStore:
+    """Small JSON documents of one kind beside the entries (dispatcher jobs, agent results).
+
+    The entries' guarantees, in ``<state dir>/<kind>/``: a per-record lock, durable atomic
+    writes, exclusive create (exactly one result per marker), strict bounded reads, and corrupt
+    files reported, never deleted. Records are plain JSON objects; their owners give them types.
+    """
+
+    def __init__(self, store: MatrixStore, kind: str) -> None:
+        if kind not in RESERVED_DIRS or kind in (LOCKS, QUARANTINE):
+            raise ValueError(f"{kind!r} is not a record directory")
+        self.store = store
+        self.kind = kind
+        self.root = store.root / kind
+
+    def _name(self, name: str) -> str:
+        validate_id(name, f"{self.kind} record name")
+        return name + SUFFIX
+
+    @contextmanager
+    def _dir_fd(self, *, create: bool) -> Iterator[int | None]:
+        if create:
+            self.store.side_dir(self.kind)
+        fd = self.store._open_dir(self.root, create=False)
+        try:
+            yield fd
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    @contextmanager
+    def locked(self, name: str) -> Iterator[int]:
+        """Hold the record's lock; yields the record dir fd (created if needed)."""
+        file_name = self._name(name)
+        lock = f"{self.kind}.{name}.lock"  # entry locks are <role>-<id>.lock: no collision
+        held = self.store._hold(lock, f"{self.kind}/{name}: lock still held", "this record")
+        with held, self._dir_fd(create=True) as fd:
+            assert fd is not None
+            with suppress(FileNotFoundError):
+                os.unlink(f".{file_name}.tmp", dir_fd=fd)  # a dead writer's temp
+            yield fd
+
+    def _decode(self, data: bytes, path: str) -> dict[str, Any]:
+        try:
+            value = strictjson.loads(data, max_bytes=MAX_ENTRY_BYTES)
+        except strictjson.StrictJSONError as exc:
+            raise CorruptEntry(path, str(exc)) from None
+        if not isinstance(value, dict):
+            raise CorruptEntry(path, f"is JSON {type(value).__name__}, not an object")
+        return value
+
+    def _read(self, fd: int, name: str) -> dict[str, Any] | None:
+        file_name = self._name(name)
+        path = str(self.root / file_name)
+        try:
+            return self._decode(read_bounded(fd, file_name, path, MAX_ENTRY_BYTES), path)
+        except FileNotFoundError:
+            return None
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        """The record, None if absent (no lock: every read sees a whole version)."""
+        self._name(name)
+        with self._dir_fd(create=False) as fd:
+            return None if fd is None else self._read(fd, name)
+
+    def put(self, name: str, record: dict[str, Any], *, exclusive: bool = False) -> bool:
+        """Write the record; with ``exclusive`` only if absent (False when it was taken)."""
+        file_name = self._name(name)
+        data = (json.dumps(record) + "\n").encode()
+        with self.locked(name) as fd:
+            try:
+                durable_write(fd, file_name, data, exclusive=exclusive, path=str(self.root / file_name))
+            except FileExistsError:
+                return False
+        return True
+
+    def update(
+        self, name: str, change: Callable[[dict[str, Any] | None], dict[str, Any] | None]
+    ) -> dict[str, Any] | None:
+        """Read, change and write under the record's lock; ``change`` returning None writes nothing."""
+        file_name = self._name(name)
+        with self.locked(name) as fd:
+            current = self._read(fd, name)
+            changed = change(current)
+            if changed is None:
+                return current
+            data = (json.dumps(changed) + "\n").encode()
+            durable_write(fd, file_name, data, exclusive=False, path=str(self.root / file_name))
+            return changed
+
+    def list(self) -> tuple[list[tuple[str, dict[str, Any]]], list[Problem]]:
+        """Every valid record by name, and a problem for every other file."""
+        records: list[tuple[str, dict[str, Any]]] = []
+        problems: list[Problem] = []
+        with self._dir_fd(create=False) as fd:
+            if fd is None:
+                return records, problems
+            for file_name in sorted(os.listdir(fd)):
+                if file_name.startswith("."):
+                    continue
+                path = str(self.root / file_name)
+                name = file_name[: -len(SUFFIX)] if file_name.endswith(SUFFIX) else ""
+                if not name or ID_PATTERN.fullmatch(name) is None:
+                    problems.append(Problem(path, f"not a {self.kind} record (foreign)", "foreign"))
+                    continue
+                try:
+                    record = self._read(fd, name)
+                except CorruptEntry as exc:
+                    problems.append(Problem(path, exc.reason, "corrupt"))
+                    continue
+                if record is not None:
+                    records.append((name, record))
+        return records, problems
+
+    def delete(self, name: str) -> bool:
+        """Remove the record (True if it was there)."""
+        file_name = self._name(name)
+        with self.locked(name) as fd:
+            try:
+                os.unlink(file_name, dir_fd=fd)
+            except FileNotFoundError:
+                return False
+            _fsync(fd)
+        return True

@@ -455,7 +455,11 @@ class AgentHost:
         for message in messages:
             self.events.write("message", kind=message.kind, sender=message.sender)
             if message.kind == "stop":
-                self.request_stop(ExitKind.KILLED, "stop")
+                # The dispatcher's watcher asks with "deadline": its owner's time limit, not a kill.
+                if message.text == "deadline":
+                    self.request_stop(ExitKind.TIMED_OUT, "deadline")
+                else:
+                    self.request_stop(ExitKind.KILLED, "stop")
             elif message.kind == "steer":
                 self.steer(message.text)
             elif message.kind == "prompt":

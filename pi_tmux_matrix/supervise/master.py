@@ -32,6 +32,7 @@ __all__ = [
     "Prompter",
     "TtyPrompter",
     "apply_plan",
+    "calling_master",
     "gather_facts",
     "is_exact",
 ]
@@ -281,3 +282,17 @@ class Master:
             self.store.update(key, mark)
         except PiMatrixError as exc:
             log.warning("%s: handoff %s delivered but not yet acknowledged: %s", key, handoff_id, exc)
+
+
+def calling_master(store: MatrixStore) -> tuple[ProcessIdentity, str] | None:
+    """The nearest ancestor process registered as a live master, with its session id."""
+    masters = {
+        (e.pid, e.proc_start): e.identity.session_id
+        for e in store.list().entries
+        if e.role is Role.MASTER and e.pid is not None and e.status not in (Status.TERMINAL, Status.CLOSED)
+    }
+    for ancestor in procs.ancestors():
+        session = masters.get((ancestor.pid, ancestor.start_ticks))
+        if session is not None:
+            return ancestor, session
+    return None

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
+from pathlib import Path
 from typing import Final, Protocol
 
 import attrs
@@ -21,7 +22,7 @@ import attrs
 from .. import procs
 from ..contract import ENV_AGENT_ID, ENV_ALLOWED_PATHS, ENV_PARENT_PID, ENV_PARENT_SESSION, ENV_TASK_REF
 from ..errors import Conflict, PiMatrixError
-from ..identity import ProcessIdentity
+from ..identity import AgentIdentityContract, Mode, ProcessIdentity
 from ..matrix.model import Entry, ResumablePayload, Status, bounded
 from ..matrix.store import MatrixStore
 
@@ -30,6 +31,7 @@ __all__ = [
     "DetachedHostRelauncher",
     "Relauncher",
     "ResumeRefused",
+    "host_argv",
     "pi_command",
     "wake_prompt",
 ]
@@ -63,6 +65,48 @@ def pi_command(env: Mapping[str, str] | None = None) -> list[str]:
             f'{ENV_PI_COMMAND}: not a JSON array of strings; set it like ["/usr/bin/pi"] or unset it'
         )
     return list(value)
+
+
+def host_argv(
+    state_dir: Path,
+    *,
+    identity: AgentIdentityContract,
+    task_summary: str,
+    task_ref: str | None,
+    lane: str | None,
+    rpc_prompt: str | None,
+    agent_argv: Sequence[str],
+    parent: tuple[int, str] | None = None,
+    python: str = sys.executable,
+) -> list[str]:
+    """``pi-matrix host …`` for one agent. The parent comes as flags when given, else through the
+    env contract (a tmux launch); the allowed-paths envelope always comes through the env."""
+    argv = [
+        python, "-m", "pi_tmux_matrix", "--state-dir", str(state_dir), "host",
+        "--session-id", identity.session_id, "--agent-id", identity.agent_id,
+        "--cwd", identity.cwd or os.getcwd(),
+        "--mode", identity.mode.value if identity.mode else "interactive",
+        "--task-summary", bounded(task_summary, 400),
+    ]  # fmt: skip
+    if identity.profile:
+        argv += ["--profile", identity.profile]
+    if identity.provider:
+        argv += ["--provider", identity.provider]
+    if identity.session_file:
+        argv += ["--session-file", identity.session_file]
+    if identity.worktree:
+        argv += ["--worktree", identity.worktree]
+    if lane:
+        argv += ["--worktree-lane", lane]
+    if task_ref:
+        argv += ["--task-ref", task_ref]
+    if rpc_prompt is not None:
+        argv += ["--rpc-prompt", rpc_prompt]
+    if parent is not None:
+        argv += ["--parent-pid", str(parent[0]), "--parent-session", parent[1]]
+    for pointer in identity.resource_pointers:
+        argv += ["--resource", pointer]
+    return [*argv, "--", *agent_argv]
 
 
 def wake_prompt(payload: ResumablePayload) -> str:
@@ -120,23 +164,6 @@ class DetachedHostRelauncher:
         payload = check_resumable(entry)
         identity = payload.identity
         assert identity.session_file is not None and identity.cwd is not None
-        host = [
-            sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(self.store.root), "host",
-            "--session-id", identity.session_id, "--agent-id", identity.agent_id,
-            "--session-file", identity.session_file, "--cwd", identity.cwd, "--mode", "print",
-            "--parent-pid", str(parent.pid), "--parent-session", parent_session,
-            "--task-summary", payload.task_summary, "--provider", identity.provider or "pi",
-        ]  # fmt: skip
-        if payload.task_ref:
-            host += ["--task-ref", payload.task_ref]
-        if identity.lane:
-            host += ["--worktree-lane", identity.lane]
-        if identity.profile:
-            host += ["--profile", identity.profile]
-        if identity.worktree:
-            host += ["--worktree", identity.worktree]
-        for pointer in identity.resource_pointers:
-            host += ["--resource", pointer]
         agent = [
             *(self.command or pi_command()),
             "-p",
@@ -144,6 +171,11 @@ class DetachedHostRelauncher:
             identity.session_file,
             wake_prompt(payload),
         ]
+        resumed = attrs.evolve(identity, mode=Mode.PRINT, provider=identity.provider or "pi")
+        host = host_argv(
+            self.store.root, identity=resumed, task_summary=payload.task_summary, task_ref=payload.task_ref,
+            lane=identity.lane, rpc_prompt=None, agent_argv=agent, parent=(parent.pid, parent_session),
+        )  # fmt: skip
         env = {
             key: value
             for key, value in os.environ.items()
@@ -153,7 +185,7 @@ class DetachedHostRelauncher:
         env.setdefault(ENV_ALLOWED_PATHS, "[]")
         if payload.task_ref:
             env[ENV_TASK_REF] = payload.task_ref
-        return [*host, "--", *agent], env, identity.cwd
+        return host, env, identity.cwd
 
     def __call__(self, entry: Entry, parent: ProcessIdentity, parent_session: str) -> int:
         argv, env, cwd = self.build(entry, parent, parent_session)

@@ -1,0 +1,271 @@
+"""``pi-matrix demo``: the main job, end to end, on its own tmux socket, cleaned up after.
+
+A master, three stand-in agents on two lanes of a scratch git repo; the master is killed and
+the workers wind down to ``resumable``; one worker is then lost too; a new master of the same
+session and task recovers them without asking (the live ones re-adopted, the dead one resumed
+into its exact session file in a new pane); the tree is printed at every step. Everything it
+started (processes by identity, its own tmux server, its scratch folder) is gone at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .. import procs
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PiMatrixError
+from ..identity import ProcessIdentity, Role
+from ..matrix.model import Entry, Status
+from ..matrix.store import MatrixStore
+from ..settings import load_settings
+
+if TYPE_CHECKING:
+    from .app import Io
+
+__all__ = ["register"]
+
+T = TypeVar("T")
+SESSION = "demo-master"
+TASK = "demo-goal"
+STEP_TIMEOUT = 20.0
+
+
+def register(sub: Any, epilog: str) -> None:
+    demo = sub.add_parser(
+        "demo",
+        help="the main job end to end on its own tmux socket (a master, 3 agents, a crash, a recovery)",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    demo.add_argument(
+        "--agent", choices=["stand-in", "pi"], default="stand-in", help="the agents: the bundled stand-in or real pi"
+    )
+    demo.add_argument("--keep", action="store_true", help="keep the scratch folder (state, repo, logs)")
+    demo.set_defaults(handler=cmd_demo)
+
+
+class DemoFailed(PiMatrixError):
+    """A step of the demo did not happen in time (the message says which)."""
+
+
+class Demo:
+    def __init__(self, io: Io, root: Path, agent: str) -> None:
+        self.io = io
+        self.root = root
+        self.agent = agent
+        self.socket = f"pi-matrix-demo-{os.getpid()}"
+        self.state = root / "state"
+        self.agent_dir = root / "agent"
+        self.repo = root / "repo"
+        self.store = MatrixStore(self.state)
+        self.started: list[ProcessIdentity] = []
+        self.tmux = shutil.which("tmux") is not None
+        self.env = dict(os.environ)
+        for name in ("PI_PARENT_PID", "PI_PARENT_SESSION", "PI_ORCHESTRATION_AGENT_ID", "PI_TASK_REF",
+                     "PI_WORKER_ALLOWED_PATHS", "PI_WORKTREE_LANE", "PI_MATRIX_KEY", "PI_MATRIX_MAILBOX"):  # fmt: skip
+            self.env.pop(name, None)
+        self.env.update(
+            PI_CODING_AGENT_DIR=str(self.agent_dir),
+            PI_MATRIX_STATE_DIR=str(self.state),
+            PI_MATRIX_TMUX_SOCKET=self.socket,
+            STANDIN_STEPS="400",
+            STANDIN_STEP_S="0.25",
+        )
+
+    # -- output ---------------------------------------------------------------------------------------
+    def say(self, text: str) -> None:
+        self.io.out.write(f"\n== {text}\n")
+        self.io.out.flush()
+
+    def tree(self) -> None:
+        from .app import main
+
+        main(["--state-dir", str(self.state), "tree"], io=self.io)
+        self.io.out.flush()
+
+    # -- set-up ---------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        self.agent_dir.mkdir(mode=0o700, parents=True)
+        settings = {"processMatrix": {"heartbeatMs": 1000, "watcherPollMs": 1000, "adoptionGraceMs": 60000}}
+        (self.agent_dir / "settings.json").write_text(json.dumps(settings))
+        self.repo.mkdir()
+        git = ["git", "-C", str(self.repo), "-c", "user.name=pi-matrix demo", "-c", "user.email=demo@localhost"]
+        for args in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "scratch repo of pi-matrix demo"]):
+            subprocess.run([*git, *args], check=True, capture_output=True, timeout=30)
+
+    def start_master(self) -> Entry:
+        """A long-running master (headless; its own session is a stand-in that keeps working)."""
+        argv = [
+            sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", SESSION, "--task-ref", TASK,
+            "--headless", "--mode", "print", "--relaunch", "tmux" if self.tmux else "detached",
+            "--socket", self.socket, "--", sys.executable, "-m", "pi_tmux_matrix.standin", "-p",
+            "HANG orchestrating the demo",
+        ]  # fmt: skip
+        log = open(self.root / "master.log", "ab")  # noqa: SIM115 - handed to the child
+        with log:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.repo, env=self.env,
+                start_new_session=True,
+            )  # fmt: skip
+        me = procs.identify(proc.pid)
+        if me is not None:
+            self.started.append(me)
+        return self.wait(
+            "the master to register",
+            lambda: self._entry(f"master-{SESSION}", lambda e: e.pid == proc.pid and e.status is Status.RUNNING),
+        )
+
+    def fire(self, master: Entry, lane: str, **kind: str) -> None:
+        from ..dispatch.manager import Dispatcher, FireRequest
+
+        task = "HANG " + ("build the parser" if lane == "lane-a" else "write the docs")
+        dispatcher = Dispatcher(self.store, load_settings(self.repo, self.env), env=self.env)
+        request = FireRequest(
+            task=task, lane=lane, path=str(self.repo), socket=self.socket,
+            backend="tmux" if self.tmux else "subprocess", parent_pid=master.pid, parent_session=SESSION,
+            **kind,
+        )  # fmt: skip
+        result = dispatcher.fire(request)
+        for agent in result.job.agents:
+            host = agent.host
+            if host is not None:
+                self.started.append(host)
+            self.io.out.write(f"   fired {agent.agent_id} ({agent.key}) on {lane}: {agent.target}\n")
+
+    # -- waiting --------------------------------------------------------------------------------------
+    def wait(self, what: str, probe: Callable[[], T | None], timeout: float = STEP_TIMEOUT) -> T:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = probe()
+            if value:
+                return value
+            time.sleep(0.1)
+        raise DemoFailed(f"demo: timed out after {timeout:.0f}s waiting for {what} (logs in {self.root})")
+
+    def _entry(self, key: str, check: Callable[[Entry], bool]) -> Entry | None:
+        entry = self.store.find(key)
+        return entry if entry is not None and check(entry) else None
+
+    def workers(self) -> list[Entry]:
+        return [e for e in self.store.list().entries if e.role is Role.WORKER]
+
+    def all_workers(self, check: Callable[[Entry], bool]) -> list[Entry] | None:
+        workers = self.workers()
+        return workers if len(workers) == 3 and all(check(w) for w in workers) else None
+
+    # -- the story ------------------------------------------------------------------------------------
+    def run(self) -> None:
+        self.setup()
+        self.say(f"a master (session {SESSION}, task {TASK}) and a scratch repo in {self.root}")
+        master = self.start_master()
+        self.say("fire three stand-in agents on two lanes (git worktrees), panes on tmux -L " + self.socket)
+        profile = "stand-in" if self.agent == "stand-in" else "pi-worker"
+        team = "stand-in-pair" if self.agent == "stand-in" else "impl-review"
+        self.fire(master, "lane-a", team=team)
+        self.fire(master, "lane-b", profile=profile)
+        self.wait("three running workers", lambda: self.all_workers(lambda w: w.status is Status.RUNNING))
+        self.tree()
+
+        self.say(f"kill -9 the master (pid {master.pid}): its workers notice at once and wind down")
+        self.kill(master)
+        self.wait(
+            "every worker to be resumable",
+            lambda: self.all_workers(lambda w: w.status is Status.RESUMABLE and w.reason == "parent_lost"),
+        )
+        self.tree()
+
+        lost = sorted(self.workers(), key=lambda w: w.identity.agent_id)[-1]
+        self.say(f"a worker is lost too: kill -9 {lost.identity.agent_id}'s host and agent")
+        self.kill(lost)
+        self.tree()
+
+        self.say(f"a new master of session {SESSION} and task {TASK} recovers its exact orphans, no questions")
+        second = self.start_master()
+        self.wait(
+            "the live workers re-adopted and the lost one resumed into its session",
+            lambda: self.all_workers(
+                lambda w: w.status is Status.RUNNING and w.parent_pid == second.pid and procs.is_alive(w.process)
+            ),
+        )
+        resumed = self.store.get(lost.key)
+        self.io.out.write(
+            f"   {lost.key}: same key, same session file {resumed.identity.session_file}, new host pid "
+            f"{resumed.pid} (was {lost.pid})\n"
+        )
+        self.tree()
+
+    def kill(self, entry: Entry) -> None:
+        for identity in (entry.child_process, entry.process):
+            if identity is not None:
+                procs.send_signal(identity, signal.SIGKILL)
+                procs.wait_for_exit(identity, 5)
+
+    # -- clean-up -------------------------------------------------------------------------------------
+    def cleanup(self) -> None:
+        """Stop everything the demo started: every host and agent of its matrix by identity, the
+        processes it spawned, then its own tmux server."""
+        targets: list[ProcessIdentity] = list(self.started)
+        with suppress(PiMatrixError, OSError):
+            for entry in self.store.list().entries:
+                targets += [i for i in (entry.process, entry.child_process) if i is not None]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            alive = [t for t in targets if procs.is_alive(t)]
+            for identity in alive:
+                procs.send_signal(identity, sig)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and any(procs.is_alive(t) for t in alive):
+                time.sleep(0.05)
+        if self.tmux:
+            from ..dispatch.tmux import TmuxServer
+
+            with suppress(PiMatrixError, OSError):
+                TmuxServer(self.socket).kill_server()
+
+
+@contextmanager
+def _scratch(keep: bool) -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="pi-matrix-demo-"))
+    try:
+        yield root
+    finally:
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def cmd_demo(args: argparse.Namespace, io: Io) -> int:
+    if args.agent == "pi" and shutil.which("pi") is None and not os.environ.get("PI_MATRIX_PI_COMMAND"):
+        io.err.write("pi-matrix: error: --agent pi: no pi on PATH; install it, set PI_MATRIX_PI_COMMAND, or drop --agent\n")
+        return EXIT_USAGE
+    if shutil.which("git") is None:
+        io.err.write("pi-matrix: error: the demo needs git (its lanes are git worktrees); install git\n")
+        return EXIT_USAGE
+    started = time.monotonic()
+    with _scratch(args.keep) as root:
+        demo = Demo(io, root, args.agent)
+        if not demo.tmux:
+            io.out.write("(tmux is not installed: the agents run detached, --backend subprocess)\n")
+        try:
+            demo.run()
+        except PiMatrixError as exc:
+            io.err.write(f"pi-matrix: error: {exc}\n")
+            return EXIT_FAILED
+        finally:
+            demo.cleanup()
+            io.out.write(
+                f"\n== done in {time.monotonic() - started:.1f}s; every process it started is stopped and "
+                f"its tmux server (-L {demo.socket}) is gone"
+                + (f"; kept {root}" if args.keep else "")
+                + "\n"
+            )
+    return EXIT_OK

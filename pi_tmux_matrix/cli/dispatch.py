@@ -1,0 +1,333 @@
+"""Dispatcher verbs: fire, jobs, job, followup, dismiss, resume, profiles (and job stops)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from .. import procs
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ContractError
+from ..identity import parse_key, validate_id
+from ..matrix.store import MatrixStore
+from ..settings import load_settings, resolve_state_dir
+
+if TYPE_CHECKING:
+    from ..dispatch.manager import Dispatcher
+    from .app import Io
+
+__all__ = ["STOP_WORD", "default_socket", "register", "stop_job"]
+
+STOP_WORD = "yes-tmux-stop"
+ENV_SOCKET = "PI_MATRIX_TMUX_SOCKET"
+
+
+def default_socket() -> str:
+    """``$PI_MATRIX_TMUX_SOCKET``, else ``pi-matrix`` (the dispatcher's own tmux server)."""
+    return os.environ.get(ENV_SOCKET) or "pi-matrix"
+
+
+def register(sub: Any, epilog: str) -> None:
+    common = {"epilog": epilog, "formatter_class": argparse.RawDescriptionHelpFormatter}
+
+    fire = sub.add_parser(
+        "fire",
+        help="launch agents from a launch profile or team into tmux panes (fire_task)",
+        usage="pi-matrix fire (--profile NAME | --team NAME) [options] -- TASK...",
+        **common,
+    )
+    who = fire.add_mutually_exclusive_group(required=True)
+    who.add_argument("--profile", metavar="NAME", help="a launch profile ('pi-matrix profiles' lists them)")
+    who.add_argument("--team", metavar="NAME", help="a team template: several agents on one task")
+    fire.add_argument("--lane", metavar="L", help="run in the git worktree of lane L (created or reused)")
+    fire.add_argument("--goal-id", metavar="G", help="goal-bound launch: PI_TASK_REF is G")
+    fire.add_argument("--path", metavar="DIR", help="the agents' working directory (default: here)")
+    fire.add_argument(
+        "--socket", metavar="NAME", help=f"tmux -L socket (default: ${ENV_SOCKET} or pi-matrix)"
+    )
+    fire.add_argument(
+        "--backend", choices=["tmux", "subprocess"], default="tmux", help="tmux panes, or detached"
+    )
+    fire.add_argument("--deadline", type=float, metavar="SECONDS", help="per agent (default: the profile's)")
+    fire.add_argument("--agent-id", metavar="ID", help="the logical agent id (team members add a suffix)")
+    fire.add_argument(
+        "--parent-pid", type=int, metavar="PID", help="the firing master (default: the caller's)"
+    )
+    fire.add_argument("--parent-session", metavar="ID", help="the firing master's session id")
+    fire.add_argument("--dry-run", action="store_true", help="show what would run; start nothing")
+    fire.add_argument(
+        "--json", action="store_true", help="print the job id and each agent's key, target, pid"
+    )
+    fire.set_defaults(handler=cmd_fire, takes_argv=True)
+
+    jobs = sub.add_parser("jobs", help="dispatcher jobs, reconciled with tmux and process identity", **common)
+    jobs.add_argument("--all", action="store_true", help="include dismissed jobs")
+    jobs.add_argument("--json", action="store_true")
+    jobs.set_defaults(handler=cmd_jobs)
+
+    job = sub.add_parser("job", help="one job: its agents, their results, hosts and panes", **common)
+    job.add_argument("job_id", metavar="ID")
+    job.add_argument("--json", action="store_true")
+    job.set_defaults(handler=cmd_job)
+
+    followup = sub.add_parser(
+        "followup", help="more work for a job's live agents (a fresh marker round)",
+        usage="pi-matrix followup ID [--agent A] -- TEXT...", **common,
+    )  # fmt: skip
+    followup.add_argument("job_id", metavar="ID")
+    followup.add_argument("--agent", metavar="A", help="only this agent of the job")
+    followup.add_argument("--json", action="store_true")
+    followup.set_defaults(handler=cmd_followup, takes_argv=True)
+
+    dismiss = sub.add_parser(
+        "dismiss", help="done with a finished job: stop its idle agents, hide it", **common
+    )
+    dismiss.add_argument("job_id", metavar="ID")
+    dismiss.add_argument("--json", action="store_true")
+    dismiss.set_defaults(handler=cmd_dismiss)
+
+    resume = sub.add_parser(
+        "resume", help="relaunch a resumable worker into its exact session file", **common
+    )
+    resume.add_argument("key", metavar="KEY")
+    resume.add_argument("--dry-run", action="store_true", help="print argv, env and cwd; start nothing")
+    resume.add_argument("--json", action="store_true")
+    resume.add_argument(
+        "--socket", metavar="NAME", help=f"tmux -L socket (default: ${ENV_SOCKET} or pi-matrix)"
+    )
+    resume.add_argument("--backend", choices=["tmux", "subprocess"], default="tmux")
+    resume.add_argument(
+        "--parent-pid", type=int, metavar="PID", help="the resuming master (default: the caller's)"
+    )
+    resume.add_argument("--parent-session", metavar="ID")
+    resume.set_defaults(handler=cmd_resume)
+
+    profiles = sub.add_parser(
+        "profiles", help="the launch profiles and teams in force, and their files", **common
+    )
+    profiles.add_argument("--json", action="store_true")
+    profiles.set_defaults(handler=cmd_profiles)
+
+
+def _store(args: argparse.Namespace) -> MatrixStore:
+    return MatrixStore(resolve_state_dir(args.state_dir))
+
+
+def _dispatcher(args: argparse.Namespace, cwd: str | None = None) -> Dispatcher:
+    from ..dispatch.manager import Dispatcher
+
+    return Dispatcher(_store(args), load_settings(cwd))
+
+
+def _dump(io: Io, value: Any) -> None:
+    io.out.write(json.dumps(value, indent=2) + "\n")
+
+
+def cmd_fire(args: argparse.Namespace, io: Io) -> int:
+    from ..dispatch.manager import FireRequest
+
+    task = " ".join(args.argv)
+    if not args.argv:
+        raise ContractError(
+            "TASK",
+            "missing",
+            "give the task after --, e.g. pi-matrix fire --profile pi-worker -- fix the bug",
+        )
+    request = FireRequest(
+        task=task, profile=args.profile, team=args.team, lane=args.lane, goal_id=args.goal_id,
+        path=args.path, socket=args.socket or default_socket(), deadline_s=args.deadline,
+        backend=args.backend,
+        dry_run=args.dry_run, parent_pid=args.parent_pid, parent_session=args.parent_session,
+        agent_id=args.agent_id,
+    )  # fmt: skip
+    result = _dispatcher(args, args.path).fire(request)
+    if args.json:
+        _dump(io, result.to_json())
+        return EXIT_OK
+    verb = "would launch" if result.dry_run else "launched"
+    io.out.write(f"job {result.job.id} ({result.job.task_ref}): {verb} {len(result.job.agents)} agent(s)\n")
+    for planned, agent in zip(result.planned, result.job.agents, strict=True):
+        where = agent.target or "-"
+        io.out.write(f"  {agent.agent_id}  {agent.key}  {agent.profile}  lane {agent.lane or '-'}  {where}\n")
+        if result.dry_run:
+            io.out.write(f"    cwd  {planned.cwd}\n    argv {json.dumps(list(planned.argv))}\n")
+    return EXIT_OK
+
+
+def _age(ms: int) -> str:
+    seconds = max(0, int(time.time() - ms / 1000))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"
+
+
+def _print_job(io: Io, view: dict[str, Any]) -> None:
+    io.out.write(
+        f"{view['jobId']}  {view['state']}  {view['team'] or view['profile']}  task {view['taskRef']}  "
+        f"age {_age(view['createdAt'])}\n"
+    )
+    for agent in view["agents"]:
+        result = agent["result"]
+        outcome = (
+            "working"
+            if result is None
+            else result["kind"] + (f" ({result['detail']})" if result["detail"] else "")
+        )
+        io.out.write(
+            f"  {agent['agentId']}  {agent['key']}  host {'alive' if agent['hostAlive'] else 'gone'}  "
+            f"tmux {agent['tmux']}  {agent['target'] or '-'}  round {agent['round']}: {outcome}\n"
+        )
+
+
+def cmd_jobs(args: argparse.Namespace, io: Io) -> int:
+    views = _dispatcher(args).reconcile()
+    if not args.all:
+        views = [v for v in views if v["state"] != "dismissed"]
+    if args.json:
+        _dump(io, views)
+        return EXIT_OK
+    if not views:
+        io.out.write("no jobs\n")
+    for view in views:
+        _print_job(io, view)
+    return EXIT_OK
+
+
+def cmd_job(args: argparse.Namespace, io: Io) -> int:
+    dispatcher = _dispatcher(args)
+    job = dispatcher.jobs.get(validate_id(args.job_id, "ID"))
+    view = dispatcher.view(job, tmux_state=dispatcher.tmux_states(job))
+    if args.json:
+        _dump(io, view)
+    else:
+        _print_job(io, view)
+    return EXIT_OK
+
+
+def cmd_followup(args: argparse.Namespace, io: Io) -> int:
+    if not args.argv:
+        raise ContractError("TEXT", "missing", "give the follow-up after --")
+    dispatcher = _dispatcher(args)
+    job = dispatcher.followup(validate_id(args.job_id, "ID"), " ".join(args.argv), args.agent)
+    if args.json:
+        _dump(io, dispatcher.view(job))
+    else:
+        rearmed = [a.agent_id for a in job.agents if args.agent in (None, a.agent_id)]
+        io.out.write(f"follow-up sent to {', '.join(rearmed)} of {job.id}\n")
+    return EXIT_OK
+
+
+def cmd_dismiss(args: argparse.Namespace, io: Io) -> int:
+    dispatcher = _dispatcher(args)
+    job = dispatcher.dismiss(validate_id(args.job_id, "ID"))
+    if args.json:
+        _dump(io, dispatcher.view(job))
+    else:
+        io.out.write(f"dismissed {job.id}\n")
+    return EXIT_OK
+
+
+def stop_job(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix stop JOB --confirm yes-tmux-stop`` (a preview without the word)."""
+    dispatcher = _dispatcher(args)
+    job = dispatcher.jobs.get(validate_id(args.key, "ID"))
+    view = dispatcher.view(job, tmux_state=dispatcher.tmux_states(job))
+    if args.confirm != STOP_WORD:
+        io.out.write(
+            f"would stop job {job.id}: for each agent its host's stop sequence, then its own pane:\n"
+        )
+        for agent in view["agents"]:
+            alive = "alive" if agent["hostAlive"] else "gone"
+            io.out.write(
+                f"  {agent['agentId']}  host pid {agent['hostPid']} ({alive})  "
+                f"pane {agent['paneId'] or '-'} ({agent['tmux']})\n"
+            )
+        io.err.write(f"pi-matrix: error: nothing was stopped; add --confirm {STOP_WORD} to stop it\n")
+        return EXIT_USAGE
+    job, written = dispatcher.stop(job.id)
+    if getattr(args, "json", False):
+        _dump(io, dispatcher.view(job))
+    else:
+        io.out.write(f"stopped job {job.id} ({len(written)} agent(s) had not finished)\n")
+    return EXIT_OK
+
+
+def cmd_resume(args: argparse.Namespace, io: Io) -> int:
+    from ..dispatch.model import Relaunch
+    from ..resume import plan_resume, relaunch
+    from ..supervise.master import calling_master
+
+    store = _store(args)
+    parse_key(args.key)
+    entry = store.get(args.key)
+    if args.parent_pid is not None or args.parent_session is not None:
+        if args.parent_pid is None or args.parent_session is None:
+            raise ContractError(
+                "--parent-pid/--parent-session", "only one was given", "give both, or neither"
+            )
+        parent = procs.identify(args.parent_pid)
+        if parent is None:
+            raise ContractError(
+                "--parent-pid", f"no live process {args.parent_pid}", "name the live master process"
+            )
+        session = validate_id(args.parent_session, "--parent-session")
+    else:
+        found = calling_master(store)
+        if found is None:
+            raise ContractError(
+                "parent", "no calling master found",
+                "run it under 'pi-matrix master', or pass --parent-pid and --parent-session",
+            )  # fmt: skip
+        parent, session = found
+    if procs.is_alive(entry.process):
+        io.err.write(f"pi-matrix: error: {args.key}'s host (pid {entry.pid}) is alive; adopt it instead\n")
+        return EXIT_FAILED
+    if args.dry_run:
+        plan = plan_resume(store, entry, parent, session)
+        if args.json:
+            _dump(io, plan.to_json())
+        else:
+            io.out.write(f"would resume {args.key} in {plan.cwd}:\n  argv {json.dumps(list(plan.argv))}\n")
+        return EXIT_OK
+    request = Relaunch(
+        entry=entry, parent=parent, parent_session=session, state_dir=str(store.root),
+        socket=args.socket or default_socket(), backend=args.backend,
+    )  # fmt: skip
+    pid = relaunch(request)
+    if args.json:
+        _dump(io, {"key": args.key, "hostPid": pid})
+    else:
+        io.out.write(f"resumed {args.key}: new host pid {pid}\n")
+    return EXIT_OK
+
+
+def cmd_profiles(args: argparse.Namespace, io: Io) -> int:
+    from ..dispatch.profile import load_profiles
+    from ..settings import agent_dir
+
+    found = load_profiles(agent_dir())
+    rows = [
+        {"name": name, "provider": found.profile(name).provider, "mode": found.profile(name).mode.value,
+         "source": found.profile(name).source, "description": found.profile(name).description}
+        for name in found.names()
+    ]  # fmt: skip
+    teams = [
+        {
+            "name": name,
+            "members": [m.profile for m in found.team(name).members],
+            "source": found.team(name).source,
+        }
+        for name in found.team_names()
+    ]
+    if args.json:
+        _dump(io, {"profiles": rows, "teams": teams})
+        return EXIT_OK
+    for row in rows:
+        io.out.write(f"{row['name']:<16} {row['provider']:<9} {row['mode']:<12} {row['description']}\n")
+    for team in teams:
+        io.out.write(f"team {team['name']:<11} {' + '.join(team['members'])}\n")
+    return EXIT_OK

@@ -1,0 +1,703 @@
+"""``tmux_agent_manager``: fire_task, jobs, follow-ups, dismiss, confirmed stop, reconcile with tmux.
+
+A launch is compiled whole before anything is reserved or started (profiles, team, parent,
+lane, cap, env, argv), the job is written before its first agent starts, and each agent's pane
+command *is* its host: ``pi-matrix host … -- <agent argv>`` started by ``tmux new-window … -e K=V
+-- argv`` (never typed into a shell). Liveness is judged by process identity, never by tmux:
+an unreachable tmux server is reported as such and proves nothing about the agents.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import subprocess
+from collections.abc import Mapping
+from typing import Any, Final, cast
+
+import attrs
+import pluggy
+
+from .. import procs
+from ..contract import (
+    ENV_AGENT_ID,
+    ENV_ALLOWED_PATHS,
+    ENV_PARENT_PID,
+    ENV_PARENT_SESSION,
+    ENV_TASK_REF,
+    ENV_WORKTREE_LANE,
+)
+from ..errors import (
+    ContractError,
+    DispatchError,
+    EntryExists,
+    LaneError,
+    PiMatrixError,
+    TmuxUnavailable,
+)
+from ..identity import AgentIdentityContract, ProcessIdentity, Role, validate_id, validate_task_ref
+from ..matrix.model import Entry, Status, bounded
+from ..matrix.store import MatrixStore, RecordStore, now_ms
+from ..settings import ENV_STATE_DIR, MatrixSettings, agent_dir
+from ..supervise import lifecycle
+from ..supervise.master import calling_master
+from ..supervise.relaunch import host_argv
+from .jobs import JobStore, new_job_id, new_nonce, result_now
+from .model import AgentLaunch, AgentResult, Job, JobAgent, ResultKind
+from .plugins import plugin_manager
+from .watch import stop_agent, watch_argv
+
+__all__ = [
+    "DEFAULT_SOCKET",
+    "Dispatcher",
+    "FireRequest",
+    "FireResult",
+    "PlannedAgent",
+    "session_file_for",
+]
+
+DEFAULT_SOCKET: Final = "pi-matrix"
+TMUX_SESSION: Final = "pi-matrix"
+MAX_TASK_BYTES: Final = 32 * 1024
+MAX_DEADLINE_S: Final = 24 * 3600.0
+LIVE: Final = frozenset(
+    {Status.LAUNCHING, Status.RUNNING, Status.WINDING_DOWN, Status.ADOPTED, Status.RESUMABLE}
+)
+
+# Never inherited by a pane from whoever started the tmux server: each launch sets its own.
+SCRUB_ENV: Final = (
+    ENV_PARENT_PID, ENV_PARENT_SESSION, ENV_AGENT_ID, ENV_TASK_REF, ENV_ALLOWED_PATHS, ENV_WORKTREE_LANE,
+    "PI_MATRIX_KEY", "PI_MATRIX_MAILBOX", "PI_MATRIX_HOST_PID", "PI_MATRIX_DONE_MARKER",
+    "PI_MATRIX_BLOCKED_MARKER",
+)  # fmt: skip
+# Passed explicitly on every launch: a long-lived tmux server keeps the env of its first client.
+PASS_ENV: Final = (
+    "PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "PI_CODING_AGENT_DIR",
+    "PI_OFFLINE", "NO_PROXY", "no_proxy", "PI_MATRIX_PI_COMMAND", "STANDIN_STEPS", "STANDIN_STEP_S",
+)  # fmt: skip
+
+
+@attrs.frozen
+class FireRequest:
+    task: str
+    profile: str | None = None
+    team: str | None = None
+    lane: str | None = None
+    goal_id: str | None = None
+    path: str | None = None
+    socket: str = DEFAULT_SOCKET
+    deadline_s: float | None = None
+    backend: str = "tmux"
+    dry_run: bool = False
+    parent_pid: int | None = None
+    parent_session: str | None = None
+    agent_id: str | None = None
+
+
+@attrs.frozen
+class PlannedAgent:
+    launch: AgentLaunch
+    argv: tuple[str, ...]  # the pane command: the host, then the agent CLI
+    env: Mapping[str, str]  # what goes in with -e
+    cwd: str
+    window: str
+
+
+@attrs.frozen
+class FireResult:
+    job: Job
+    planned: tuple[PlannedAgent, ...]
+    dry_run: bool
+
+    def to_json(self) -> dict[str, Any]:
+        agents = []
+        for planned, agent in zip(self.planned, self.job.agents, strict=True):
+            item: dict[str, Any] = {
+                "agentId": agent.agent_id,
+                "key": agent.key,
+                "profile": agent.profile,
+                "lane": agent.lane,
+                "cwd": agent.cwd,
+                "target": agent.target,
+                "paneId": agent.pane_id,
+                "panePid": agent.host_pid,
+                "sessionFile": agent.session_file,
+            }
+            if self.dry_run:
+                item["argv"] = list(planned.argv)
+                item["env"] = dict(planned.env)
+            agents.append(item)
+        return {"jobId": self.job.id, "dryRun": self.dry_run, "taskRef": self.job.task_ref, "agents": agents}
+
+
+def session_file_for(cwd: str, session_id: str, env: Mapping[str, str] | None = None) -> str:
+    """Where pi keeps a session of ``cwd`` (``sessions/--<cwd with / as ->--/``), under our id."""
+    folder = "--" + cwd.strip("/").replace("/", "-") + "--"
+    stamp = now_ms()
+    return str(agent_dir(env) / "sessions" / folder / f"{stamp}_{session_id}.jsonl")
+
+
+def marker_instruction(nonce: str) -> str:
+    """How an agent is told to end: the marker itself never appears in the text, so an echo of
+    the instruction cannot be taken for the agent's answer."""
+    return (
+        f"When you are finished, print a line holding only DONE, a colon and the code {nonce} "
+        f"(no spaces). If you cannot go on, print BLOCKED, a colon and {nonce}, then a space and "
+        "the reason, on a line of its own."
+    )
+
+
+def _window_name(agent_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "-", agent_id)[:40]
+
+
+class Dispatcher:
+    """The dispatcher over one state dir."""
+
+    def __init__(
+        self,
+        store: MatrixStore,
+        settings: MatrixSettings,
+        *,
+        env: Mapping[str, str] | None = None,
+        plugins: pluggy.PluginManager | None = None,
+        profiles: Any = None,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.env = dict(os.environ if env is None else env)
+        self.plugins = plugins if plugins is not None else plugin_manager(matrix=settings.enabled)
+        self._profiles = profiles
+        self.jobs = JobStore(store)
+
+    # -- compile -------------------------------------------------------------------------------------
+    @property
+    def profiles(self) -> Any:
+        if self._profiles is None:
+            from .profile import load_profiles
+
+            self._profiles = load_profiles(agent_dir(self.env))
+        return self._profiles
+
+    def _parent(self, request: FireRequest) -> tuple[ProcessIdentity, str]:
+        if request.parent_pid is not None or request.parent_session is not None:
+            if request.parent_pid is None or request.parent_session is None:
+                raise ContractError(
+                    "--parent-pid/--parent-session", "only one was given", "give both, or neither"
+                )
+            parent = procs.identify(request.parent_pid)
+            if parent is None:
+                raise ContractError(
+                    "--parent-pid", f"no live process {request.parent_pid}", "name the live master process"
+                )
+            return parent, validate_id(request.parent_session, "--parent-session")
+        found = calling_master(self.store) if self.settings.enabled else None
+        if found is None:
+            if not self.settings.enabled:
+                me = procs.current()
+                return me, f"dispatcher-{me.pid}"
+            raise DispatchError(
+                "fire: no calling master (no ancestor process is a registered master); run it under "
+                "'pi-matrix master -- <your shell or agent>', or pass --parent-pid and --parent-session"
+            )
+        return found
+
+    def _members(self, request: FireRequest) -> tuple[str, list[tuple[Any, str | None, str]]]:
+        """(label, [(profile, suffix, instructions)]) — a team or one profile."""
+        if request.team is not None and request.profile is not None:
+            raise ContractError("--team/--profile", "both given", "give one: a team names its own profiles")
+        if request.team is not None:
+            team = self.profiles.team(request.team)
+            return team.name, [
+                (self.profiles.profile(m.profile), m.suffix, m.instructions) for m in team.members
+            ]
+        if request.profile is None:
+            raise ContractError(
+                "--profile", "missing", "name a launch profile (pi-matrix profiles lists them)"
+            )
+        return request.profile, [(self.profiles.profile(request.profile), None, "")]
+
+    def _cwd(self, request: FireRequest) -> str:
+        path = request.path or os.getcwd()
+        real = os.path.realpath(path)
+        if not os.path.isdir(real):
+            raise ContractError(
+                "--path", f"{path} is not a directory", "give an existing folder for the agents"
+            )
+        return real
+
+    def _check_task(self, request: FireRequest) -> str:
+        task = request.task
+        if not task.strip():
+            raise ContractError("TASK", "empty", "give the task after --")
+        if len(task.encode("utf-8", "surrogatepass")) > MAX_TASK_BYTES:
+            raise ContractError(
+                "TASK", f"over {MAX_TASK_BYTES} bytes", "put long context in a file and point to it"
+            )
+        if "\x00" in task:
+            raise ContractError("TASK", "contains a NUL byte", "remove it (argv cannot carry NUL)")
+        return task
+
+    def _deadline(self, request: FireRequest, profile_deadline: float) -> float:
+        deadline = request.deadline_s if request.deadline_s is not None else profile_deadline
+        if not (1 <= deadline <= MAX_DEADLINE_S):
+            raise ContractError(
+                "--deadline",
+                f"{deadline:g}s is outside 1..{MAX_DEADLINE_S:.0f}",
+                "give seconds, at most 24 h",
+            )
+        return float(deadline)
+
+    def live_entries(self) -> list[Entry]:
+        return [e for e in self.store.list().entries if e.status in LIVE and procs.is_alive(e.process)]
+
+    def _check_cap(self, cwd: str, adding: int) -> None:
+        cap = self.settings.max_concurrent_agents
+        live = [e for e in self.live_entries() if e.role is Role.WORKER and e.identity.cwd == cwd]
+        if len(live) + adding > cap:
+            raise DispatchError(
+                f"fire: {len(live)} live agent(s) already run in {cwd} and this launch adds {adding}, over "
+                f"processMatrix.maxConcurrentAgents={cap}; wait for one to finish ('pi-matrix jobs'), stop "
+                "one, or raise the setting"
+            )
+
+    def _check_lane_free(self, lane: str, worktree: str) -> None:
+        for entry in self.live_entries():
+            if entry.identity.lane == lane and entry.identity.worktree == worktree:
+                raise LaneError(
+                    f"lane {lane!r} ({worktree}) is bound to live agent {entry.identity.agent_id} "
+                    f"({entry.key}); wait for it, stop it, or pick another lane"
+                )
+
+    def plan(self, request: FireRequest) -> tuple[Job, list[PlannedAgent]]:
+        """Compile everything about a launch; creates nothing except (not dry) the lane worktree."""
+        task = self._check_task(request)
+        if request.backend not in ("tmux", "subprocess"):
+            raise ContractError("--backend", f"{request.backend!r} is unknown", "use tmux or subprocess")
+        validate_id(request.socket, "--socket")
+        label, members = self._members(request)
+        parent, parent_session = self._parent(request)
+        cwd = self._cwd(request)
+        worktree: str | None = None
+        lane = validate_id(request.lane, "--lane") if request.lane is not None else None
+        if lane is not None:
+            from .lanes import ensure_lane, lane_path
+
+            worktree = lane_path(cwd, lane) if request.dry_run else ensure_lane(cwd, lane).worktree
+            self._check_lane_free(lane, worktree)
+        work_cwd = worktree or cwd
+        job_id = new_job_id()
+        task_ref = validate_task_ref(request.goal_id, "--goal-id") if request.goal_id is not None else None
+        if task_ref is None and self.settings.enabled:
+            master = next(
+                (
+                    e
+                    for e in self.store.list().entries
+                    if e.pid == parent.pid and e.proc_start == parent.start_ticks
+                ),
+                None,
+            )
+            task_ref = master.task_ref if master is not None else None
+        task_ref = task_ref or f"job:{job_id}"
+        if request.agent_id is not None:
+            base = validate_id(request.agent_id, "--agent-id")
+        else:
+            base = f"{label}-{job_id[-6:]}"
+        planned: list[PlannedAgent] = []
+        agents: list[JobAgent] = []
+        from .profile import resolve_write_paths
+        from .providers import agent_command
+
+        for profile, suffix, instructions in members:
+            agent_id = validate_id(f"{base}-{suffix}" if suffix else base, "agent id")
+            session_id = secrets.token_hex(8)
+            nonce = new_nonce()
+            deadline_s = self._deadline(request, profile.deadline_s)
+            is_pi = profile.provider == "pi"
+            session_file = session_file_for(work_cwd, session_id, self.env) if is_pi else None
+            text = "\n\n".join(p for p in (instructions.strip(), task, marker_instruction(nonce)) if p)
+            allowed = resolve_write_paths(profile, cwd=work_cwd, worktree=worktree)
+            launch = AgentLaunch(
+                job_id=job_id, agent_id=agent_id, session_id=session_id, key=f"worker-{session_id}",
+                profile=profile, task=text, cwd=work_cwd, parent=parent, parent_session=parent_session,
+                allowed_paths=tuple(allowed), deadline_s=deadline_s, nonce=nonce, worktree=worktree,
+                lane=lane, task_ref=task_ref, session_file=session_file,
+            )  # fmt: skip
+            command = agent_command(profile, task=text, session_file=session_file, lane=lane)
+            agent_argv = list(command.argv)
+            extra = [a for part in self.plugins.hook.launch_argv(launch=launch) if part for a in part]
+            if extra:
+                at = len(agent_argv) - 1 if agent_argv and agent_argv[-1] == text else len(agent_argv)
+                agent_argv[at:at] = extra
+            identity = AgentIdentityContract(
+                agent_id=agent_id, session_id=session_id, session_file=session_file, cwd=work_cwd,
+                worktree=worktree, lane=lane, profile=profile.name, provider=profile.provider,
+                mode=profile.mode,
+            )  # fmt: skip
+            argv = host_argv(
+                self.store.root, identity=identity, task_summary=task, task_ref=task_ref, lane=lane,
+                rpc_prompt=command.rpc_prompt, agent_argv=agent_argv,
+            )  # fmt: skip
+            env = self._launch_env(launch, profile)
+            planned.append(PlannedAgent(launch, tuple(argv), env, work_cwd, _window_name(agent_id)))
+            agents.append(
+                JobAgent(
+                    agent_id=agent_id,
+                    key=launch.key,
+                    session_id=session_id,
+                    profile=profile.name,
+                    provider=profile.provider,
+                    mode=profile.mode.value,
+                    cwd=work_cwd,
+                    backend=request.backend,
+                    nonce=nonce,
+                    round=1,
+                    deadline_at=now_ms() + int(deadline_s * 1000),
+                    deadline_s=deadline_s,
+                    worktree=worktree,
+                    lane=lane,
+                    session_file=session_file,
+                    socket=request.socket if request.backend == "tmux" else None,
+                )
+            )
+        job = Job(
+            id=job_id, created_at=now_ms(), parent_pid=parent.pid, parent_session_id=parent_session,
+            task=bounded(task, 2000), profile=request.profile, team=request.team, agents=tuple(agents),
+            task_ref=task_ref, lane=lane, backend=request.backend,
+        )  # fmt: skip
+        return job, planned
+
+    def _launch_env(self, launch: AgentLaunch, profile: Any) -> dict[str, str]:
+        env: dict[str, str] = {k: self.env[k] for k in PASS_ENV if self.env.get(k)}
+        env[ENV_STATE_DIR] = str(self.store.root)
+        env.update(dict(profile.env))
+        env["PI_MATRIX_DONE_MARKER"] = f"DONE:{launch.nonce}"
+        env["PI_MATRIX_BLOCKED_MARKER"] = f"BLOCKED:{launch.nonce}"
+        owners: dict[str, str] = {}
+        # Each plugin's contribution by name, so two plugins fighting over a variable are named.
+        for impl in reversed(self.plugins.hook.launch_env.get_hookimpls()):
+            contributed = cast("dict[str, str] | None", impl.function(launch=launch)) or {}
+            for key, value in contributed.items():
+                if key in owners and env.get(key) != value:
+                    raise DispatchError(
+                        f"fire: plugins {owners[key]!r} and {impl.plugin_name!r} both set {key} to "
+                        "different values; uninstall or fix one of them"
+                    )
+                env[key] = str(value)
+                owners[key] = impl.plugin_name
+        return env
+
+    # -- fire ----------------------------------------------------------------------------------------
+    def fire(self, request: FireRequest) -> FireResult:
+        with self._cap_lock():
+            job, planned = self.plan(request)
+            if request.dry_run:
+                return FireResult(job, tuple(planned), True)
+            if self.settings.enabled:
+                cwds: dict[str, int] = {}
+                for p in planned:
+                    cwds[p.cwd] = cwds.get(p.cwd, 0) + 1
+                for cwd, count in cwds.items():
+                    self._check_cap(cwd, count)
+            self.jobs.create(job)
+            launched: list[JobAgent] = []
+            try:
+                for agent, plan in zip(job.agents, planned, strict=True):
+                    launched.append(self._launch_one(job, agent, plan))
+            except PiMatrixError as exc:
+                done = ", ".join(a.agent_id for a in launched) or "none"
+                raise DispatchError(
+                    f"fire: job {job.id}: launch failed ({exc}); already running: {done}"
+                ) from exc
+            finally:
+                by_id = {a.agent_id: a for a in launched}
+                job = self.jobs.update(
+                    job.id,
+                    lambda j: attrs.evolve(j, agents=tuple(by_id.get(a.agent_id, a) for a in j.agents)),
+                )
+        for agent, plan in zip(job.agents, planned, strict=True):
+            self._start_watcher(job, agent)
+            self.plugins.hook.on_launched(job=job, launch=plan.launch, pane=_pane_info(agent))
+        return FireResult(job, tuple(planned), False)
+
+    def _cap_lock(self) -> Any:
+        if not self.settings.enabled:
+            return _nothing()
+        return RecordStore(self.store, "jobs").locked("fire-cap")
+
+    def _launch_one(self, job: Job, agent: JobAgent, plan: PlannedAgent) -> JobAgent:
+        if agent.backend == "tmux":
+            from .tmux import TmuxServer
+
+            server = TmuxServer(agent.socket or DEFAULT_SOCKET, scrub_env=SCRUB_ENV)
+            pane = server.launch(
+                plan.argv, session=TMUX_SESSION, window_name=plan.window, cwd=plan.cwd, env=plan.env,
+                tags={"@pi_matrix_key": agent.key, "@pi_matrix_job": job.id},
+            )  # fmt: skip
+            host = procs.identify(pane.pane_pid)
+            launched = attrs.evolve(
+                agent, pane_id=pane.pane_id, target=f"{pane.session}:{pane.window_name}",
+                host_pid=pane.pane_pid,
+                host_start=host.start_ticks if host else None, boot_id=host.boot_id if host else None,
+            )  # fmt: skip
+        else:
+            logs = self.store.side_dir("logs")
+            log_path = logs / f"{job.id}.{agent.agent_id}.log"
+            fd = os.open(
+                log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+            env = {k: v for k, v in self.env.items() if k not in SCRUB_ENV}
+            env.update(plan.env)
+            try:
+                child = subprocess.Popen(  # argv list, never a shell
+                    list(plan.argv), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, cwd=plan.cwd, env=env,
+                    start_new_session=True, close_fds=True,
+                )  # fmt: skip
+            except OSError as exc:
+                raise DispatchError(f"fire: cannot start {plan.argv[0]}: {exc.strerror}") from None
+            finally:
+                os.close(fd)
+            host = procs.identify(child.pid)
+            launched = attrs.evolve(
+                agent, host_pid=child.pid, host_start=host.start_ticks if host else None,
+                boot_id=host.boot_id if host else None, log=str(log_path), target=f"pid {child.pid}",
+            )  # fmt: skip
+        if self.settings.enabled and launched.host is not None:
+            self._publish_launching(plan.launch, launched.host)
+        return launched
+
+    def _publish_launching(self, launch: AgentLaunch, host: ProcessIdentity) -> None:
+        """The launcher publishes the host's pid before the host registers (seed 000)."""
+        identity = AgentIdentityContract(
+            agent_id=launch.agent_id, session_id=launch.session_id, session_file=launch.session_file,
+            cwd=launch.cwd, worktree=launch.worktree, lane=launch.lane, profile=launch.profile.name,
+            provider=launch.profile.provider, mode=launch.profile.mode,
+        )  # fmt: skip
+        entry = lifecycle.new_entry(
+            role=Role.WORKER, identity=identity, process=host, now=now_ms(), parent=launch.parent,
+            parent_session_id=launch.parent_session, task_ref=launch.task_ref, task_summary=launch.task,
+            status=Status.LAUNCHING,
+        )  # fmt: skip
+        with contextlib.suppress(EntryExists):  # the host registered first: its registration is the record
+            self.store.create(entry)
+
+    def _start_watcher(self, job: Job, agent: JobAgent) -> None:
+        argv = watch_argv(self.store.root, job.id, agent, agent.round)
+        if agent.backend == "tmux" and agent.pane_id is not None:
+            from .tmux import TmuxServer
+
+            # A pane already gone: `jobs` judges the agent by its host's identity.
+            with contextlib.suppress(TmuxUnavailable, PiMatrixError):
+                TmuxServer(agent.socket or DEFAULT_SOCKET).pipe_pane(agent.pane_id, argv)
+            return
+        logs = self.store.side_dir("logs")
+        fd = os.open(
+            logs / f"{job.id}.{agent.agent_id}.watch.log",
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
+        try:
+            subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True, close_fds=True
+            )
+        finally:
+            os.close(fd)
+
+    # -- jobs ----------------------------------------------------------------------------------------
+    def view(self, job: Job, *, tmux_state: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A job as ``jobs``/``job`` show it: each agent's result, host liveness and tmux state."""
+        results = self.jobs.results_of(job)
+        agents = []
+        finished = 0
+        for agent in job.agents:
+            rounds = results.get(agent.agent_id, [])
+            current = next((r for r in rounds if r.round == agent.round), None)
+            if current is not None:
+                finished += 1
+            host_alive = procs.is_alive(agent.host)
+            entry = self.store.find(agent.key) if self.settings.enabled else None
+            agents.append(
+                {
+                    "agentId": agent.agent_id,
+                    "key": agent.key,
+                    "profile": agent.profile,
+                    "lane": agent.lane,
+                    "round": agent.round,
+                    "target": agent.target,
+                    "paneId": agent.pane_id,
+                    "hostPid": agent.host_pid,
+                    "hostAlive": host_alive,
+                    "status": entry.status.value if entry is not None else None,
+                    "tmux": (tmux_state or {}).get(
+                        agent.agent_id, "n/a" if agent.backend != "tmux" else "unknown"
+                    ),
+                    "result": None if current is None else _result_json(current),
+                    "results": [_result_json(r) for r in rounds],
+                    "deadlineAt": agent.deadline_at,
+                }
+            )
+        if job.dismissed_at is not None:
+            state = "dismissed"
+        elif job.stopped_at is not None:
+            state = "stopped"
+        elif finished == len(job.agents):
+            state = "finished"
+        elif job.orphaned_at is not None:
+            state = "orphaned"
+        else:
+            state = "running"
+        return {
+            "jobId": job.id,
+            "state": state,
+            "createdAt": job.created_at,
+            "profile": job.profile,
+            "team": job.team,
+            "lane": job.lane,
+            "taskRef": job.task_ref,
+            "task": bounded(job.task, 200),
+            "parentPid": job.parent_pid,
+            "parentSession": job.parent_session_id,
+            "backend": job.backend,
+            "agents": agents,
+        }
+
+    def tmux_states(self, job: Job) -> dict[str, str]:
+        """Tri-state per agent: ``unreachable`` (no tmux answer: proves nothing), ``gone`` (the
+        server answers, the pane is not there), ``ours`` (the pane's process is the job's host),
+        ``foreign`` (a pane with that id runs something else)."""
+        states: dict[str, str] = {}
+        servers: dict[str, dict[str, Any] | None] = {}
+        for agent in job.agents:
+            if agent.backend != "tmux" or agent.socket is None:
+                states[agent.agent_id] = "n/a"
+                continue
+            if agent.socket not in servers:
+                from .tmux import TmuxServer
+
+                try:
+                    servers[agent.socket] = {p.pane_id: p for p in TmuxServer(agent.socket).panes()}
+                except TmuxUnavailable:
+                    servers[agent.socket] = None
+            panes = servers[agent.socket]
+            if panes is None:
+                states[agent.agent_id] = "unreachable"
+                continue
+            pane = panes.get(agent.pane_id or "")
+            if pane is None:
+                states[agent.agent_id] = "gone"
+            else:
+                states[agent.agent_id] = "ours" if pane.pane_pid == agent.host_pid else "foreign"
+        return states
+
+    def reconcile(self) -> list[dict[str, Any]]:
+        """On dispatcher start (``jobs``): mark unfinished jobs whose panes all vanished as
+        orphaned (never killing anything) and report every job's tri-state."""
+        jobs, _ = self.jobs.list_jobs()
+        views = []
+        for job in jobs:
+            states = self.tmux_states(job)
+            current = job
+            view = self.view(current, tmux_state=states)
+            unfinished = [a for a in view["agents"] if a["result"] is None]
+            if (
+                view["state"] == "running"
+                and unfinished
+                and all(states.get(a["agentId"]) == "gone" and not a["hostAlive"] for a in unfinished)
+            ):
+                current = self.jobs.update(
+                    job.id, lambda j: attrs.evolve(j, orphaned_at=now_ms()) if j.orphaned_at is None else None
+                )
+                view = self.view(current, tmux_state=states)
+            views.append(view)
+        return views
+
+    def followup(self, job_id: str, text: str, agent_id: str | None = None) -> Job:
+        """Send more work to a job's live agents: a fresh marker round, the same profile and
+        authority (only the instructions change), delivered through each host's mailbox."""
+        if not text.strip():
+            raise ContractError("TEXT", "empty", "give the follow-up after --")
+        job = self.jobs.get(job_id)
+        targets = [a for a in job.agents if agent_id is None or a.agent_id == agent_id]
+        if not targets:
+            raise ContractError(
+                "--agent", f"job {job_id} has no agent {agent_id!r}", "pick one from 'pi-matrix job ID'"
+            )
+        live = [a for a in targets if procs.is_alive(a.host)]
+        if not live:
+            raise DispatchError(f"followup: no agent of {job_id} is alive to take it; fire a new job")
+        rearmed: dict[str, JobAgent] = {}
+        for agent in live:
+            nonce = new_nonce()
+            rearmed[agent.agent_id] = attrs.evolve(
+                agent, nonce=nonce, round=agent.round + 1, deadline_at=now_ms() + int(agent.deadline_s * 1000)
+            )
+        job = self.jobs.update(
+            job_id, lambda j: attrs.evolve(j, agents=tuple(rearmed.get(a.agent_id, a) for a in j.agents))
+        )
+        from ..supervise.mailbox import Inbox
+
+        for agent in job.agents:
+            if agent.agent_id not in rearmed:
+                continue
+            self._start_watcher(job, agent)
+            marker = f"[pi-matrix] marker DONE:{agent.nonce} BLOCKED:{agent.nonce}"
+            message = f"{text.strip()}\n\n{marker_instruction(agent.nonce)}\n{marker}"
+            Inbox(self.store, agent.key).post("prompt", message, sender="pi-matrix followup")
+        return job
+
+    def dismiss(self, job_id: str) -> Job:
+        """Done with a finished job: its idle agents are stopped cooperatively and the job is hidden."""
+        job = self.jobs.get(job_id)
+        view = self.view(job)
+        working = [a["agentId"] for a in view["agents"] if a["result"] is None and a["hostAlive"]]
+        if working:
+            raise DispatchError(
+                f"dismiss: {job_id} still has working agents ({', '.join(working)}); wait for them, or "
+                f"'pi-matrix stop {job_id} --confirm yes-tmux-stop'"
+            )
+        for agent in job.agents:
+            stop_agent(self.store, agent, reason="dismiss")
+        return self.jobs.update(job_id, lambda j: attrs.evolve(j, dismissed_at=now_ms()))
+
+    def stop(self, job_id: str) -> tuple[Job, list[AgentResult]]:
+        """The confirmed stop: a ``stopped`` result first (where none exists), then each host's stop
+        sequence, then its own pane."""
+        job = self.jobs.get(job_id)
+        written: list[AgentResult] = []
+        for agent in job.agents:
+            result = result_now(
+                job, agent.agent_id, agent.key, agent.round, ResultKind.STOPPED, detail="stopped by its owner"
+            )
+            if self.jobs.put_result(result):
+                written.append(result)
+        for agent in job.agents:
+            stop_agent(self.store, agent, reason="stop")
+        job = self.jobs.update(job_id, lambda j: attrs.evolve(j, stopped_at=now_ms()))
+        for result in written:
+            self.plugins.hook.on_terminal(job=job, result=result)
+        return job, written
+
+
+def _result_json(result: AgentResult) -> dict[str, Any]:
+    return {
+        "round": result.round,
+        "kind": result.kind.value,
+        "at": result.at,
+        "detail": result.detail,
+        "exitCode": result.exit_code,
+        "exitKind": result.exit_kind,
+    }
+
+
+def _pane_info(agent: JobAgent) -> dict[str, Any]:
+    return {"paneId": agent.pane_id, "panePid": agent.host_pid, "target": agent.target, "pid": agent.host_pid}
+
+
+class _nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

@@ -1,0 +1,149 @@
+"""The dispatcher's records: jobs, their agents, results, and what a launch looks like to plugins.
+
+Pure data (frozen attrs), stored through the one converter in camelCase like the entries. A job
+is written before any of its agents starts, and each agent's result exactly once per marker
+round (an exclusive create), so a crashed dispatcher or a racing watcher never duplicates or
+loses a completion.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Final
+
+import attrs
+
+from ..identity import ProcessIdentity
+from ..matrix.codec import register_enum
+from ..matrix.model import Entry
+
+__all__ = [
+    "JOB_SCHEMA_VERSION",
+    "AgentLaunch",
+    "AgentResult",
+    "Job",
+    "JobAgent",
+    "Relaunch",
+    "ResultKind",
+]
+
+JOB_SCHEMA_VERSION: Final = 1
+
+
+class ResultKind(enum.Enum):
+    DONE = "done"  # the agent printed its DONE marker
+    BLOCKED = "blocked"  # the agent printed its BLOCKED marker
+    EXITED = "exited"  # the host ended without a marker (code recorded)
+    TIMEOUT = "timeout"  # the deadline passed first; the agent was then stopped
+    STOPPED = "stopped"  # the owner stopped it (stop --confirm yes-tmux-stop)
+
+
+register_enum(ResultKind)
+
+
+@attrs.frozen
+class JobAgent:
+    """One agent of a job: who it is, where it runs, and the marker round being watched."""
+
+    agent_id: str
+    key: str  # the matrix entry key, worker-<sessionId>
+    session_id: str
+    profile: str
+    provider: str
+    mode: str
+    cwd: str
+    backend: str  # "tmux" | "subprocess"
+    nonce: str  # the current round's marker nonce: DONE:<nonce> / BLOCKED:<nonce>
+    round: int
+    deadline_at: int  # Unix ms of the current round's deadline
+    deadline_s: float
+    worktree: str | None = None
+    lane: str | None = None
+    session_file: str | None = None
+    socket: str | None = None  # tmux -L name
+    pane_id: str | None = None
+    target: str | None = None  # human tmux target, session:window
+    host_pid: int | None = None  # the pane's process: the agent host
+    host_start: int | None = None  # its kernel start ticks (identity, not just a pid)
+    boot_id: str | None = None
+    log: str | None = None  # subprocess backend: the host's output file
+
+    @property
+    def host(self) -> ProcessIdentity | None:
+        if self.host_pid is None or self.host_start is None or self.boot_id is None:
+            return None
+        return ProcessIdentity(self.host_pid, self.host_start, self.boot_id)
+
+    def result_name(self, job_id: str, round_: int | None = None) -> str:
+        return f"{job_id}.{self.agent_id}.{round_ or self.round}"
+
+
+@attrs.frozen
+class Job:
+    id: str
+    created_at: int
+    parent_pid: int
+    parent_session_id: str
+    task: str  # bounded
+    profile: str | None
+    team: str | None
+    agents: tuple[JobAgent, ...]
+    task_ref: str | None = None
+    lane: str | None = None
+    backend: str = "tmux"
+    dismissed_at: int | None = None
+    stopped_at: int | None = None
+    orphaned_at: int | None = None  # every pane vanished while the job was unfinished
+    schema_version: int = JOB_SCHEMA_VERSION
+
+    def agent(self, agent_id: str) -> JobAgent | None:
+        return next((a for a in self.agents if a.agent_id == agent_id), None)
+
+
+@attrs.frozen
+class AgentResult:
+    """Written once per agent and marker round by whoever sees the end first."""
+
+    job_id: str
+    agent_id: str
+    key: str
+    round: int
+    kind: ResultKind
+    at: int
+    detail: str = ""
+    exit_code: int | None = None
+    exit_kind: str | None = None
+
+
+@attrs.frozen
+class AgentLaunch:
+    """One agent about to be launched, as plugins see it (frozen: contribute, never mutate)."""
+
+    job_id: str
+    agent_id: str
+    session_id: str
+    key: str
+    profile: Any  # WorkerLaunchProfile (Any: hook specs stay importable without the profile module)
+    task: str
+    cwd: str
+    parent: ProcessIdentity
+    parent_session: str
+    allowed_paths: tuple[str, ...]
+    deadline_s: float
+    nonce: str
+    worktree: str | None = None
+    lane: str | None = None
+    task_ref: str | None = None
+    session_file: str | None = None
+
+
+@attrs.frozen
+class Relaunch:
+    """A dead worker to relaunch into its exact session under ``parent``."""
+
+    entry: Entry
+    parent: ProcessIdentity
+    parent_session: str
+    state_dir: str
+    socket: str | None = None
+    backend: str = "tmux"

@@ -1,0 +1,377 @@
+"""One agent's completion watcher: event-driven, one per agent and marker round.
+
+``python -m pi_tmux_matrix.dispatch.watch --state-dir D --job J --agent A --round N
+(--socket S --pane P | --follow LOG)``
+
+tmux backend: tmux ``pipe-pane`` feeds the pane's output to this process's stdin (no
+capture-pane polling; one capture of the history at start catches what the agent printed
+before the pipe was attached). Subprocess backend: the host's log file is followed through
+inotify. Either way the watcher also holds a pidfd on the host and a timer for the deadline,
+and writes exactly one result for its round, for whichever comes first:
+
+* the agent's ``DONE:<nonce>`` / ``BLOCKED:<nonce> reason`` marker on a line of its own;
+* the host's exit (its entry says how the agent ended);
+* the deadline: the ``timeout`` result is written first, then the host is asked to stop its
+  agent (request -> SIGTERM -> SIGKILL, recorded ``timed_out``), then the owned pane closed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import re
+import selectors
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+import attrs
+
+from .. import procs
+from ..errors import PiMatrixError, TmuxUnavailable
+from ..inotify import DirWatch
+from ..inotify import available as inotify_available
+from ..matrix.store import MatrixStore, now_ms
+from ..supervise.mailbox import EventLog, Inbox
+from .jobs import JobStore, result_now
+from .model import AgentResult, Job, JobAgent, ResultKind
+
+__all__ = ["MarkerScanner", "Watcher", "main", "watch_argv"]
+
+log = logging.getLogger(__name__)
+
+# Escape sequences: CSI (cursor moves and positioning end a visual line), OSC, and two-byte ESC.
+_CSI: Final = re.compile(r"\x1b\[[0-?]*[ -/]*([@-~])")
+_OSC: Final = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?")
+_ESC: Final = re.compile(r"\x1b[@-Z\\-_]")
+_LINE_BREAKING_CSI: Final = frozenset("ABEFGHdf")
+_DECORATION: Final = " \t\u2502\u2503|>*\u2022\u25cf"  # box rules, quote marks, bullets a TUI adds
+MAX_LINE: Final = 64 * 1024
+STOP_WAIT_S: Final = 15.0  # host stop sequence: request + grace + SIGTERM + SIGKILL, with margin
+
+
+class MarkerScanner:
+    """Finds ``DONE:<nonce>`` / ``BLOCKED:<nonce> [reason]`` on a line of their own.
+
+    A whole line, after escape sequences and a TUI's decoration are stripped: an instruction
+    echoed back ("print DONE:… when finished") never counts, only the agent's own line does.
+    """
+
+    def __init__(self, nonce: str) -> None:
+        self.done = f"DONE:{nonce}"
+        self.blocked = f"BLOCKED:{nonce}"
+        self._partial = ""
+
+    def feed(self, data: bytes) -> tuple[ResultKind, str] | None:
+        text = self._partial + data.decode("utf-8", "replace")
+        text = _OSC.sub("", text)
+        text = _CSI.sub(lambda m: "\n" if m.group(1) in _LINE_BREAKING_CSI else "", text)
+        text = _ESC.sub("", text)
+        lines = re.split(r"[\r\n]", text)
+        self._partial = lines.pop()[-MAX_LINE:]
+        for line in lines:
+            found = self._match(line)
+            if found is not None:
+                return found
+        return None
+
+    def finish(self) -> tuple[ResultKind, str] | None:
+        """The last line, when the stream ended without a newline."""
+        line, self._partial = self._partial, ""
+        return self._match(line)
+
+    def _match(self, line: str) -> tuple[ResultKind, str] | None:
+        text = line.strip(_DECORATION)
+        if text == self.done:
+            return ResultKind.DONE, ""
+        if text == self.blocked or text.startswith(self.blocked + " "):
+            return ResultKind.BLOCKED, text[len(self.blocked) :].strip()
+        return None
+
+
+def watch_argv(
+    state_dir: Path, job_id: str, agent: JobAgent, round_: int, *, python: str = sys.executable
+) -> list[str]:
+    """The watcher's argv for one agent round (tmux: the pipe-pane command)."""
+    argv = [
+        python, "-m", "pi_tmux_matrix.dispatch.watch", "--state-dir", str(state_dir),
+        "--job", job_id, "--agent", agent.agent_id, "--round", str(round_),
+    ]  # fmt: skip
+    if agent.backend == "tmux":
+        assert agent.socket is not None and agent.pane_id is not None
+        argv += ["--socket", agent.socket, "--pane", agent.pane_id]
+    elif agent.log is not None:
+        argv += ["--follow", agent.log]
+    return argv
+
+
+@attrs.define
+class Watcher:
+    store: MatrixStore
+    job: Job
+    agent: JobAgent
+    round: int
+    follow: str | None = None
+    socket: str | None = None
+    pane: str | None = None
+    jobs: JobStore = attrs.field(init=False)
+    scanner: MarkerScanner = attrs.field(init=False)
+    events: EventLog = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.jobs = JobStore(self.store)
+        self.scanner = MarkerScanner(self.agent.nonce)
+        self.events = EventLog(self.store, self.agent.key)
+
+    # -- the result ---------------------------------------------------------------------------------
+    def write(self, kind: ResultKind, detail: str = "", **fields: object) -> AgentResult | None:
+        result = result_now(
+            self.job, self.agent.agent_id, self.agent.key, self.round, kind, detail=detail, **fields
+        )
+        if not self.jobs.put_result(result):
+            return None  # someone saw the end first (a stop, another watcher): theirs stands
+        self.events.write("result", job=self.job.id, round=self.round, kind=kind.value, detail=detail[:200])
+        with contextlib.suppress(Exception):  # a plugin's failure never loses a written result
+            from .plugins import plugin_manager
+
+            plugin_manager().hook.on_terminal(job=self.job, result=result)
+        return result
+
+    def superseded(self) -> bool:
+        """A follow-up re-armed the agent with a newer round, or this round already has a result."""
+        try:
+            job = self.jobs.get(self.job.id)
+            current = job.agent(self.agent.agent_id)
+            if current is None or current.round != self.round:
+                return True
+            return self.jobs.result(self.job.id, self.agent.agent_id, self.round) is not None
+        except PiMatrixError:
+            return False
+
+    def host_ended(self) -> AgentResult | None:
+        entry = self.store.find(self.agent.key)
+        exit_record = entry.exit if entry is not None and entry.pid == self.agent.host_pid else None
+        if exit_record is None:
+            return self.write(ResultKind.EXITED, "the host ended without recording an exit")
+        detail = f"agent {exit_record.kind.value}"
+        if exit_record.code is not None:
+            detail += f" with code {exit_record.code}"
+        if exit_record.signal is not None:
+            detail += f" by signal {exit_record.signal}"
+        return self.write(
+            ResultKind.EXITED, detail, exit_code=exit_record.code, exit_kind=exit_record.kind.value
+        )
+
+    def on_deadline(self) -> None:
+        written = self.write(ResultKind.TIMEOUT, f"deadline of {self.agent.deadline_s:.0f}s passed")
+        if written is None:
+            return
+        stop_agent(self.store, self.agent, reason="deadline")
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def run(self) -> int:
+        if self.superseded():
+            return 0
+        host = self.agent.host
+        pidfd = procs.open_pidfd(host) if host is not None else None
+        if pidfd is None:
+            self._scan_history()
+            if self._marker_found():
+                return 0
+            self.host_ended()
+            return 0
+        selector = selectors.DefaultSelector()
+        selector.register(pidfd, selectors.EVENT_READ, "host")
+        source_fd: int | None = None
+        follow_fd: int | None = None
+        dir_watch: DirWatch | None = None
+        if self.follow is not None:
+            follow_fd = os.open(self.follow, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            if inotify_available():
+                dir_watch = DirWatch(self.follow, modify=True)
+                selector.register(dir_watch.fd, selectors.EVENT_READ, "follow")
+        else:
+            source_fd = sys.stdin.fileno()
+            os.set_blocking(source_fd, False)
+            selector.register(source_fd, selectors.EVENT_READ, "pipe")
+        try:
+            self._scan_history()
+            if self._marker_found() or (follow_fd is not None and self._read_follow(follow_fd)):
+                return 0
+            while True:
+                remaining = (self.agent.deadline_at - now_ms()) / 1000
+                if remaining <= 0:
+                    self.on_deadline()
+                    return 0
+                # The fallback poll covers a lost wake-up and a log written without inotify.
+                ready = selector.select(
+                    timeout=min(remaining, 1.0 if dir_watch is None and follow_fd else 30.0)
+                )
+                for key, _ in ready:
+                    if key.data == "host":
+                        self._drain(source_fd, follow_fd)
+                        if not self._marker_found():
+                            self.host_ended()
+                        return 0
+                    if key.data == "pipe":
+                        assert source_fd is not None
+                        if self._read_pipe(source_fd):
+                            return 0
+                        if self._pipe_closed:
+                            selector.unregister(source_fd)
+                            if self.superseded():
+                                return 0
+                    if key.data == "follow":
+                        assert dir_watch is not None
+                        dir_watch.drain()
+                if follow_fd is not None and self._read_follow(follow_fd):
+                    return 0
+                if not ready and self.superseded():
+                    return 0
+        finally:
+            selector.close()
+            os.close(pidfd)
+            if follow_fd is not None:
+                os.close(follow_fd)
+            if dir_watch is not None:
+                dir_watch.close()
+
+    _found: tuple[ResultKind, str] | None = None
+    _pipe_closed: bool = False
+
+    def _marker_found(self) -> bool:
+        if self._found is None:
+            return False
+        kind, detail = self._found
+        self.write(kind, detail)
+        return True
+
+    def _feed(self, data: bytes) -> bool:
+        if self._found is None:
+            self._found = self.scanner.feed(data)
+        return self._marker_found()
+
+    def _read_pipe(self, fd: int) -> bool:
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return False
+        if not data:
+            self._pipe_closed = True
+            if self._found is None:
+                self._found = self.scanner.finish()
+            return self._marker_found()
+        return self._feed(data)
+
+    def _read_follow(self, fd: int) -> bool:
+        while True:
+            data = os.read(fd, 65536)
+            if not data:
+                return False
+            if self._feed(data):
+                return True
+
+    def _drain(self, source_fd: int | None, follow_fd: int | None) -> None:
+        """The host is gone: read what it printed last before judging how it ended."""
+        if follow_fd is not None:
+            self._read_follow(follow_fd)
+            return
+        if source_fd is None or self._pipe_closed:
+            return
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline and not self._pipe_closed and self._found is None:
+            try:
+                data = os.read(source_fd, 65536)
+            except BlockingIOError:
+                time.sleep(0.02)
+                continue
+            if not data:
+                self._pipe_closed = True
+                self._found = self._found or self.scanner.finish()
+                break
+            self._found = self._found or self.scanner.feed(data)
+
+    def _scan_history(self) -> None:
+        """Once, at start: what the pane showed before the pipe was attached."""
+        if self.socket is None or self.pane is None or self._found is not None:
+            return
+        from .tmux import TmuxServer
+
+        try:
+            text = TmuxServer(self.socket).capture(self.pane, history=True)
+        except (TmuxUnavailable, PiMatrixError, OSError):
+            return
+        self._found = self.scanner.feed(text.encode() + b"\n")
+
+
+def stop_agent(store: MatrixStore, agent: JobAgent, *, reason: str, wait_s: float = STOP_WAIT_S) -> bool:
+    """The owner-side stop of one agent: its host's stop sequence, then its pane if still there.
+
+    Returns True when the host is gone. Never signals anything but the host this job launched
+    (checked by identity), and closes only the pane whose process is that host.
+    """
+    host = agent.host
+    if host is None or not procs.is_alive(host):
+        _close_pane(agent, host)
+        return True
+    Inbox(store, agent.key).post("stop", reason, sender=f"pi-matrix {reason}")
+    if procs.wait_for_exit(host, wait_s):
+        _close_pane(agent, host)
+        return True
+    # The host did not finish its own stop sequence: SIGTERM to the host (it forwards it to its
+    # agent), then the pane.
+    procs.send_signal(host, signal.SIGTERM)
+    gone = procs.wait_for_exit(host, 5.0)
+    _close_pane(agent, host)
+    return gone or procs.wait_for_exit(host, 2.0)
+
+
+def _close_pane(agent: JobAgent, host: procs.ProcessIdentity | None) -> None:
+    if agent.backend != "tmux" or agent.socket is None or agent.pane_id is None:
+        return
+    from .tmux import TmuxServer
+
+    with contextlib.suppress(TmuxUnavailable, PiMatrixError, OSError):
+        server = TmuxServer(agent.socket)
+        pane = server.pane(agent.pane_id)
+        if pane is not None and (host is None or pane.pane_pid == host.pid):
+            server.kill_pane(agent.pane_id)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pi-matrix-watch", description=__doc__.splitlines()[0])
+    parser.add_argument("--state-dir", required=True)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--agent", required=True)
+    parser.add_argument("--round", type=int, required=True)
+    parser.add_argument("--socket")
+    parser.add_argument("--pane")
+    parser.add_argument("--follow")
+    args = parser.parse_args(argv)
+    # tmux closes the pipe when the pane goes; a hang-up must not cost the result.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    logging.basicConfig(level=logging.WARNING, format="pi-matrix-watch: %(message)s")
+    store = MatrixStore(args.state_dir)
+    try:
+        job = JobStore(store).get(args.job)
+        agent = job.agent(args.agent)
+        if agent is None:
+            log.error("job %s has no agent %s", args.job, args.agent)
+            return 2
+        watcher = Watcher(
+            store, job, agent, args.round, follow=args.follow, socket=args.socket, pane=args.pane
+        )
+        return watcher.run()
+    except PiMatrixError as exc:
+        log.error("%s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""The matrix as the dispatcher's default plugin.
+
+On every launch it injects the seed's env contract (``PI_PARENT_PID``, ``PI_PARENT_SESSION``,
+``PI_ORCHESTRATION_AGENT_ID``, ``PI_TASK_REF``, ``PI_WORKER_ALLOWED_PATHS`` and, on a lane,
+``PI_WORKTREE_LANE``) from the compiled, immutable launch; and it provides the exact-session
+relaunch of a dead worker. With ``processMatrix.enabled: false`` it is simply not registered.
+"""
+
+from __future__ import annotations
+
+from .contract import LaunchContract
+from .dispatch.hookspecs import hookimpl
+from .dispatch.model import AgentLaunch, Relaunch
+
+__all__ = ["MatrixPlugin"]
+
+
+class MatrixPlugin:
+    """Hook implementations of the matrix (registered as ``matrix``)."""
+
+    @hookimpl
+    def launch_env(self, launch: AgentLaunch) -> dict[str, str]:
+        contract = LaunchContract(
+            parent_pid=launch.parent.pid,
+            parent_session=launch.parent_session,
+            agent_id=launch.agent_id,
+            task_ref=launch.task_ref,
+            allowed_paths=launch.allowed_paths,
+            worktree_lane=launch.lane,
+        )
+        return contract.to_env()
+
+    @hookimpl
+    def relaunch(self, request: Relaunch) -> int | None:
+        from .resume import relaunch
+
+        return relaunch(request)

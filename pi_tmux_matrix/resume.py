@@ -1,0 +1,186 @@
+"""The exact-session resume launcher: the matrix plugin's ``relaunch`` hook and ``pi-matrix resume``.
+
+From a resumable payload it builds direct argv ``pi-matrix host … -- pi --session <exact
+sessionFile> … "<wake prompt>"`` (never an id lookup), with ``PI_ORCHESTRATION_AGENT_ID``,
+``PI_TASK_REF`` and the resuming master's ``PI_PARENT_*``, and cwd/worktree/profile/resource
+pointers from the payload. It refuses when the session file or the cwd in its header is gone
+(pi would create a fresh session, or block on a prompt). The new host's pid is published
+(``launching``, fenced by the generation the launcher observed) before the host registers; the
+resumed host then overwrites the same entry under a new generation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from . import procs
+from .errors import Conflict, PiMatrixError, ProfileNotFound, TmuxUnavailable
+from .identity import Mode, ProcessIdentity
+from .matrix.model import Entry, Status
+from .matrix.store import MatrixStore
+from .settings import MatrixSettings, load_settings
+from .supervise.relaunch import ResumeRefused, check_resumable, host_argv, wake_prompt
+
+__all__ = ["ResumePlan", "plan_resume", "relaunch", "session_header_cwd"]
+
+
+@attrs.frozen
+class ResumePlan:
+    key: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+    window: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd}
+
+
+def session_header_cwd(session_file: str) -> str | None:
+    """The cwd in a pi session file's header line (pi runs the session there, not in the process cwd)."""
+    try:
+        with open(session_file, "rb") as handle:
+            first = handle.readline(64 * 1024)
+        header = json.loads(first)
+    except (OSError, ValueError):
+        return None
+    cwd = header.get("cwd") if isinstance(header, dict) else None
+    return cwd if isinstance(cwd, str) else None
+
+
+def plan_resume(
+    store: MatrixStore,
+    entry: Entry,
+    parent: ProcessIdentity,
+    parent_session: str,
+    *,
+    settings: MatrixSettings | None = None,
+    env: dict[str, str] | None = None,
+    mode: Mode | None = None,
+) -> ResumePlan:
+    """Everything about the relaunch of ``entry``, nothing started (what ``--dry-run`` prints)."""
+    from .dispatch.manager import Dispatcher
+    from .dispatch.model import AgentLaunch
+    from .dispatch.profile import resolve_write_paths
+    from .dispatch.providers import agent_command
+
+    payload = check_resumable(entry)
+    identity = payload.identity
+    assert identity.session_file is not None and identity.cwd is not None
+    header_cwd = session_header_cwd(identity.session_file)
+    if header_cwd is not None and not os.path.isdir(header_cwd):
+        raise ResumeRefused(
+            f"{entry.key}: the session's own cwd {header_cwd} (its header) is gone; pi would stop at a "
+            "prompt; restore the folder or clean the entry up"
+        )
+    dispatcher = Dispatcher(store, settings or load_settings(identity.cwd), env=env)
+    try:
+        profile = dispatcher.profiles.profile(identity.profile or "pi-worker")
+    except ProfileNotFound:
+        profile = dispatcher.profiles.profile("pi-worker")
+    if mode is not None:
+        profile = attrs.evolve(profile, mode=mode)
+    if profile.provider != "pi":
+        raise ResumeRefused(
+            f"{entry.key}: profile {profile.name} is not a pi profile; only pi sessions resume exactly"
+        )
+    wake = wake_prompt(payload)
+    lane = identity.lane
+    launch = AgentLaunch(
+        job_id="resume", agent_id=identity.agent_id, session_id=identity.session_id, key=entry.key,
+        profile=profile, task=wake, cwd=identity.cwd, parent=parent, parent_session=parent_session,
+        allowed_paths=tuple(resolve_write_paths(profile, cwd=identity.cwd, worktree=identity.worktree)),
+        deadline_s=profile.deadline_s, nonce="resume", worktree=identity.worktree, lane=lane,
+        task_ref=payload.task_ref, session_file=identity.session_file,
+    )  # fmt: skip
+    command = agent_command(profile, task=wake, session_file=identity.session_file, lane=lane)
+    resumed = attrs.evolve(identity, profile=profile.name, provider=profile.provider, mode=profile.mode)
+    argv = host_argv(
+        store.root, identity=resumed, task_summary=payload.task_summary, task_ref=payload.task_ref, lane=lane,
+        rpc_prompt=command.rpc_prompt, agent_argv=command.argv,
+    )  # fmt: skip
+    launch_env = dispatcher._launch_env(launch, profile)
+    for name in ("PI_MATRIX_DONE_MARKER", "PI_MATRIX_BLOCKED_MARKER"):
+        launch_env.pop(name, None)  # a resumed session answers its wake prompt, not a job's marker
+    return ResumePlan(entry.key, tuple(argv), launch_env, identity.cwd, identity.agent_id[:40])
+
+
+def relaunch(
+    request: Any,
+    *,
+    settings: MatrixSettings | None = None,
+    env: dict[str, str] | None = None,
+) -> int:
+    """Launch the plan (tmux on ``request.socket`` when tmux answers, else a detached host) and
+    publish the new pid as ``launching``; returns the new host pid."""
+    from .dispatch.manager import DEFAULT_SOCKET, SCRUB_ENV, TMUX_SESSION
+
+    store = MatrixStore(request.state_dir)
+    entry: Entry = request.entry
+    plan = plan_resume(store, entry, request.parent, request.parent_session, settings=settings, env=env)
+    pid: int | None = None
+    if request.backend == "tmux":
+        from .dispatch.tmux import TmuxServer
+
+        try:
+            pane = TmuxServer(request.socket or DEFAULT_SOCKET, scrub_env=SCRUB_ENV).launch(
+                plan.argv, session=TMUX_SESSION, window_name=plan.window, cwd=plan.cwd, env=plan.env,
+                tags={"@pi_matrix_key": entry.key, "@pi_matrix_job": "resume"},
+            )  # fmt: skip
+            pid = pane.pane_pid
+        except TmuxUnavailable:
+            pid = None  # no tmux here: the detached host below still brings the agent back
+    if pid is None:
+        # Without a terminal an interactive agent cannot run: the detached host runs it in print
+        # mode (one turn on the wake prompt, into the same session file).
+        headless = plan_resume(
+            store, entry, request.parent, request.parent_session, settings=settings, env=env, mode=Mode.PRINT
+        )
+        pid = _spawn_detached(store, headless)
+    launched = procs.identify(pid)
+    if launched is not None:
+        try:
+            store.update(
+                entry.key,
+                lambda e: e.moved(
+                    Status.LAUNCHING,
+                    reason="relaunch",
+                    pid=launched.pid,
+                    proc_start=launched.start_ticks,
+                    boot_id=launched.boot_id,
+                    child_pid=None,
+                    child_proc_start=None,
+                    directive=None,
+                ),
+                expected=entry.generation,
+            )
+        except Conflict:
+            pass  # the new host registered first: its registration wins, as it should
+        except PiMatrixError:
+            pass  # e.g. the resumed host already superseded it; the host's record is the truth
+    return pid
+
+
+def _spawn_detached(store: MatrixStore, plan: ResumePlan) -> int:
+    import subprocess
+
+    from .dispatch.manager import SCRUB_ENV
+
+    logs = store.side_dir("logs")
+    log_path = Path(logs) / f"{plan.key}.log"
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    env = {k: v for k, v in os.environ.items() if k not in SCRUB_ENV}
+    env.update(plan.env)
+    try:
+        child = subprocess.Popen(  # argv list, never a shell
+            list(plan.argv), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, cwd=plan.cwd, env=env,
+            start_new_session=True, close_fds=True,
+        )  # fmt: skip
+    finally:
+        os.close(fd)
+    return child.pid

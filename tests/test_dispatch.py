@@ -1,0 +1,355 @@
+"""The dispatcher with real tmux (private sockets), real hosts, the stand-in agent (issue 4)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from conftest import kill_tmux_server, require_tmux
+
+from pi_tmux_matrix import procs
+from pi_tmux_matrix.contract import (
+    ENV_AGENT_ID,
+    ENV_ALLOWED_PATHS,
+    ENV_PARENT_PID,
+    ENV_PARENT_SESSION,
+    ENV_TASK_REF,
+)
+from pi_tmux_matrix.dispatch.jobs import JobStore
+from pi_tmux_matrix.dispatch.manager import Dispatcher, FireRequest
+from pi_tmux_matrix.dispatch.model import ResultKind
+from pi_tmux_matrix.identity import ProcessIdentity, Role
+from pi_tmux_matrix.matrix.model import Entry, Status
+from pi_tmux_matrix.matrix.store import MatrixStore
+from pi_tmux_matrix.settings import load_settings
+
+T = TypeVar("T")
+STANDIN = [sys.executable, "-m", "pi_tmux_matrix.standin"]
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 20.0, detail: Callable[[], str] | None = None) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            extra = f"\n{detail()}" if detail else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}{extra}")
+        time.sleep(0.05)
+
+
+class Lab:
+    """A state dir, fast settings, a live master, a private tmux socket; all cleaned up."""
+
+    def __init__(self, tmp: Path, socket: str) -> None:
+        self.tmp = tmp
+        self.socket = socket
+        self.state = tmp / "state"
+        self.store = MatrixStore(self.state)
+        self.agent_dir = Path(os.environ["PI_CODING_AGENT_DIR"])
+        self.agent_dir.mkdir(parents=True, exist_ok=True)
+        settings = {"processMatrix": {"heartbeatMs": 1000, "watcherPollMs": 1000, "adoptionGraceMs": 5000}}
+        (self.agent_dir / "settings.json").write_text(json.dumps(settings))
+        self.work = tmp / "work"
+        self.work.mkdir()
+        self.started: list[ProcessIdentity] = []
+        self.env = dict(os.environ, PI_MATRIX_STATE_DIR=str(self.state), STANDIN_STEP_S="0.05")
+        self.master: Entry | None = None
+
+    def start_master(self, session: str = "boss", task_ref: str = "goal-1") -> Entry:
+        argv = [
+            sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", session, "--task-ref", task_ref,
+            "--headless", "--mode", "print", "--", *STANDIN, "-p", "HANG orchestrating",
+        ]  # fmt: skip
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd=self.work, env=self.env, start_new_session=True,
+        )  # fmt: skip
+        ident = procs.identify(proc.pid)
+        assert ident is not None
+        self.started.append(ident)
+        self.master = wait_for(
+            "the master to register",
+            lambda: (e if (e := self.store.find(f"master-{session}")) and e.pid == proc.pid else None),
+        )
+        return self.master
+
+    def dispatcher(self, **env: str) -> Dispatcher:
+        return Dispatcher(self.store, load_settings(self.work, self.env), env=dict(self.env, **env))
+
+    def fire(self, task: str, **fields: Any) -> Any:
+        assert self.master is not None
+        fields.setdefault("profile", "stand-in")
+        request = FireRequest(
+            task=task, path=str(self.work), socket=self.socket, parent_pid=self.master.pid,
+            parent_session=self.master.identity.session_id, **fields,
+        )  # fmt: skip
+        result = self.dispatcher().fire(request)
+        for agent in result.job.agents:
+            if agent.host is not None:
+                self.started.append(agent.host)
+        return result
+
+    def worker(self, key: str) -> Entry:
+        return wait_for(
+            f"{key} to register and start its agent",
+            lambda: (e if (e := self.store.find(key)) and e.status is Status.RUNNING and e.child_pid else None),
+        )
+
+    def result(self, job_id: str, agent_id: str, round_: int = 1) -> Any:
+        return JobStore(self.store).result(job_id, agent_id, round_)
+
+    def cleanup(self) -> None:
+        targets = list(self.started)
+        for entry in self.store.list().entries:
+            targets += [i for i in (entry.process, entry.child_process) if i is not None]
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for identity in targets:
+                procs.send_signal(identity, sig)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and any(procs.is_alive(t) for t in targets):
+                time.sleep(0.05)
+        kill_tmux_server(self.socket)
+
+
+@pytest.fixture
+def lab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
+    the_lab = Lab(tmp_path, tmux_socket)
+    try:
+        yield the_lab
+    finally:
+        the_lab.cleanup()
+
+
+def environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+# === firing ======================================================================================
+def test_a_fired_agent_carries_the_contract_is_a_worker_of_its_master_and_its_done_marker_gives_one_result(
+    lab: Lab,
+) -> None:
+    master = lab.start_master()
+    fired = lab.fire("say hello and finish")
+    (agent,) = fired.job.agents
+    entry = lab.worker(agent.key)
+
+    assert entry.role is Role.WORKER
+    assert (entry.parent_pid, entry.parent_session_id) == (master.pid, "boss")
+    assert entry.pid == agent.host_pid  # the pane's process is the host
+    assert entry.identity.agent_id == agent.agent_id and entry.identity.profile == "stand-in"
+
+    env = environ(entry.child_pid or 0)
+    assert env[ENV_PARENT_PID] == str(master.pid)
+    assert env[ENV_PARENT_SESSION] == "boss"
+    assert env[ENV_AGENT_ID] == agent.agent_id
+    assert env[ENV_TASK_REF] == "goal-1"  # the firing master's task
+    assert json.loads(env[ENV_ALLOWED_PATHS]) == []  # the stand-in profile: full scope
+
+    result = wait_for("the DONE result", lambda: lab.result(fired.job.id, agent.agent_id))
+    assert result.kind is ResultKind.DONE
+    time.sleep(1.0)
+    results = sorted(p.name for p in (lab.state / "results").iterdir() if not p.name.startswith("."))
+    assert results == [f"{fired.job.id}.{agent.agent_id}.1.json"]  # exactly one
+
+    tree = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(lab.state), "tree", "--json"],
+        capture_output=True, text=True, env=lab.env, timeout=30, check=True,
+    )  # fmt: skip
+    (node,) = json.loads(tree.stdout)["masters"]
+    assert [w["key"] for w in node["workers"]] == [agent.key]
+
+
+def test_a_deadline_writes_timeout_first_then_the_pane_is_gone(lab: Lab) -> None:
+    from pi_tmux_matrix.dispatch.tmux import TmuxServer
+
+    lab.start_master()
+    fired = lab.fire("HANG forever", deadline_s=2)
+    (agent,) = fired.job.agents
+    entry = lab.worker(agent.key)
+    result = wait_for("the timeout result", lambda: lab.result(fired.job.id, agent.agent_id), timeout=15)
+    assert result.kind is ResultKind.TIMEOUT
+    wait_for("the host to end", lambda: not procs.is_alive(entry.process), timeout=20)
+    wait_for("the pane to be gone", lambda: TmuxServer(lab.socket).pane(agent.pane_id or "") is None, timeout=10)
+    assert not procs.is_alive(entry.child_process)
+    final = lab.store.get(agent.key)
+    assert final.exit is not None and final.exit.kind.value in ("timed_out", "killed")
+
+
+def test_hostile_task_text_arrives_verbatim(lab: Lab) -> None:
+    lab.start_master()
+    task = "; rm -rf ~ $(id) `id` 'single' \"double\" \\back\nsecond line\ttab"
+    fired = lab.fire(task)
+    (agent,) = fired.job.agents
+    entry = lab.worker(agent.key)
+    session_file = entry.identity.session_file
+    assert session_file is not None
+
+    def first_prompt() -> str | None:
+        try:
+            for line in Path(session_file).read_text().splitlines():
+                record = json.loads(line)
+                if record.get("type") == "message" and record.get("role") == "user":
+                    return str(record.get("content"))
+        except FileNotFoundError:
+            return None
+        return None
+
+    prompt = wait_for("the agent's first prompt in its session file", first_prompt)
+    assert task in prompt
+
+
+def test_without_a_master_fire_refuses_and_says_to_run_under_pi_matrix_master(lab: Lab) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "fire", "--profile", "stand-in", "--socket", lab.socket, "--", "x"],
+        capture_output=True, text=True, env=lab.env, cwd=lab.work, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "pi-matrix master" in done.stderr
+    assert not (lab.state / "jobs").exists()
+
+
+def test_the_cap_counts_live_agents_per_cwd(lab: Lab) -> None:
+    lab.start_master()
+    for i in range(3):
+        lab.fire(f"HANG job {i}")
+    with pytest.raises(Exception, match="maxConcurrentAgents"):
+        lab.fire("HANG one too many")
+
+
+def test_tmux_unreachable_is_not_death_and_killing_one_host_marks_only_that_agent(lab: Lab) -> None:
+    lab.start_master()
+    first = lab.fire("HANG one").job.agents[0]
+    second = lab.fire("HANG two").job.agents[0]
+    e1, e2 = lab.worker(first.key), lab.worker(second.key)
+
+    # The server keeps running (and its panes with it) but nobody can reach it: a flaky socket.
+    socket_path = Path(f"/tmp/tmux-{os.getuid()}/{lab.socket}")
+    if not socket_path.exists():
+        socket_path = Path(os.environ.get("TMUX_TMPDIR", "/tmp")) / f"tmux-{os.getuid()}" / lab.socket
+    hidden = socket_path.with_name(socket_path.name + ".hidden")
+    socket_path.rename(hidden)
+    try:
+        views = {v["jobId"]: v for v in lab.dispatcher().reconcile()}
+        for view in views.values():
+            (agent,) = view["agents"]
+            assert agent["tmux"] == "unreachable"
+            assert agent["hostAlive"] is True
+            assert view["state"] == "running"
+        for entry in (e1, e2):
+            assert lab.store.get(entry.key).status is Status.RUNNING
+
+        procs.send_signal(e1.process, signal.SIGKILL)  # type: ignore[arg-type]
+        wait_for("host 1 gone", lambda: not procs.is_alive(e1.process))
+        views = {v["jobId"]: v for v in lab.dispatcher().reconcile()}
+        alive = {v["agents"][0]["key"]: v["agents"][0]["hostAlive"] for v in views.values()}
+        assert alive == {first.key: False, second.key: True}
+        assert lab.store.get(second.key).status is Status.RUNNING
+    finally:
+        hidden.rename(socket_path)
+
+
+def test_killing_the_tmux_server_never_marks_a_live_host_dead(lab: Lab) -> None:
+    lab.start_master()
+    fired = lab.fire("HANG one")
+    (agent,) = fired.job.agents
+    lab.worker(agent.key)
+    kill_tmux_server(lab.socket)
+    (view,) = lab.dispatcher().reconcile()
+    assert view["agents"][0]["tmux"] in ("unreachable", "gone")
+    for entry in lab.store.list().entries:
+        if entry.role is Role.WORKER and procs.is_alive(entry.process):
+            assert entry.status not in (Status.TERMINAL, Status.CLOSED)
+
+
+# === resume ======================================================================================
+def test_resume_of_a_dead_worker_runs_in_the_same_session_file_same_key_new_generation(lab: Lab) -> None:
+    master = lab.start_master()
+    fired = lab.fire("HANG resumable work")
+    (agent,) = fired.job.agents
+    entry = lab.worker(agent.key)
+    session_file = entry.identity.session_file
+    assert session_file is not None
+    wait_for("the session file", lambda: Path(session_file).exists())
+
+    # The master dies: the worker winds down to resumable; then the worker itself is lost.
+    procs.send_signal(master.process, signal.SIGKILL)  # type: ignore[arg-type]
+    resumable = wait_for(
+        "resumable", lambda: (e if (e := lab.store.find(agent.key)) and e.status is Status.RESUMABLE else None)
+    )
+    for ident in (resumable.child_process, resumable.process):
+        procs.send_signal(ident, signal.SIGKILL)  # type: ignore[arg-type]
+        procs.wait_for_exit(ident, 5)  # type: ignore[arg-type]
+
+    new_master = lab.start_master(session="boss2")
+    dry = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "resume", agent.key, "--dry-run", "--json",
+         "--parent-pid", str(new_master.pid), "--parent-session", "boss2", "--socket", lab.socket],
+        capture_output=True, text=True, env=lab.env, timeout=30, check=False,
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    plan = json.loads(dry.stdout)
+    assert set(plan) >= {"argv", "env", "cwd"}
+    agent_argv = plan["argv"][plan["argv"].index("--") + 1 :]
+    assert agent_argv[agent_argv.index("--session") + 1] == session_file
+    assert plan["env"][ENV_PARENT_PID] == str(new_master.pid)
+    assert plan["env"][ENV_AGENT_ID] == agent.agent_id
+
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "resume", agent.key, "--json",
+         "--parent-pid", str(new_master.pid), "--parent-session", "boss2", "--socket", lab.socket],
+        capture_output=True, text=True, env=lab.env, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    pid = json.loads(done.stdout)["hostPid"]
+    back = wait_for(
+        "the resumed host to register",
+        lambda: (e if (e := lab.store.find(agent.key)) and e.pid == pid and e.status is Status.RUNNING else None),
+    )
+    ident = procs.identify(pid)
+    if ident is not None:
+        lab.started.append(ident)
+    assert back.key == agent.key
+    assert back.identity.session_file == session_file
+    assert back.registration != resumable.registration
+    assert back.parent_pid == new_master.pid
+
+
+# === without tmux ================================================================================
+@pytest.fixture
+def sublab(tmp_path: Path) -> Iterator[Lab]:
+    the_lab = Lab(tmp_path, "pm-test-unused")
+    try:
+        yield the_lab
+    finally:
+        the_lab.cleanup()
+
+
+def test_the_subprocess_backend_fires_watches_and_times_out_without_tmux(sublab: Lab) -> None:
+    sublab.start_master()
+    done = sublab.fire("say hello", backend="subprocess")
+    (agent,) = done.job.agents
+    assert agent.pane_id is None and agent.log is not None
+    result = wait_for("the DONE result", lambda: sublab.result(done.job.id, agent.agent_id))
+    assert result.kind is ResultKind.DONE
+
+    hung = sublab.fire("HANG forever", backend="subprocess", deadline_s=2)
+    (slow,) = hung.job.agents
+    entry = sublab.worker(slow.key)
+    result = wait_for("the timeout result", lambda: sublab.result(hung.job.id, slow.agent_id), timeout=15)
+    assert result.kind is ResultKind.TIMEOUT
+    wait_for("the host to end", lambda: not procs.is_alive(entry.process), timeout=20)
+
+    views = {v["jobId"]: v for v in sublab.dispatcher().reconcile()}
+    assert views[done.job.id]["agents"][0]["tmux"] == "n/a"
+    assert views[hung.job.id]["agents"][0]["result"]["kind"] == "timeout"
