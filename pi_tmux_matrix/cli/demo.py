@@ -49,7 +49,10 @@ def register(sub: Any, epilog: str) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     demo.add_argument(
-        "--agent", choices=["stand-in", "pi"], default="stand-in", help="the agents: the bundled stand-in or real pi"
+        "--agent",
+        choices=["stand-in", "pi"],
+        default="stand-in",
+        help="the agents: the bundled stand-in or real pi",
     )
     demo.add_argument("--keep", action="store_true", help="keep the scratch folder (state, repo, logs)")
     demo.set_defaults(handler=cmd_demo)
@@ -72,8 +75,9 @@ class Demo:
         self.started: list[ProcessIdentity] = []
         self.tmux = shutil.which("tmux") is not None
         self.env = dict(os.environ)
-        for name in ("PI_PARENT_PID", "PI_PARENT_SESSION", "PI_ORCHESTRATION_AGENT_ID", "PI_TASK_REF",
-                     "PI_WORKER_ALLOWED_PATHS", "PI_WORKTREE_LANE", "PI_MATRIX_KEY", "PI_MATRIX_MAILBOX"):  # fmt: skip
+        from ..dispatch.manager import SCRUB_ENV
+
+        for name in SCRUB_ENV:  # the demo's processes never inherit this shell's own contract
             self.env.pop(name, None)
         self.env.update(
             PI_CODING_AGENT_DIR=str(self.agent_dir),
@@ -100,8 +104,19 @@ class Demo:
         settings = {"processMatrix": {"heartbeatMs": 1000, "watcherPollMs": 1000, "adoptionGraceMs": 60000}}
         (self.agent_dir / "settings.json").write_text(json.dumps(settings))
         self.repo.mkdir()
-        git = ["git", "-C", str(self.repo), "-c", "user.name=pi-matrix demo", "-c", "user.email=demo@localhost"]
-        for args in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "scratch repo of pi-matrix demo"]):
+        git = [
+            "git",
+            "-C",
+            str(self.repo),
+            "-c",
+            "user.name=pi-matrix demo",
+            "-c",
+            "user.email=demo@localhost",
+        ]
+        for args in (
+            ["init", "-q"],
+            ["commit", "-q", "--allow-empty", "-m", "scratch repo of pi-matrix demo"],
+        ):
             subprocess.run([*git, *args], check=True, capture_output=True, timeout=30)
 
     def start_master(self) -> Entry:
@@ -123,10 +138,12 @@ class Demo:
             self.started.append(me)
         return self.wait(
             "the master to register",
-            lambda: self._entry(f"master-{SESSION}", lambda e: e.pid == proc.pid and e.status is Status.RUNNING),
+            lambda: self._entry(
+                f"master-{SESSION}", lambda e: e.pid == proc.pid and e.status is Status.RUNNING
+            ),
         )
 
-    def fire(self, master: Entry, lane: str, **kind: str) -> None:
+    def fire(self, master: Entry, lane: str, *, profile: str | None = None, team: str | None = None) -> None:
         from ..dispatch.manager import Dispatcher, FireRequest
 
         task = "HANG " + ("build the parser" if lane == "lane-a" else "write the docs")
@@ -134,7 +151,8 @@ class Demo:
         request = FireRequest(
             task=task, lane=lane, path=str(self.repo), socket=self.socket,
             backend="tmux" if self.tmux else "subprocess", parent_pid=master.pid, parent_session=SESSION,
-            **kind,
+            profile=profile,
+            team=team,
         )  # fmt: skip
         result = dispatcher.fire(request)
         for agent in result.job.agents:
@@ -185,17 +203,21 @@ class Demo:
         )
         self.tree()
 
-        lost = sorted(self.workers(), key=lambda w: w.identity.agent_id)[-1]
+        lost = max(self.workers(), key=lambda w: w.identity.agent_id)
         self.say(f"a worker is lost too: kill -9 {lost.identity.agent_id}'s host and agent")
         self.kill(lost)
         self.tree()
 
-        self.say(f"a new master of session {SESSION} and task {TASK} recovers its exact orphans, no questions")
+        self.say(
+            f"a new master of session {SESSION} and task {TASK} recovers its exact orphans, no questions"
+        )
         second = self.start_master()
         self.wait(
             "the live workers re-adopted and the lost one resumed into its session",
             lambda: self.all_workers(
-                lambda w: w.status is Status.RUNNING and w.parent_pid == second.pid and procs.is_alive(w.process)
+                lambda w: (
+                    w.status is Status.RUNNING and w.parent_pid == second.pid and procs.is_alive(w.process)
+                )
             ),
         )
         resumed = self.store.get(lost.key)
@@ -245,7 +267,10 @@ def _scratch(keep: bool) -> Iterator[Path]:
 
 def cmd_demo(args: argparse.Namespace, io: Io) -> int:
     if args.agent == "pi" and shutil.which("pi") is None and not os.environ.get("PI_MATRIX_PI_COMMAND"):
-        io.err.write("pi-matrix: error: --agent pi: no pi on PATH; install it, set PI_MATRIX_PI_COMMAND, or drop --agent\n")
+        io.err.write(
+            "pi-matrix: error: --agent pi: no pi on PATH; install it, set PI_MATRIX_PI_COMMAND, "
+            "or drop --agent\n"
+        )
         return EXIT_USAGE
     if shutil.which("git") is None:
         io.err.write("pi-matrix: error: the demo needs git (its lanes are git worktrees); install git\n")
@@ -264,8 +289,6 @@ def cmd_demo(args: argparse.Namespace, io: Io) -> int:
             demo.cleanup()
             io.out.write(
                 f"\n== done in {time.monotonic() - started:.1f}s; every process it started is stopped and "
-                f"its tmux server (-L {demo.socket}) is gone"
-                + (f"; kept {root}" if args.keep else "")
-                + "\n"
+                f"its tmux server (-L {demo.socket}) is gone" + (f"; kept {root}" if args.keep else "") + "\n"
             )
     return EXIT_OK

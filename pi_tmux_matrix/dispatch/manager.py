@@ -286,7 +286,8 @@ class Dispatcher:
             from .lanes import ensure_lane, lane_path
 
             worktree = lane_path(cwd, lane) if request.dry_run else ensure_lane(cwd, lane).worktree
-            self._check_lane_free(lane, worktree)
+            if request.dry_run:
+                self._check_lane_free(lane, worktree)
         work_cwd = worktree or cwd
         job_id = new_job_id()
         task_ref = validate_task_ref(request.goal_id, "--goal-id") if request.goal_id is not None else None
@@ -391,11 +392,14 @@ class Dispatcher:
 
     # -- fire ----------------------------------------------------------------------------------------
     def fire(self, request: FireRequest) -> FireResult:
+        job, planned = self.plan(request)
+        if request.dry_run:
+            return FireResult(job, tuple(planned), True)
+        # Checks and launches under one lock, so two fires cannot both take the last slot or lane.
         with self._cap_lock():
-            job, planned = self.plan(request)
-            if request.dry_run:
-                return FireResult(job, tuple(planned), True)
             if self.settings.enabled:
+                if job.lane is not None and job.agents[0].worktree is not None:
+                    self._check_lane_free(job.lane, job.agents[0].worktree)
                 cwds: dict[str, int] = {}
                 for p in planned:
                     cwds[p.cwd] = cwds.get(p.cwd, 0) + 1

@@ -1,0 +1,189 @@
+"""Dispatcher benchmark: firing N stand-in agents vs launching the same panes by raw tmux calls.
+
+    python benchmarks/bench_fire.py [--quick] [--agents N]
+
+Both sides launch the same pane command (the agent host running the bundled stand-in, with the
+same env) on a private tmux socket, one after the other in one run, and are timed from the first
+call until every agent is up (its host registered in the matrix and its agent process started):
+
+* ours: ``Dispatcher.fire`` once per agent — profile, parent, cap and lane checks, the job
+  record, the tmux window, the pane tags, the completion watcher, the published ``launching``
+  entry;
+* baseline: ``tmux -L <socket> new-window -d -e K=V … -- <the same argv>`` per agent, nothing else.
+
+Prints the ratio (goal <= 1.5) and writes benchmarks/results/bench_fire.json. Everything started
+is stopped by identity and the private tmux servers are killed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pi_tmux_matrix import procs
+from pi_tmux_matrix.dispatch.manager import Dispatcher, FireRequest
+from pi_tmux_matrix.identity import ProcessIdentity, Role
+from pi_tmux_matrix.matrix.model import Status
+from pi_tmux_matrix.matrix.store import MatrixStore
+from pi_tmux_matrix.settings import load_settings
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _up(store: MatrixStore, count: int) -> bool:
+    workers = [e for e in store.list().entries if e.role is Role.WORKER]
+    return len(workers) >= count and all(e.status is Status.RUNNING and e.child_pid for e in workers)
+
+
+def _wait_up(store: MatrixStore, count: int, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not _up(store, count):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench_fire: {count} agents did not come up within {timeout:.0f}s")
+        time.sleep(0.02)
+
+
+def _stop_all(store: MatrixStore, extra: list[ProcessIdentity]) -> None:
+    targets = list(extra)
+    for entry in store.list().entries:
+        targets += [i for i in (entry.process, entry.child_process) if i is not None]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for ident in targets:
+            procs.send_signal(ident, sig)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(procs.is_alive(t) for t in targets):
+            time.sleep(0.05)
+
+
+def _kill_server(socket: str) -> None:
+    subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False, timeout=10)
+
+
+def run(agents: int, root: Path) -> dict[str, Any]:
+    agent_dir = root / "agent"
+    agent_dir.mkdir()
+    settings = {"processMatrix": {"heartbeatMs": 30000, "maxConcurrentAgents": 64}}
+    (agent_dir / "settings.json").write_text(json.dumps(settings))
+    work = root / "work"
+    work.mkdir()
+    env = dict(os.environ, PI_CODING_AGENT_DIR=str(agent_dir), STANDIN_STEPS="100000", STANDIN_STEP_S="1")
+    for name in ("PI_PARENT_PID", "PI_PARENT_SESSION", "PI_TASK_REF", "PI_ORCHESTRATION_AGENT_ID"):
+        env.pop(name, None)
+    master = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"],
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    master_id = procs.identify(master.pid)
+    assert master_id is not None
+    tag = os.getpid()
+    figures: dict[str, Any] = {"agents": agents}
+    try:
+        # -- ours ------------------------------------------------------------------------------------
+        ours_socket = f"pm-bench-fire-{tag}-ours"
+        store = MatrixStore(root / "state-ours")
+        dispatcher = Dispatcher(
+            store, load_settings(work, env), env=dict(env, PI_MATRIX_STATE_DIR=str(store.root))
+        )
+        planned: list[tuple[list[str], dict[str, str]]] = []
+        t0 = time.perf_counter()
+        for i in range(agents):
+            result = dispatcher.fire(
+                FireRequest(
+                    task=f"HANG bench agent {i}",
+                    profile="stand-in",
+                    path=str(work),
+                    socket=ours_socket,
+                    parent_pid=master.pid,
+                    parent_session="bench",
+                )
+            )
+            planned += [(list(p.argv), dict(p.env)) for p in result.planned]
+        fired = time.perf_counter()
+        _wait_up(store, agents)
+        up = time.perf_counter()
+        figures["ours_fire_s"] = fired - t0
+        figures["ours_up_s"] = up - t0
+        _stop_all(store, [])
+        _kill_server(ours_socket)
+
+        # -- baseline: the same argv and env, raw tmux calls ----------------------------------------
+        base_socket = f"pm-bench-fire-{tag}-base"
+        base_store = MatrixStore(root / "state-base")
+        t0 = time.perf_counter()
+        for i, (planned_argv, planned_env) in enumerate(planned):
+            # The same pane command, pointed at the baseline's own state dir.
+            argv = [str(base_store.root) if word == str(store.root) else word for word in planned_argv]
+            pane_env = dict(planned_env, PI_MATRIX_STATE_DIR=str(base_store.root))
+            command = ["tmux", "-L", base_socket]
+            command += ["new-window", "-d"] if i else ["new-session", "-d", "-s", "bench"]
+            for key, value in pane_env.items():
+                command += ["-e", f"{key}={value}"]
+            subprocess.run([*command, "--", *argv], check=True, env=env, cwd=work, timeout=30)
+        fired = time.perf_counter()
+        _wait_up(base_store, agents)
+        up = time.perf_counter()
+        figures["base_fire_s"] = fired - t0
+        figures["base_up_s"] = up - t0
+        _stop_all(base_store, [])
+        _kill_server(base_socket)
+    finally:
+        procs.send_signal(master_id, signal.SIGKILL)
+        master.wait(timeout=10)
+    figures["ratio_up"] = figures["ours_up_s"] / figures["base_up_s"]
+    figures["ratio_launch_calls"] = figures["ours_fire_s"] / figures["base_fire_s"]
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="5 agents (a smoke run; numbers mean little)")
+    parser.add_argument("--agents", type=int, default=None)
+    args = parser.parse_args()
+    if shutil.which("tmux") is None:
+        print("bench_fire: tmux is not installed", file=sys.stderr)
+        return 2
+    agents = args.agents or (5 if args.quick else 20)
+    with tempfile.TemporaryDirectory(prefix="pi-matrix-bench-fire-") as tmp:
+        figures = run(agents, Path(tmp))
+    rows = [
+        (
+            "fire N agents until all are up",
+            figures["ours_up_s"],
+            figures["base_up_s"],
+            figures["ratio_up"],
+            "<= 1.5",
+        ),
+        (
+            "the launch calls alone",
+            figures["ours_fire_s"],
+            figures["base_fire_s"],
+            figures["ratio_launch_calls"],
+            "-",
+        ),
+    ]
+    print(
+        f"bench_fire ({'quick' if args.quick else 'full'}): {agents} stand-in agents, {os.cpu_count()} CPUs"
+    )
+    print(f"{'figure':<32}  {'ours':>9}  {'raw tmux':>9}  {'ratio':>6}  goal    met")
+    for name, ours, base, ratio, goal in rows:
+        met = "-" if goal == "-" else ("yes" if ratio <= 1.5 else "NO")
+        print(f"{name:<32}  {ours:>8.2f}s  {base:>8.2f}s  {ratio:>6.2f}  {goal:<6}  {met}")
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / "bench_fire.json"
+    out.write_text(json.dumps(figures, indent=2) + "\n")
+    print(f"written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""Lanes: one git worktree per lane, ``<repo>/.worktrees/<name>`` on branch ``pi-matrix/<name>``.
+
+The repo is always the *main* working tree of the repository that holds the given path (found from
+``git rev-parse --git-common-dir`` and ``git worktree list``), so a lane asked for from inside
+another lane lands beside it rather than nested in it. Creating and reusing a lane happens under an
+exclusive ``flock`` on ``<git common dir>/pi-matrix-lanes.lock``: two dispatchers racing for the
+same new lane end with one worktree, one of them ``created``, the other reusing it.
+
+Every git call is an argv list run with ``git -C <dir>``, a timeout, no terminal prompt, and without
+the ``GIT_DIR``-style variables a caller (a git hook, say) may have set, which would point git at
+another repository.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Final
+
+import attrs
+
+from ..errors import InvalidId, LaneError
+from ..identity import ID_PATTERN, validate_id
+
+__all__ = ["BRANCH_PREFIX", "LANES_DIR", "Lane", "ensure_lane", "lane_path", "list_lanes"]
+
+LANES_DIR: Final = ".worktrees"
+BRANCH_PREFIX: Final = "pi-matrix/"
+EXCLUDE_LINE: Final = ".worktrees/"
+LOCK_NAME: Final = "pi-matrix-lanes.lock"
+QUERY_TIMEOUT_S: Final = 30.0
+# A checkout of a large tree (and its post-checkout hook) can take a while.
+ADD_TIMEOUT_S: Final = 300.0
+LOCK_TIMEOUT_S: Final = 330.0
+
+# Repository-selecting variables: inherited from a hook or a wrapper they would silently aim every
+# call at some other repository or index.
+_GIT_LOCATION_ENV: Final = (
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_COMMON_DIR",
+    "GIT_INDEX_FILE",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+    "GIT_NAMESPACE",
+    "GIT_PREFIX",
+)
+
+
+@attrs.frozen
+class Lane:
+    """A lane's worktree. ``created`` is True only for the call that made the worktree."""
+
+    name: str
+    repo: str  # the main working tree (absolute, symlinks resolved)
+    worktree: str  # <repo>/.worktrees/<name>
+    branch: str  # pi-matrix/<name>; for list_lanes, whatever the worktree has checked out ("" if detached)
+    created: bool
+
+
+@attrs.frozen
+class _Repo:
+    toplevel: str
+    common_dir: str
+
+
+@attrs.frozen
+class _Worktree:
+    path: str
+    branch: str | None  # refs/heads/... or None when detached
+    prunable: bool
+    bare: bool
+
+
+def _git(cwd: str, *args: str, timeout: float = QUERY_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCATION_ENV}
+    env["GIT_TERMINAL_PROMPT"] = "0"
+    try:
+        return subprocess.run(
+            ["git", "-C", cwd, *args],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            env=env,
+            timeout=timeout,
+            check=False,
+        )
+    except FileNotFoundError:
+        raise LaneError("git is not installed (not on PATH); install git to use lanes") from None
+    except subprocess.TimeoutExpired:
+        raise LaneError(f"{cwd}: git {args[0]} did not finish within {timeout:g}s; retry") from None
+
+
+def _said(done: subprocess.CompletedProcess[str]) -> str:
+    text = " ".join(done.stderr.split()) or f"exit status {done.returncode}"
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def _lane_name(name: object) -> str:
+    try:
+        return validate_id(name, "lane")
+    except InvalidId as exc:
+        raise LaneError(str(exc)) from None
+
+
+def _repo(path: str | Path) -> _Repo:
+    """The repository holding ``path``: its main working tree and its git common dir."""
+    where = os.path.abspath(os.fspath(path))
+    if not os.path.isdir(where):
+        raise LaneError(f"{where}: not a directory; lanes are made from inside a git repository")
+    done = _git(where, "rev-parse", "--path-format=absolute", "--git-common-dir")
+    if done.returncode != 0:
+        raise LaneError(
+            f"{where}: not inside a git repository ({_said(done)}); "
+            "run from a repository, or 'git init' and commit there first, or launch without --lane"
+        )
+    common = os.path.realpath(done.stdout.strip())
+    main = _worktrees(common)[0]
+    if main.bare:
+        raise LaneError(
+            f"{common}: a bare repository has no main working tree to put .worktrees/ in; "
+            "use a lane from a non-bare clone"
+        )
+    return _Repo(os.path.realpath(main.path), common)
+
+
+def _worktrees(cwd: str) -> list[_Worktree]:
+    """``git worktree list`` (the main working tree first)."""
+    done = _git(cwd, "worktree", "list", "--porcelain", "-z")
+    if done.returncode != 0:
+        raise LaneError(f"{cwd}: git worktree list failed ({_said(done)}); check the repository")
+    found: list[_Worktree] = []
+    fields: dict[str, str] = {}
+    # Records are NUL-terminated attribute lines, with an empty line (a lone NUL) after each.
+    for item in [*done.stdout.split("\0"), ""]:
+        if item:
+            key, _, value = item.partition(" ")
+            fields[key] = value
+            continue
+        if "worktree" in fields:
+            found.append(
+                _Worktree(
+                    path=fields["worktree"],
+                    branch=fields.get("branch"),
+                    prunable="prunable" in fields,
+                    bare="bare" in fields,
+                )
+            )
+        fields = {}
+    if not found:
+        raise LaneError(f"{cwd}: git worktree list named no working tree; check the repository")
+    return found
+
+
+def _lane_paths(repo: _Repo, name: str) -> tuple[str, str]:
+    return os.path.join(repo.toplevel, LANES_DIR, name), f"{BRANCH_PREFIX}{name}"
+
+
+def lane_path(path: str | Path, name: str) -> str:
+    """Where lane ``name`` of the repository holding ``path`` lives (nothing is created)."""
+    name = _lane_name(name)
+    return _lane_paths(_repo(path), name)[0]
+
+
+def ensure_lane(path: str | Path, name: str) -> Lane:
+    """Create lane ``name`` from HEAD, or reuse it if its worktree is already on its branch.
+
+    An existing branch ``pi-matrix/<name>`` without a worktree is checked out as is (its commits
+    are kept). Raises :class:`LaneError` naming the lane and the fix for anything else.
+    """
+    name = _lane_name(name)
+    repo = _repo(path)
+    worktree, branch = _lane_paths(repo, name)
+    check = _git(repo.toplevel, "check-ref-format", "--branch", branch)
+    if check.returncode != 0:
+        raise LaneError(f"lane {name!r}: {branch!r} is not a valid git branch name; pick another lane name")
+    with _locked(repo.common_dir):
+        _exclude(repo.common_dir)
+        reused = _existing(repo, name, worktree, branch)
+        if reused is not None:
+            return reused
+        head = _git(repo.toplevel, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
+        if head.returncode != 0:
+            raise LaneError(
+                f"{repo.toplevel}: the repository has no commit yet, and lane {name!r} branches from "
+                "HEAD; make a first commit"
+            )
+        lanes_dir = os.path.join(repo.toplevel, LANES_DIR)
+        if os.path.lexists(lanes_dir) and (os.path.islink(lanes_dir) or not os.path.isdir(lanes_dir)):
+            raise LaneError(
+                f"{lanes_dir}: is not a plain directory (a symlink or a file); "
+                f"move it away so lanes stay inside {repo.toplevel}"
+            )
+        has_branch = _git(repo.toplevel, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}")
+        if has_branch.returncode == 0:
+            args = ["worktree", "add", worktree, branch]
+        else:
+            args = ["worktree", "add", "-b", branch, worktree, head.stdout.strip()]
+        done = _git(repo.toplevel, *args, timeout=ADD_TIMEOUT_S)
+        if done.returncode != 0:
+            raise LaneError(
+                f"lane {name!r}: git worktree add {worktree} failed ({_said(done)}); "
+                f"fix the cause, then 'git worktree prune' in {repo.toplevel} and retry"
+            )
+        return Lane(name=name, repo=repo.toplevel, worktree=worktree, branch=branch, created=True)
+
+
+def _existing(repo: _Repo, name: str, worktree: str, branch: str) -> Lane | None:
+    """The lane if its worktree exists on its branch; None if there is none (stale entries pruned)."""
+    target = os.path.realpath(worktree)
+    for entry in _worktrees(repo.toplevel):
+        if os.path.realpath(entry.path) != target:
+            continue
+        if entry.prunable or not os.path.isdir(worktree):
+            # Registered, but its directory is gone: drop the record so it can be added again.
+            _git(repo.toplevel, "worktree", "prune")
+            break
+        if entry.branch != f"refs/heads/{branch}":
+            found = entry.branch.removeprefix("refs/heads/") if entry.branch else "a detached HEAD"
+            raise LaneError(
+                f"lane {name!r}: {worktree} is a worktree on {found}, not on {branch}; "
+                f"switch it back ('git -C {worktree} switch {branch}') or pick another lane name"
+            )
+        return Lane(name=name, repo=repo.toplevel, worktree=worktree, branch=branch, created=False)
+    if os.path.lexists(worktree):
+        raise LaneError(
+            f"lane {name!r}: {worktree} exists but is not a worktree of {repo.toplevel}; "
+            "move it away or pick another lane name"
+        )
+    return None
+
+
+def list_lanes(path: str | Path) -> list[Lane]:
+    """The lanes (worktrees directly under ``.worktrees/``) of the repository holding ``path``."""
+    repo = _repo(path)
+    lanes_dir = os.path.join(repo.toplevel, LANES_DIR)
+    lanes: list[Lane] = []
+    for entry in _worktrees(repo.toplevel):
+        where = os.path.realpath(entry.path)
+        name = os.path.basename(where)
+        if os.path.dirname(where) != lanes_dir or ID_PATTERN.fullmatch(name) is None:
+            continue
+        branch = entry.branch.removeprefix("refs/heads/") if entry.branch else ""
+        lanes.append(Lane(name=name, repo=repo.toplevel, worktree=where, branch=branch, created=False))
+    return sorted(lanes, key=lambda lane: lane.name)
+
+
+def _exclude(common_dir: str) -> None:
+    """Add ``.worktrees/`` to ``info/exclude`` once, so lanes never show in ``git status``."""
+    info = os.path.join(common_dir, "info")
+    os.makedirs(info, exist_ok=True)
+    path = os.path.join(info, "exclude")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        text = ""
+    if any(line.strip() in (EXCLUDE_LINE, f"/{EXCLUDE_LINE}") for line in text.splitlines()):
+        return
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(("" if not text or text.endswith("\n") else "\n") + EXCLUDE_LINE + "\n")
+
+
+@contextlib.contextmanager
+def _locked(common_dir: str) -> Iterator[None]:
+    """The repository's lane lock (``flock``; released by the kernel if the holder dies)."""
+    path = os.path.join(common_dir, LOCK_NAME)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise LaneError(
+            f"{path}: cannot open the lane lock ({exc.strerror}); check its permissions"
+        ) from None
+    try:
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise LaneError(f"{path}: cannot lock ({exc.strerror}); use a local filesystem") from None
+            if time.monotonic() >= deadline:
+                raise LaneError(
+                    f"{path}: another pi-matrix held the lane lock for {LOCK_TIMEOUT_S:g}s; "
+                    "retry, or find the process holding it (fuser)"
+                )
+            time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)

@@ -1,0 +1,453 @@
+"""The one place that talks to tmux: launch an argv into a detached window, list, tag, pipe, capture.
+
+Every call is ``tmux -L <socket> <command> <args...>`` run as an argv list (never a shell string,
+never ``send-keys``), with a timeout, with ``tmux`` looked up on ``PATH`` at call time. tmux itself
+still re-reads its argv, and three of its rules would otherwise change what we pass:
+
+- a word that ends in ``;`` ends the tmux command (the rest of the words would run as another tmux
+  command): every word we pass has a final ``;`` escaped as ``\\;``, which tmux turns back into ``;``;
+- ``-n`` (window name), ``-c`` (start directory) and the ``pipe-pane`` command are format-expanded:
+  ``#`` is doubled there, so ``#{...}`` arrives literally;
+- a single-word pane command runs through ``sh -c``: :meth:`TmuxServer.launch` requires >= 2 words.
+
+Pane tags are tmux user options named ``@pi_matrix_<name>`` set on the pane (``set-option -p``).
+:meth:`TmuxServer.launch` takes tag names with or without the ``@``; :attr:`Pane.tags` always spells
+them with it, exactly as tmux does (``#{@pi_matrix_key}``). The names a launch set are also listed
+in the pane option ``@pi_matrix_tags``, so :meth:`TmuxServer.panes` reads every pane's tags in two
+``list-panes`` calls whatever the number of panes.
+
+Unreachable is not absent: when no server answers, every query raises :class:`TmuxUnavailable`
+(which never proves an agent dead); ``[]`` and ``None`` mean the server answered.
+
+libtmux is not used to run commands: its ``tmux_cmd`` has no timeout (a wedged server would hang
+the dispatcher) and no way to keep variables out of a server it starts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+import attrs
+
+from ..errors import ContractError, DispatchError, TmuxUnavailable
+
+__all__ = ["TAG_PREFIX", "Pane", "TmuxServer"]
+
+TAG_PREFIX: Final = "@pi_matrix_"
+# Lists the tag names a launch set (space separated, each with its "@"); not itself a tag.
+_TAG_INDEX: Final = "@pi_matrix_tags"
+_TAG_NAME: Final = re.compile(r"@pi_matrix_[A-Za-z0-9_]{1,64}")
+_SESSION: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+_PANE_ID: Final = re.compile(r"%[0-9]+")
+_ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+_MAX_TAG_VALUE: Final = 1024
+DEFAULT_TIMEOUT_S: Final = 10.0
+
+# Tab-separated; tmux escapes tabs and newlines in session and window names, and the window name
+# goes last so nothing it holds can shift the fields before it.
+_FIELDS: Final = (
+    "#{pane_id}",
+    "#{pane_pid}",
+    "#{window_id}",
+    "#{pane_dead}",
+    "#{session_name}",
+    f"#{{{_TAG_INDEX}}}",
+    "#{window_name}",
+)
+_FORMAT: Final = "\t".join(_FIELDS)
+
+
+@attrs.frozen
+class Pane:
+    """One tmux pane as the server reported it.
+
+    ``pane_id`` (``%3``) is the machine target: unique for the server's lifetime. ``tags`` holds the
+    pane's ``@pi_matrix_*`` options as ``(name with "@", value)`` pairs sorted by name.
+    """
+
+    pane_id: str
+    pane_pid: int
+    window_id: str
+    session: str
+    window_name: str
+    dead: bool
+    tags: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def target(self) -> str:
+        """For humans: ``session:window (pane id)``; give tmux :attr:`pane_id` itself."""
+        return f"{self.session}:{self.window_name} ({self.pane_id})"
+
+    def tag(self, name: str) -> str | None:
+        """The value of tag ``name`` (``"@pi_matrix_key"`` or ``"pi_matrix_key"``), or None."""
+        wanted = name if name.startswith("@") else f"@{name}"
+        return dict(self.tags).get(wanted)
+
+
+class _Then:
+    """The ``;`` between two tmux commands of one call (a plain ``";"`` word is escaped)."""
+
+
+THEN: Final = _Then()
+
+
+@attrs.frozen
+class _Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def error(self) -> str:
+        return self.stderr.strip() or f"exit status {self.returncode}"
+
+
+def _word(value: str) -> str:
+    """Escape a final ``;`` so tmux keeps the word instead of ending its command there."""
+    return value[:-1] + "\\;" if value.endswith(";") else value
+
+
+def _literal(value: str) -> str:
+    """A value tmux format-expands, made to expand to itself."""
+    return value.replace("#", "##")
+
+
+def _tag_name(name: object) -> str:
+    full = name if isinstance(name, str) and name.startswith("@") else f"@{name}"
+    if not isinstance(name, str) or _TAG_NAME.fullmatch(full) is None or full == _TAG_INDEX:
+        raise ContractError(
+            "tags",
+            f"{name!r} is not a pane tag name",
+            "use @pi_matrix_<letters, digits, _> (the '@' may be left out); @pi_matrix_tags is reserved",
+        )
+    return full
+
+
+def _check_pane_id(pane_id: object) -> str:
+    if not isinstance(pane_id, str) or _PANE_ID.fullmatch(pane_id) is None:
+        raise ContractError("pane", f"{pane_id!r} is not a tmux pane id", "pass an id like %3")
+    return pane_id
+
+
+class TmuxServer:
+    """One tmux server, named by its socket (``tmux -L <socket>``).
+
+    ``scrub_env`` names variables that must never reach a pane from the environment of whoever
+    started the server (tmux copies its starter's environment into its global environment): they
+    are kept out of every tmux process this object starts, and removed from a running server's
+    global environment before each launch. A launch that passes one of them in ``env`` still sets it.
+    """
+
+    def __init__(
+        self, socket: str, *, scrub_env: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT_S
+    ) -> None:
+        if not isinstance(socket, str) or _SESSION.fullmatch(socket) is None:
+            raise ContractError(
+                "socket",
+                f"{socket!r} is not a tmux socket name",
+                "use 1-128 characters from A-Z a-z 0-9 _ - starting with a letter or digit",
+            )
+        for name in scrub_env:
+            if _ENV_NAME.fullmatch(name) is None:
+                raise ContractError("scrub_env", f"{name!r} is not a variable name", "pass names like PI_X")
+        self.socket = socket
+        self.scrub_env: tuple[str, ...] = tuple(scrub_env)
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"TmuxServer({self.socket!r})"
+
+    # --- running tmux -----------------------------------------------------------------------------
+    def _run(self, *args: str | _Then) -> _Result:
+        """``tmux -L socket args...``; raises :class:`TmuxUnavailable` only if tmux cannot run."""
+        env = {k: v for k, v in os.environ.items() if k not in self.scrub_env}
+        # Resolved per call, so a PATH change (or a tmux installed later) takes effect at once.
+        binary = shutil.which("tmux", path=env.get("PATH", os.defpath))
+        if binary is None:
+            raise TmuxUnavailable(self.socket, "tmux is not installed (not on PATH); install tmux")
+        argv = [binary, "-L", self.socket, *(";" if arg is THEN else _word(str(arg)) for arg in args)]
+        try:
+            done = subprocess.run(
+                argv,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                env=env,
+                timeout=self.timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise TmuxUnavailable(
+                self.socket, f"tmux {args[0]!s} did not answer within {self.timeout:g}s"
+            ) from None
+        except OSError as exc:
+            raise TmuxUnavailable(self.socket, f"cannot run {binary}: {exc.strerror}") from None
+        return _Result(
+            done.returncode,
+            done.stdout.decode("utf-8", "replace"),
+            done.stderr.decode("utf-8", "replace"),
+        )
+
+    def _failed(self, result: _Result, what: str) -> TmuxUnavailable | DispatchError:
+        """The error for a failed command: unreachable if no server answers now, else what tmux said.
+
+        Asking again (instead of matching tmux's wording) keeps this right across tmux versions."""
+        if not self.reachable():
+            return TmuxUnavailable(self.socket, result.error)
+        return DispatchError(f"tmux {what} on socket {self.socket!r} failed: {result.error}")
+
+    # --- queries ----------------------------------------------------------------------------------
+    def reachable(self) -> bool:
+        """True if a tmux server answers on this socket (starts none)."""
+        try:
+            return self._run("list-sessions", "-F", "#{session_id}").returncode == 0
+        except TmuxUnavailable:
+            return False
+
+    def has_session(self, name: str) -> bool:
+        """True if a session named exactly ``name`` exists; :class:`TmuxUnavailable` if no server."""
+        result = self._run("has-session", "-t", f"={_check_session(name)}")
+        if result.returncode == 0:
+            return True
+        if not self.reachable():
+            raise TmuxUnavailable(self.socket, result.error)
+        return False
+
+    def panes(self) -> list[Pane]:
+        """Every pane on the server with its tags; ``[]`` if it answers with none."""
+        result = self._run("list-panes", "-a", "-F", _FORMAT)
+        if result.returncode != 0:
+            failure = self._failed(result, "list-panes")
+            # A server kept up without sessions has no "current target" for list-panes -a.
+            if isinstance(failure, DispatchError) and not self._run("list-sessions").stdout.strip():
+                return []
+            raise failure
+        rows = [_parse_row(line) for line in result.stdout.splitlines() if line]
+        names = sorted({name for _pane, index in rows for name in index})
+        values = self._tag_values(names) if names else {}
+        found: list[Pane] = []
+        for pane, index in rows:
+            # A pane that went away between the two calls keeps no tags (it is gone anyway).
+            held = values.get(pane.pane_id, {})
+            found.append(attrs.evolve(pane, tags=tuple((n, held[n]) for n in sorted(index) if n in held)))
+        return found
+
+    def _tag_values(self, names: Sequence[str]) -> dict[str, dict[str, str]]:
+        """``{pane_id: {tag: value}}`` for the non-empty ``names`` of every pane."""
+        fmt = "\t".join(["#{pane_id}", *(f"#{{{name}}}" for name in names)])
+        result = self._run("list-panes", "-a", "-F", fmt)
+        if result.returncode != 0:
+            raise self._failed(result, "list-panes")
+        found: dict[str, dict[str, str]] = {}
+        for line in result.stdout.splitlines():
+            pane_id, *values = line.split("\t")
+            # A tag set by hand may hold a tab: keep what lines up rather than fail the whole listing.
+            found[pane_id] = {n: v for n, v in zip(names, values, strict=False) if v}
+        return found
+
+    def pane(self, pane_id: str) -> Pane | None:
+        """The pane ``pane_id``, or None if the server answers without it."""
+        _check_pane_id(pane_id)
+        return next((pane for pane in self.panes() if pane.pane_id == pane_id), None)
+
+    def capture(self, pane_id: str, *, history: bool = True) -> str:
+        """The pane's text, wrapped lines joined (``-J``); with ``history`` from its first line."""
+        args = ["capture-pane", "-p", "-J", "-t", _check_pane_id(pane_id)]
+        if history:
+            args += ["-S", "-"]
+        result = self._run(*args)
+        if result.returncode != 0:
+            raise self._failed(result, f"capture-pane of {pane_id}")
+        return result.stdout
+
+    # --- changes ----------------------------------------------------------------------------------
+    def launch(
+        self,
+        argv: Sequence[str],
+        *,
+        session: str,
+        window_name: str,
+        cwd: str,
+        env: Mapping[str, str],
+        tags: Mapping[str, str],
+    ) -> Pane:
+        """Run ``argv`` as the command of a new detached window (the session is made if missing).
+
+        The pane's process *is* ``argv`` (tmux execs it: no shell, nothing typed). Every ``env`` item
+        is set with ``-e``; ``remain-on-exit`` is turned off for the window (a tmux.conf may turn it
+        on), then the pane is tagged. Raises :class:`TmuxUnavailable` if tmux cannot run or start.
+        """
+        words = _check_argv(argv)
+        _check_session(session)
+        if not isinstance(window_name, str) or not window_name or _CONTROL.search(window_name):
+            raise ContractError(
+                "window_name", f"{window_name!r} is not a window name", "use printable characters"
+            )
+        if not isinstance(cwd, str) or not os.path.isabs(cwd) or not os.path.isdir(cwd):
+            # tmux would silently start the pane in $HOME instead.
+            raise ContractError("cwd", f"{cwd!r} is not an existing absolute directory", "pass one")
+        env_args: list[str] = []
+        for key, value in env.items():
+            if _ENV_NAME.fullmatch(key) is None or "\0" in value:
+                raise ContractError("env", f"{key!r} is not a settable variable", "use names like PI_X")
+            env_args += ["-e", f"{key}={value}"]
+        tag_items = _check_tags(tags)
+
+        self._scrub(env, session)
+        spec = ["-d", "-n", _literal(window_name), "-c", _literal(cwd), *env_args, "-P", "-F", _FORMAT]
+        tail = ["--", *words]
+        result = self._run("new-window", "-t", f"={session}:", *spec, *tail)
+        if result.returncode != 0 and not self._has_session_quiet(session):
+            result = self._run("new-session", "-s", session, *spec, *tail)
+            if result.returncode != 0 and self._has_session_quiet(session):
+                # Another launch made the session between our check and our new-session.
+                result = self._run("new-window", "-t", f"={session}:", *spec, *tail)
+            if result.returncode != 0 and not self.reachable():
+                raise TmuxUnavailable(self.socket, f"cannot start a tmux server: {result.error}")
+            # A server this call started copied our (scrubbed) environment; a racing starter's
+            # may not have, so scrub again for the next launch.
+            self._scrub(env, session)
+        if result.returncode != 0:
+            raise self._failed(result, f"new-window in session {session!r}")
+        lines = [line for line in result.stdout.splitlines() if line]
+        if len(lines) != 1:
+            raise DispatchError(f"tmux on socket {self.socket!r} reported {result.stdout!r} for a new window")
+        pane, _index = _parse_row(lines[0])
+        self._configure(pane, tag_items)
+        return attrs.evolve(pane, tags=tag_items)
+
+    def _configure(self, pane: Pane, tags: tuple[tuple[str, str], ...]) -> None:
+        """remain-on-exit off and the tags, in one tmux call (``;`` separates the commands)."""
+        args: list[str | _Then] = ["set-option", "-w", "-t", pane.window_id, "remain-on-exit", "off"]
+        if tags:
+            index = " ".join(name for name, _ in tags)
+            args += [THEN, "set-option", "-p", "-t", pane.pane_id, _TAG_INDEX, index]
+        for name, value in tags:
+            args += [THEN, "set-option", "-p", "-t", pane.pane_id, name, value]
+        result = self._run(*args)
+        if result.returncode == 0:
+            return
+        try:
+            still_there = self.pane(pane.pane_id) is not None
+        except TmuxUnavailable:
+            # It was the server's last pane: an argv that already finished took the server along.
+            return
+        # An argv that already finished took its pane with it: nothing is left to configure.
+        if still_there:
+            raise self._failed(result, f"set-option on {pane.pane_id}")
+
+    def _scrub(self, env: Mapping[str, str], session: str) -> None:
+        """Remove the scrubbed names from a running server's global and session environments.
+
+        With no server yet this does nothing: the one the launch starts inherits our environment,
+        which :meth:`_run` already scrubbed. The session's own unsets go last: when the session
+        does not exist they fail, and tmux skips the rest of the call."""
+        names = [name for name in self.scrub_env if name not in env]
+        args: list[str | _Then] = []
+        for scope in (["-g"], ["-t", f"={session}"]):
+            for name in names:
+                args += [*([THEN] if args else []), "set-environment", *scope, "-u", name]
+        if args:
+            self._run(*args)
+
+    def _has_session_quiet(self, name: str) -> bool:
+        try:
+            return self.has_session(name)
+        except TmuxUnavailable:
+            return False
+
+    def pipe_pane(self, pane_id: str, command: Sequence[str]) -> None:
+        """Send the pane's output to ``command``'s stdin, replacing any previous pipe.
+
+        tmux runs a pipe command through ``/bin/sh -c``: the words are quoted with
+        :func:`shlex.join` (and ``#`` doubled, the command is format-expanded)."""
+        words = [str(word) for word in command]
+        if not words or any("\0" in word for word in words):
+            raise ContractError("command", f"{command!r} is not a pipe command", "pass a non-empty argv")
+        line = _literal(shlex.join(words))
+        result = self._run("pipe-pane", "-O", "-t", _check_pane_id(pane_id), line)
+        if result.returncode != 0:
+            raise self._failed(result, f"pipe-pane of {pane_id}")
+
+    def kill_pane(self, pane_id: str) -> bool:
+        """Kill the pane; True if it was there, False if the server answers without it."""
+        result = self._run("kill-pane", "-t", _check_pane_id(pane_id))
+        if result.returncode == 0:
+            return True
+        if self.pane(pane_id) is None:  # raises TmuxUnavailable when no server answers
+            return False
+        raise DispatchError(f"tmux kill-pane {pane_id} on socket {self.socket!r} failed: {result.error}")
+
+    def kill_server(self) -> None:
+        """Kill this socket's server and every pane in it; nothing if none runs."""
+        try:
+            self._run("kill-server")
+        except TmuxUnavailable:
+            return
+
+
+def _check_session(name: object) -> str:
+    # tmux rewrites '.' and ':' in session names, and a target prefix-matches unless '='-anchored.
+    if not isinstance(name, str) or _SESSION.fullmatch(name) is None:
+        raise ContractError(
+            "session",
+            f"{name!r} is not a tmux session name",
+            "use 1-128 characters from A-Z a-z 0-9 _ - starting with a letter or digit",
+        )
+    return name
+
+
+def _check_argv(argv: Sequence[str]) -> list[str]:
+    words = list(argv) if not isinstance(argv, str) else []
+    if len(words) < 2 or not all(isinstance(word, str) for word in words):
+        raise ValueError(
+            f"launch argv {argv!r}: give a list of at least 2 words "
+            "(tmux runs a single-word command through sh -c)"
+        )
+    if any("\0" in word for word in words):
+        raise ValueError(f"launch argv {argv!r}: a word contains NUL, which no argv can carry")
+    return words
+
+
+def _check_tags(tags: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    items: dict[str, str] = {}
+    for raw, value in tags.items():
+        name = _tag_name(raw)
+        if not isinstance(value, str) or len(value) > _MAX_TAG_VALUE or _CONTROL.search(value):
+            raise ContractError(
+                "tags",
+                f"{name} value {value!r} is not a tag value",
+                f"use up to {_MAX_TAG_VALUE} printable characters",
+            )
+        if name in items:
+            raise ContractError("tags", f"{name} given twice", "give each tag once")
+        items[name] = value
+    return tuple(sorted(items.items()))
+
+
+def _parse_row(line: str) -> tuple[Pane, tuple[str, ...]]:
+    """A pane row of :data:`_FORMAT` and the tag names its index lists."""
+    fields = line.split("\t", len(_FIELDS) - 1)
+    if len(fields) != len(_FIELDS):
+        raise DispatchError(f"tmux reported an unreadable pane row {line!r}; is tmux >= 3.0?")
+    pane_id, pid, window_id, dead, session, index, window_name = fields
+    try:
+        pane_pid = int(pid)
+    except ValueError:
+        raise DispatchError(f"tmux reported pane {pane_id} with pid {pid!r}") from None
+    names = tuple(name for name in index.split() if _TAG_NAME.fullmatch(name) and name != _TAG_INDEX)
+    pane = Pane(
+        pane_id=pane_id,
+        pane_pid=pane_pid,
+        window_id=window_id,
+        session=session,
+        window_name=window_name,
+        dead=dead == "1",
+    )
+    return pane, names
