@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import attrs
 import pytest
 from conftest import kill_tmux_server
 
@@ -373,3 +374,158 @@ def test_the_subprocess_backend_fires_watches_and_times_out_without_tmux(sublab:
     views = {v["jobId"]: v for v in sublab.dispatcher().reconcile()}
     assert views[done.job.id]["agents"][0]["tmux"] == "n/a"
     assert views[hung.job.id]["agents"][0]["result"]["kind"] == "timeout"
+
+
+# === jobs: follow-up, stop, dismiss ==============================================================
+@pytest.mark.parametrize("backend", ["tmux", "subprocess"])
+def test_a_followup_rearms_a_fresh_marker_round_with_one_result_each(lab: Lab, backend: str) -> None:
+    lab.start_master()
+    fired = lab.fire("first part", backend=backend)
+    (agent,) = fired.job.agents
+    first = wait_for("round 1", lambda: lab.result(fired.job.id, agent.agent_id, 1))
+    assert first.kind is ResultKind.DONE
+
+    job = lab.dispatcher().followup(fired.job.id, "second part")
+    (rearmed,) = job.agents
+    assert rearmed.round == 2 and rearmed.nonce != agent.nonce
+    assert rearmed.profile == agent.profile  # the same authority; only the instructions changed
+    second = wait_for("round 2", lambda: lab.result(fired.job.id, agent.agent_id, 2))
+    assert second.kind is ResultKind.DONE
+    assert lab.result(fired.job.id, agent.agent_id, 1) == first  # never rewritten
+
+
+def test_stop_previews_without_the_word_and_stops_with_it(lab: Lab) -> None:
+    lab.start_master()
+    fired = lab.fire("HANG until stopped")
+    (agent,) = fired.job.agents
+    entry = lab.worker(agent.key)
+    base = [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(lab.state), "stop", fired.job.id]
+    preview = subprocess.run(base, capture_output=True, text=True, env=lab.env, timeout=30, check=False)
+    assert preview.returncode == 2
+    assert "yes-tmux-stop" in preview.stderr and agent.agent_id in preview.stdout
+    assert procs.is_alive(entry.process)
+    assert lab.result(fired.job.id, agent.agent_id) is None
+
+    done = subprocess.run(
+        [*base, "--confirm", "yes-tmux-stop"],
+        capture_output=True,
+        text=True,
+        env=lab.env,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert lab.result(fired.job.id, agent.agent_id).kind is ResultKind.STOPPED
+    assert not procs.is_alive(entry.process) and not procs.is_alive(entry.child_process)
+    final = lab.store.get(agent.key)
+    assert final.exit is not None and final.exit.kind.value == "killed"
+
+
+def test_dismiss_refuses_a_working_job_and_stops_a_finished_ones_idle_agents(lab: Lab) -> None:
+    lab.start_master()
+    busy = lab.fire("HANG busy")
+    with pytest.raises(Exception, match="still has working agents"):
+        lab.dispatcher().dismiss(busy.job.id)
+    fired = lab.fire("quick one")
+    (agent,) = fired.job.agents
+    entry = lab.worker(agent.key)
+    wait_for("the result", lambda: lab.result(fired.job.id, agent.agent_id))
+    assert procs.is_alive(entry.process)  # an interactive agent waits for more work
+    lab.dispatcher().dismiss(fired.job.id)
+    wait_for("the idle agent stopped", lambda: not procs.is_alive(entry.process))
+    views = {v["jobId"]: v["state"] for v in lab.dispatcher().reconcile()}
+    assert views[fired.job.id] == "dismissed"
+
+
+# === lanes =======================================================================================
+def test_a_lane_runs_in_its_worktree_and_a_live_lane_is_not_fired_twice(lab: Lab) -> None:
+    git = ["git", "-C", str(lab.work), "-c", "user.name=t", "-c", "user.email=t@localhost"]
+    subprocess.run([*git, "init", "-q"], check=True, timeout=30)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "init"], check=True, timeout=30)
+    lab.start_master()
+    fired = lab.fire("HANG on a lane", lane="lane-1")
+    (agent,) = fired.job.agents
+    entry = lab.worker(agent.key)
+    worktree = os.path.realpath(lab.work / ".worktrees" / "lane-1")
+    assert entry.identity.worktree == worktree and entry.identity.lane == "lane-1"
+    assert os.path.realpath(f"/proc/{entry.child_pid}/cwd") == worktree
+    assert environ(entry.child_pid or 0)["PI_WORKTREE_LANE"] == "lane-1"
+    with pytest.raises(Exception, match="bound to live agent"):
+        lab.fire("HANG again", lane="lane-1")
+
+
+# === plugins and the off switch ==================================================================
+def test_a_plugin_adds_env_and_two_plugins_disagreeing_fail_the_launch(sublab: Lab) -> None:
+    from pi_tmux_matrix.dispatch.hookspecs import hookimpl
+    from pi_tmux_matrix.dispatch.plugins import plugin_manager
+
+    class Adds:
+        @hookimpl
+        def launch_env(self, launch: Any) -> dict[str, str]:
+            return {"TEAM_COLOUR": "teal", "AGENT_OF": launch.agent_id}
+
+    class Disagrees:
+        @hookimpl
+        def launch_env(self, launch: Any) -> dict[str, str]:
+            return {"TEAM_COLOUR": "red"}
+
+    sublab.start_master()
+    pm = plugin_manager(entry_points=False)
+    pm.register(Adds(), name="adds")
+    dispatcher = Dispatcher(sublab.store, load_settings(sublab.work, sublab.env), env=sublab.env, plugins=pm)
+    assert sublab.master is not None
+    request = FireRequest(
+        task="HANG plugin", profile="stand-in", path=str(sublab.work), backend="subprocess",
+        parent_pid=sublab.master.pid, parent_session="boss", dry_run=True,
+    )  # fmt: skip
+    (planned,) = dispatcher.fire(request).planned
+    assert planned.env["TEAM_COLOUR"] == "teal" and planned.env["AGENT_OF"] == planned.launch.agent_id
+    assert planned.env[ENV_PARENT_PID] == str(sublab.master.pid)  # the matrix plugin still there
+    pm.register(Disagrees(), name="disagrees")
+    with pytest.raises(Exception, match=r"'adds' and 'disagrees'|'disagrees' and 'adds'"):
+        dispatcher.fire(request)
+
+
+def test_with_the_matrix_off_the_dispatcher_launches_without_the_contract_and_writes_no_entry(
+    sublab: Lab,
+) -> None:
+    settings = {"processMatrix": {"enabled": False}}
+    (sublab.agent_dir / "settings.json").write_text(json.dumps(settings))
+    dispatcher = sublab.dispatcher()
+    fired = dispatcher.fire(
+        FireRequest(task="say hi", profile="stand-in", path=str(sublab.work), backend="subprocess")
+    )
+    (agent,) = fired.job.agents
+    assert agent.host is not None
+    sublab.started.append(agent.host)
+    (planned,) = fired.planned
+    assert ENV_PARENT_PID not in planned.env and ENV_ALLOWED_PATHS not in planned.env
+    result = wait_for("the DONE result", lambda: sublab.result(fired.job.id, agent.agent_id))
+    assert result.kind is ResultKind.DONE
+    assert sublab.store.list().entries == ()
+
+
+def test_a_lost_record_is_rebuilt_from_the_pane_tags_and_unknown_panes_are_listed(lab: Lab) -> None:
+    lab.start_master()
+    fired = lab.fire("HANG tagged")
+    (agent,) = fired.job.agents
+    lab.worker(agent.key)
+    jobs = JobStore(lab.store)
+    # A dispatcher that died right after starting the pane: the record never got the pane.
+    jobs.update(
+        fired.job.id,
+        lambda j: attrs.evolve(
+            j, agents=tuple(attrs.evolve(a, pane_id=None, host_pid=None, host_start=None) for a in j.agents)
+        ),
+    )
+    views = {v["jobId"]: v for v in lab.dispatcher().reconcile(sockets={lab.socket})}
+    (rebuilt,) = views[fired.job.id]["agents"]
+    assert rebuilt["paneId"] == agent.pane_id and rebuilt["hostPid"] == agent.host_pid
+    assert rebuilt["tmux"] == "ours" and rebuilt["hostAlive"] is True
+
+    # The record gone altogether: the pane is still found, by its tags, and killed by no one.
+    (lab.state / "jobs" / f"{fired.job.id}.json").unlink()
+    views = {v["jobId"]: v for v in lab.dispatcher().reconcile(sockets={lab.socket})}
+    assert views[fired.job.id]["state"] == "untracked"
+    assert views[fired.job.id]["agents"][0]["key"] == agent.key
+    assert procs.is_alive(lab.store.get(agent.key).process)

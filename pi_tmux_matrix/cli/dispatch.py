@@ -64,6 +64,11 @@ def register(sub: Any, epilog: str) -> None:
 
     jobs = sub.add_parser("jobs", help="dispatcher jobs, reconciled with tmux and process identity", **common)
     jobs.add_argument("--all", action="store_true", help="include dismissed jobs")
+    jobs.add_argument(
+        "--socket",
+        metavar="NAME",
+        help="also list panes tagged by a dispatcher on this socket with no job record",
+    )
     jobs.add_argument("--json", action="store_true")
     jobs.set_defaults(handler=cmd_jobs)
 
@@ -166,6 +171,13 @@ def _age(ms: int) -> str:
 
 
 def _print_job(io: Io, view: dict[str, Any]) -> None:
+    if view["state"] == "untracked":
+        for pane in view["agents"]:
+            io.out.write(
+                f"{view['jobId']}  untracked (no job record; from tmux tags)  {pane['key'] or '-'}  "
+                f"{pane['target']}  host pid {pane['hostPid']} ({'alive' if pane['hostAlive'] else 'gone'})\n"
+            )
+        return
     io.out.write(
         f"{view['jobId']}  {view['state']}  {view['team'] or view['profile']}  task {view['taskRef']}  "
         f"age {_age(view['createdAt'])}\n"
@@ -184,7 +196,7 @@ def _print_job(io: Io, view: dict[str, Any]) -> None:
 
 
 def cmd_jobs(args: argparse.Namespace, io: Io) -> int:
-    views = _dispatcher(args).reconcile()
+    views = _dispatcher(args).reconcile(sockets={args.socket or default_socket()})
     if not args.all:
         views = [v for v in views if v["state"] != "dismissed"]
     if args.json:

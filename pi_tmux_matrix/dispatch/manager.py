@@ -567,42 +567,93 @@ class Dispatcher:
             "agents": agents,
         }
 
-    def tmux_states(self, job: Job) -> dict[str, str]:
+    def _panes(self, socket: str, cache: dict[str, list[Any] | None]) -> list[Any] | None:
+        """The panes on ``socket`` (None: the server does not answer), asked once per command."""
+        if socket not in cache:
+            from .tmux import TmuxServer
+
+            try:
+                cache[socket] = TmuxServer(socket).panes()
+            except TmuxUnavailable:
+                cache[socket] = None
+        return cache[socket]
+
+    def tmux_states(self, job: Job, cache: dict[str, list[Any] | None] | None = None) -> dict[str, str]:
         """Tri-state per agent: ``unreachable`` (no tmux answer: proves nothing), ``gone`` (the
         server answers, the pane is not there), ``ours`` (the pane's process is the job's host),
         ``foreign`` (a pane with that id runs something else)."""
+        cache = {} if cache is None else cache
         states: dict[str, str] = {}
-        servers: dict[str, dict[str, Any] | None] = {}
         for agent in job.agents:
             if agent.backend != "tmux" or agent.socket is None:
                 states[agent.agent_id] = "n/a"
                 continue
-            if agent.socket not in servers:
-                from .tmux import TmuxServer
-
-                try:
-                    servers[agent.socket] = {p.pane_id: p for p in TmuxServer(agent.socket).panes()}
-                except TmuxUnavailable:
-                    servers[agent.socket] = None
-            panes = servers[agent.socket]
+            panes = self._panes(agent.socket, cache)
             if panes is None:
                 states[agent.agent_id] = "unreachable"
                 continue
-            pane = panes.get(agent.pane_id or "")
+            pane = next((p for p in panes if p.pane_id == agent.pane_id), None)
             if pane is None:
                 states[agent.agent_id] = "gone"
             else:
                 states[agent.agent_id] = "ours" if pane.pane_pid == agent.host_pid else "foreign"
         return states
 
-    def reconcile(self) -> list[dict[str, Any]]:
-        """On dispatcher start (``jobs``): mark unfinished jobs whose panes all vanished as
-        orphaned (never killing anything) and report every job's tri-state."""
+    def _rebuild_from_tags(self, job: Job, cache: dict[str, list[Any] | None]) -> Job:
+        """A dispatcher that died between starting a pane and recording it: the pane's tags
+        (``@pi_matrix_job``/``@pi_matrix_key``) say which agent it is, so the record is completed."""
+        missing = [a for a in job.agents if a.backend == "tmux" and a.pane_id is None and a.socket]
+        if not missing:
+            return job
+        found: dict[str, JobAgent] = {}
+        for agent in missing:
+            assert agent.socket is not None
+            for pane in self._panes(agent.socket, cache) or []:
+                if pane.tag("@pi_matrix_job") == job.id and pane.tag("@pi_matrix_key") == agent.key:
+                    host = procs.identify(pane.pane_pid)
+                    found[agent.agent_id] = attrs.evolve(
+                        agent, pane_id=pane.pane_id, target=f"{pane.session}:{pane.window_name}",
+                        host_pid=pane.pane_pid, host_start=host.start_ticks if host else None,
+                        boot_id=host.boot_id if host else None,
+                    )  # fmt: skip
+        if not found:
+            return job
+        return self.jobs.update(
+            job.id,
+            lambda j: attrs.evolve(
+                j, agents=tuple(found.get(a.agent_id, a) if a.pane_id is None else a for a in j.agents)
+            ),
+        )
+
+    def untracked(
+        self, sockets: set[str], known: set[str], cache: dict[str, list[Any] | None]
+    ) -> list[dict[str, Any]]:
+        """Panes tagged by a dispatcher whose job record is gone (a wiped or other state dir)."""
+        rows: list[dict[str, Any]] = []
+        for socket in sorted(sockets):
+            for pane in self._panes(socket, cache) or []:
+                job_id = pane.tag("@pi_matrix_job")
+                if job_id and job_id not in known:
+                    host = procs.identify(pane.pane_pid)
+                    rows.append(
+                        {
+                            "jobId": job_id, "key": pane.tag("@pi_matrix_key"), "socket": socket,
+                            "paneId": pane.pane_id, "target": pane.target, "hostPid": pane.pane_pid,
+                            "hostAlive": host is not None,
+                        }
+                    )  # fmt: skip
+        return rows
+
+    def reconcile(self, *, sockets: set[str] | None = None) -> list[dict[str, Any]]:
+        """On dispatcher start (``jobs``): complete records from pane tags, mark unfinished jobs
+        whose panes all vanished as orphaned (never killing anything), report every job's
+        tri-state; panes tagged with an unknown job are listed as ``untracked``."""
         jobs, _ = self.jobs.list_jobs()
+        cache: dict[str, list[Any] | None] = {}
         views = []
         for job in jobs:
-            states = self.tmux_states(job)
-            current = job
+            current = self._rebuild_from_tags(job, cache)
+            states = self.tmux_states(current, cache)
             view = self.view(current, tmux_state=states)
             unfinished = [a for a in view["agents"] if a["result"] is None]
             if (
@@ -615,6 +666,10 @@ class Dispatcher:
                 )
                 view = self.view(current, tmux_state=states)
             views.append(view)
+        if sockets:
+            known = {job.id for job in jobs} | {"resume"}
+            for row in self.untracked(sockets, known, cache):
+                views.append({"jobId": row["jobId"], "state": "untracked", "agents": [row]})
         return views
 
     def followup(self, job_id: str, text: str, agent_id: str | None = None) -> Job:

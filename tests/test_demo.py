@@ -1,0 +1,61 @@
+"""``pi-matrix demo`` end to end: under a minute, nothing left behind (issue 4)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import require_tmux
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            environ = (entry / "environ").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline or text in environ:
+            found.append(int(entry.name))
+    return found
+
+
+def test_the_demo_runs_end_to_end_in_under_a_minute_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    require_tmux()
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "demo"],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert elapsed < 60, f"the demo took {elapsed:.1f}s"
+
+    out = done.stdout
+    steps = [
+        "fire three stand-in agents on two lanes",
+        "kill -9 the master",
+        "a worker is lost too",
+        "recovers its exact orphans",
+    ]
+    positions = [out.index(step) for step in steps]
+    assert positions == sorted(positions)
+    assert out.count("resumable (parent_lost)") >= 3
+    assert "lane lane-a" in out and "lane lane-b" in out
+    assert re.search(r"same key, same session file .+, new host pid \d+ \(was \d+\)", out)
+    socket = re.search(r"tmux -L (pi-matrix-demo-\d+)", out)
+    assert socket is not None
+
+    # Nothing left: no tmux server on its socket, no process of its scratch folder, no folder.
+    probe = subprocess.run(["tmux", "-L", socket.group(1), "ls"], capture_output=True, text=True, check=False)
+    assert probe.returncode != 0
+    assert _processes_mentioning(str(tmp_path)) == []
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("pi-matrix-demo-")] == []
