@@ -46,7 +46,9 @@ def kill_tmux_server(socket: str) -> None:
     """Kill the tmux server on ``socket`` (one this test run started; never anyone else's)."""
     if shutil.which("tmux") is None:
         return
-    subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, timeout=10, check=False)
+    from pi_tmux_matrix.dispatch.tmux import TmuxServer
+
+    TmuxServer(socket).kill_server()  # also removes the socket file tmux leaves behind
 
 
 @pytest.fixture(autouse=True, scope="session")

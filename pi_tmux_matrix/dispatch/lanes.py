@@ -161,7 +161,12 @@ def _worktrees(cwd: str) -> list[_Worktree]:
 
 
 def _lane_paths(repo: _Repo, name: str) -> tuple[str, str]:
-    return os.path.join(repo.toplevel, LANES_DIR, name), f"{BRANCH_PREFIX}{name}"
+    """The lane's worktree and branch; the id rules alone still let through names git refuses."""
+    branch = f"{BRANCH_PREFIX}{name}"
+    check = _git(repo.toplevel, "check-ref-format", "--branch", branch)
+    if check.returncode != 0:
+        raise LaneError(f"lane {name!r}: {branch!r} is not a valid git branch name; pick another lane name")
+    return os.path.join(repo.toplevel, LANES_DIR, name), branch
 
 
 def lane_path(path: str | Path, name: str) -> str:
@@ -179,9 +184,6 @@ def ensure_lane(path: str | Path, name: str) -> Lane:
     name = _lane_name(name)
     repo = _repo(path)
     worktree, branch = _lane_paths(repo, name)
-    check = _git(repo.toplevel, "check-ref-format", "--branch", branch)
-    if check.returncode != 0:
-        raise LaneError(f"lane {name!r}: {branch!r} is not a valid git branch name; pick another lane name")
     with _locked(repo.common_dir):
         _exclude(repo.common_dir)
         reused = _existing(repo, name, worktree, branch)

@@ -25,10 +25,12 @@ the dispatcher) and no way to keep variables out of a server it starts.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Final
@@ -36,6 +38,7 @@ from typing import Final
 import attrs
 
 from ..errors import ContractError, DispatchError, TmuxUnavailable
+from ..identity import ID_PATTERN
 
 __all__ = ["TAG_PREFIX", "Pane", "TmuxServer"]
 
@@ -148,11 +151,11 @@ class TmuxServer:
     def __init__(
         self, socket: str, *, scrub_env: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT_S
     ) -> None:
-        if not isinstance(socket, str) or _SESSION.fullmatch(socket) is None:
+        if not isinstance(socket, str) or ID_PATTERN.fullmatch(socket) is None:
             raise ContractError(
                 "socket",
                 f"{socket!r} is not a tmux socket name",
-                "use 1-128 characters from A-Z a-z 0-9 _ - starting with a letter or digit",
+                "use 1-128 characters from A-Z a-z 0-9 . _ - starting with a letter or digit",
             )
         for name in scrub_env:
             if _ENV_NAME.fullmatch(name) is None:
@@ -386,10 +389,22 @@ class TmuxServer:
 
     def kill_server(self) -> None:
         """Kill this socket's server and every pane in it; nothing if none runs."""
-        try:
+        with contextlib.suppress(TmuxUnavailable):
             self._run("kill-server")
-        except TmuxUnavailable:
+        self._remove_stale_socket()
+
+    def _remove_stale_socket(self) -> None:
+        # tmux leaves its socket file behind after kill-server; a dispatcher that starts a private
+        # server per run (the demo, tests) would litter /tmp/tmux-UID/ with them.
+        folder = os.path.join(os.environ.get("TMUX_TMPDIR") or "/tmp", f"tmux-{os.geteuid()}")
+        path = os.path.join(folder, self.socket)
+        try:
+            info = os.lstat(path)
+        except OSError:
             return
+        if stat.S_ISSOCK(info.st_mode) and info.st_uid == os.geteuid() and not self.reachable():
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def _check_session(name: object) -> str:
