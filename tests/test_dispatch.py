@@ -529,3 +529,35 @@ def test_a_lost_record_is_rebuilt_from_the_pane_tags_and_unknown_panes_are_liste
     assert views[fired.job.id]["state"] == "untracked"
     assert views[fired.job.id]["agents"][0]["key"] == agent.key
     assert procs.is_alive(lab.store.get(agent.key).process)
+
+
+def test_every_tmux_call_of_a_fire_is_a_list_argv_and_a_launch_is_the_host_after_double_dash(
+    sublab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fake ``tmux`` first on PATH records every call of a real ``fire`` (a team of two)."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    log = tmp_path / "tmux-calls.jsonl"
+    fake = bin_dir / "tmux"
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        "import json, sys\n"
+        f"open({str(log)!r}, 'a').write(json.dumps(sys.argv[1:]) + '\\n')\n"
+        "if 'new-window' in sys.argv or 'new-session' in sys.argv:\n"
+        "    print('%7\\t999999\\t@3\\t0\\tpi-matrix\\t\\tagent')\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    sublab.start_master()
+    task = "; rm -rf ~ $(id) 'q' \"qq\"\nline two"
+    sublab.fire(task, profile=None, team="stand-in-pair")
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    launches = [c for c in calls if "new-window" in c or "new-session" in c]
+    assert len(launches) == 2
+    for call in launches:
+        argv = call[call.index("--") + 1 :]
+        assert len(argv) >= 2
+        assert argv[1:4] == ["-m", "pi_tmux_matrix", "--state-dir"]  # the pane command is the host
+        agent_argv = argv[argv.index("--") + 1 :]
+        assert any(task in word for word in agent_argv)  # the task is one word, untouched
+    assert not any("send-keys" in c for c in calls)
