@@ -98,7 +98,9 @@ def plan_resume(
         deadline_s=profile.deadline_s, nonce="resume", worktree=identity.worktree, lane=lane,
         task_ref=payload.task_ref, session_file=identity.session_file,
     )  # fmt: skip
-    command = agent_command(profile, task=wake, session_file=identity.session_file, lane=lane)
+    command = agent_command(
+        dispatcher.pi_located(profile), task=wake, session_file=identity.session_file, lane=lane
+    )
     resumed = attrs.evolve(identity, profile=profile.name, provider=profile.provider, mode=profile.mode)
     argv = host_argv(
         store.root, identity=resumed, task_summary=payload.task_summary, task_ref=payload.task_ref, lane=lane,

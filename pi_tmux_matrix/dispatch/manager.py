@@ -43,7 +43,7 @@ from ..matrix.store import MatrixStore, RecordStore, now_ms
 from ..settings import ENV_STATE_DIR, MatrixSettings, agent_dir
 from ..supervise import lifecycle
 from ..supervise.master import calling_master
-from ..supervise.relaunch import host_argv
+from ..supervise.relaunch import ENV_PI_COMMAND, host_argv, pi_command
 from .jobs import JobStore, new_job_id, new_nonce, result_now
 from .model import AgentLaunch, AgentResult, Job, JobAgent, ResultKind
 from .plugins import plugin_manager
@@ -326,7 +326,7 @@ class Dispatcher:
                 allowed_paths=tuple(allowed), deadline_s=deadline_s, nonce=nonce, worktree=worktree,
                 lane=lane, task_ref=task_ref, session_file=session_file,
             )  # fmt: skip
-            command = agent_command(profile, task=text, session_file=session_file, lane=lane)
+            command = agent_command(self.pi_located(profile), task=text, session_file=session_file, lane=lane)
             agent_argv = list(command.argv)
             extra = [a for part in self.plugins.hook.launch_argv(launch=launch) if part for a in part]
             if extra:
@@ -369,6 +369,19 @@ class Dispatcher:
             task_ref=task_ref, lane=lane, backend=request.backend,
         )  # fmt: skip
         return job, planned
+
+    def pi_located(self, profile: Any) -> Any:
+        """A pi profile whose command is plain ``pi`` runs ``$PI_MATRIX_PI_COMMAND`` when set (pi
+        installed off PATH, e.g. the project's pinned ``.pi-cli/``); every other profile as written."""
+        if profile.provider != "pi" or tuple(profile.command) != ("pi",) or not self.env.get(ENV_PI_COMMAND):
+            return profile
+        try:
+            command = pi_command(self.env)
+        except PiMatrixError as exc:
+            raise ContractError(
+                ENV_PI_COMMAND, "not a JSON array of strings", 'set it like ["/usr/bin/pi"], or unset it'
+            ) from exc
+        return attrs.evolve(profile, command=tuple(command))
 
     def _launch_env(self, launch: AgentLaunch, profile: Any) -> dict[str, str]:
         env: dict[str, str] = {k: self.env[k] for k in PASS_ENV if self.env.get(k)}

@@ -1,0 +1,195 @@
+"""A fake OpenAI-compatible LLM for the real-pi tests: stdlib only, 127.0.0.1, scripted replies.
+
+pi always asks ``POST /v1/chat/completions`` with ``stream: true`` and reads server-sent events.
+Replies come from a script (a queue); when it is empty, the default answers a dispatcher task
+with its completion marker (``DONE:<nonce>``, the nonce read from the instruction) or ``ok``.
+Every request body is logged for the tests to read.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+MARKER_CODE = re.compile(r"DONE, a colon and the code ([0-9a-f]{6,32})")
+
+
+@dataclass
+class Reply:
+    """One scripted answer."""
+
+    text: str = ""
+    tool: str | None = None  # a tool call instead of text: the tool's name
+    arguments: dict[str, Any] = field(default_factory=dict)
+    delay_s: float = 0.0  # before the first byte
+    chunk_delay_s: float = 0.0  # between streamed chunks (a slow stream)
+    status: int = 200  # an HTTP error instead of a stream
+
+
+def _text_of(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
+
+
+def default_reply(request: dict[str, Any]) -> Reply:
+    """Answer a dispatcher task with its marker; anything else with ``ok``."""
+    messages = request.get("messages") or []
+    user = [_text_of(m) for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    last = user[-1] if user else ""
+    found = MARKER_CODE.search(last)
+    if found:
+        return Reply(text=f"Done with the task.\nDONE:{found.group(1)}")
+    return Reply(text="ok")
+
+
+class FakeLLM:
+    """``with FakeLLM() as llm: llm.base_url``; ``llm.script(Reply(...))``; ``llm.requests``."""
+
+    def __init__(self, responder: Callable[[dict[str, Any]], Reply] = default_reply) -> None:
+        self.responder = responder
+        self.requests: list[dict[str, Any]] = []
+        self._script: list[Reply] = []
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- control ------------------------------------------------------------------------------------
+    def script(self, *replies: Reply) -> None:
+        with self._lock:
+            self._script.extend(replies)
+
+    def next_reply(self, request: dict[str, Any]) -> Reply:
+        with self._lock:
+            self.requests.append(request)
+            if self._script:
+                return self._script.pop(0)
+        return self.responder(request)
+
+    def user_texts(self) -> list[str]:
+        """The text of every user message of every request, in order (what pi sent)."""
+        with self._lock:
+            requests = list(self.requests)
+        return [_text_of(m) for r in requests for m in r.get("messages", []) if m.get("role") == "user"]
+
+    @property
+    def base_url(self) -> str:
+        assert self._server is not None
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def __enter__(self) -> FakeLLM:
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.0"
+
+            def log_message(self, *args: object) -> None:  # quiet
+                return
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                body = json.dumps({"data": [{"id": "fake-model", "object": "model"}]}).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("content-length") or 0)
+                try:
+                    request = json.loads(self.rfile.read(length) or b"{}")
+                except ValueError:
+                    request = {}
+                reply = owner.next_reply(request)
+                if reply.delay_s:
+                    time.sleep(reply.delay_s)
+                if reply.status != 200:
+                    body = json.dumps({"error": {"message": "scripted failure", "type": "server_error"}}).encode()
+                    self.send_response(reply.status)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream")
+                self.end_headers()
+                for event in _events(reply):
+                    self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+                    self.wfile.flush()
+                    if reply.chunk_delay_s:
+                        time.sleep(reply.chunk_delay_s)
+                self.wfile.write(b"data: [DONE]\n\n")
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-llm", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+def _events(reply: Reply) -> list[dict[str, Any]]:
+    usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+    if reply.tool is not None:
+        call = {
+            "index": 0,
+            "id": f"call_{int(time.time() * 1000)}",
+            "type": "function",
+            "function": {"name": reply.tool, "arguments": json.dumps(reply.arguments)},
+        }
+        return [
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [call]}, "finish_reason": None}]},
+            {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}], "usage": usage},
+        ]
+    words = reply.text.split(" ") if reply.chunk_delay_s else [reply.text]
+    events: list[dict[str, Any]] = []
+    for i, word in enumerate(words):
+        piece = word if i == 0 else " " + word
+        events.append({"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
+    events.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage})
+    return events
+
+
+def write_pi_agent_dir(agent_dir: Path, base_url: str) -> None:
+    """``models.json`` + ``settings.json`` for pi against the fake (retries off: errors are quick)."""
+    agent_dir.mkdir(parents=True, exist_ok=True)
+    models = {
+        "providers": {
+            "fake": {
+                "baseUrl": base_url,
+                "api": "openai-completions",
+                "apiKey": "fake-key",
+                "compat": {"supportsDeveloperRole": False, "supportsReasoningEffort": False},
+                "models": [{"id": "fake-model", "contextWindow": 128000, "maxTokens": 4096}],
+            }
+        }
+    }
+    (agent_dir / "models.json").write_text(json.dumps(models))
+    settings_path = agent_dir / "settings.json"
+    settings: dict[str, Any] = json.loads(settings_path.read_text()) if settings_path.exists() else {}
+    settings.update(
+        {
+            "defaultProvider": "fake",
+            "defaultModel": "fake-model",
+            "quietStartup": True,
+            "retry": {"enabled": False, "provider": {"maxRetries": 0}},
+        }
+    )
+    settings_path.write_text(json.dumps(settings))
