@@ -98,7 +98,7 @@ class FakeLLM:
             def log_message(self, *args: object) -> None:  # quiet
                 return
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 body = json.dumps({"data": [{"id": "fake-model", "object": "model"}]}).encode()
                 self.send_response(200)
                 self.send_header("content-type", "application/json")
@@ -106,7 +106,7 @@ class FakeLLM:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
                 try:
                     request = json.loads(self.rfile.read(length) or b"{}")
@@ -116,7 +116,9 @@ class FakeLLM:
                 if reply.delay_s:
                     time.sleep(reply.delay_s)
                 if reply.status != 200:
-                    body = json.dumps({"error": {"message": "scripted failure", "type": "server_error"}}).encode()
+                    body = json.dumps(
+                        {"error": {"message": "scripted failure", "type": "server_error"}}
+                    ).encode()
                     self.send_response(reply.status)
                     self.send_header("content-type", "application/json")
                     self.send_header("content-length", str(len(body)))
@@ -155,7 +157,11 @@ def _events(reply: Reply) -> list[dict[str, Any]]:
             "function": {"name": reply.tool, "arguments": json.dumps(reply.arguments)},
         }
         return [
-            {"choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [call]}, "finish_reason": None}]},
+            {
+                "choices": [
+                    {"index": 0, "delta": {"role": "assistant", "tool_calls": [call]}, "finish_reason": None}
+                ]
+            },
             {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}], "usage": usage},
         ]
     words = reply.text.split(" ") if reply.chunk_delay_s else [reply.text]
