@@ -31,6 +31,16 @@ class MatrixPlugin:
         return contract.to_env()
 
     @hookimpl
+    def launch_argv(self, launch: AgentLaunch) -> list[str] | None:
+        """Every pi agent loads the bridge: pi's real session identity, mailbox notices, result
+        artifacts and a graceful SIGTERM (the stand-in accepts and ignores ``-e``)."""
+        if getattr(launch.profile, "provider", None) != "pi":
+            return None
+        from .bridge import bridge_path
+
+        return ["-e", str(bridge_path())]
+
+    @hookimpl
     def relaunch(self, request: Relaunch) -> int | None:
         from .resume import relaunch
 

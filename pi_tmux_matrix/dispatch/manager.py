@@ -10,11 +10,15 @@ an unreachable tmux server is reported as such and proves nothing about the agen
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
 import subprocess
+import time
+import uuid
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Final, cast
 
 import attrs
@@ -137,6 +141,23 @@ def session_file_for(cwd: str, session_id: str, env: Mapping[str, str] | None = 
     folder = "--" + cwd.strip("/").replace("/", "-") + "--"
     stamp = now_ms()
     return str(agent_dir(env) / "sessions" / folder / f"{stamp}_{session_id}.jsonl")
+
+
+def write_session_header(session_file: str, session_id: str, cwd: str) -> None:
+    """Create a pi session file holding only its header (pi appends to exactly that file and
+    keeps the header's id), unless it exists. The folder is the agent dir's, made 0700."""
+    path = Path(session_file)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + ".000Z"
+    header = {"type": "session", "version": 3, "id": session_id, "timestamp": stamp, "cwd": cwd}
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return
+    try:
+        os.write(fd, (json.dumps(header) + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def marker_instruction(nonce: str) -> str:
@@ -313,7 +334,9 @@ class Dispatcher:
 
         for profile, suffix, instructions in members:
             agent_id = validate_id(f"{base}-{suffix}" if suffix else base, "agent id")
-            session_id = secrets.token_hex(8)
+            # pi keeps the id in a session file's header: a pi agent's file is created with ours,
+            # so pi's own session id and the matrix key agree from the first turn.
+            session_id = str(uuid.uuid4()) if profile.provider == "pi" else secrets.token_hex(8)
             nonce = new_nonce()
             deadline_s = self._deadline(request, profile.deadline_s)
             is_pi = profile.provider == "pi"
@@ -445,6 +468,8 @@ class Dispatcher:
         return RecordStore(self.store, "jobs").locked("fire-cap")
 
     def _launch_one(self, job: Job, agent: JobAgent, plan: PlannedAgent) -> JobAgent:
+        if agent.provider == "pi" and agent.session_file is not None:
+            write_session_header(agent.session_file, agent.session_id, plan.cwd)
         if agent.backend == "tmux":
             from .tmux import TmuxServer
 

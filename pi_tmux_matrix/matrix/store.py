@@ -62,7 +62,9 @@ TMP_SUFFIX: Final = ".json.tmp"
 LOCKS: Final = "locks"
 QUARANTINE: Final = "quarantine"
 # Sub-directories the matrix itself keeps beside the entries; never reported as foreign.
-RESERVED_DIRS: Final = frozenset({LOCKS, QUARANTINE, "events", "mailbox", "results", "runs", "jobs", "logs"})
+RESERVED_DIRS: Final = frozenset(
+    {LOCKS, QUARANTINE, "events", "mailbox", "results", "runs", "jobs", "logs", "artifacts"}
+)
 
 _O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC

@@ -116,6 +116,8 @@ class AgentHost:
         self.stop_steps: list[tuple[float, int]] = []
         self.forwarded: int | None = None
         self.last_message = ""
+        self.result_pointer: str | None = None  # the bridge's latest result artifact
+        self.bridge_seen = False
         self._parent_fd: int | None = None
         self._inbox_watch: DirWatch | None = None
         self._selector: selectors.BaseSelector | None = None
@@ -471,11 +473,58 @@ class AgentHost:
                     self.notices.notify("prompt", message.text)
             elif message.kind == "switch":
                 self._switch_from_message(message.text)
+            elif message.kind in ("identity", "result", "bridge"):
+                self._from_bridge(message.kind, message.text)
             elif message.kind == "abort":
                 if self.spec.mode is Mode.RPC:
                     self._rpc_send({"type": "abort"})
                 elif self.spec.mode is Mode.INTERACTIVE and self.spec.identity.is_pi:
                     self.notices.notify("abort", message.text)
+
+    def _from_bridge(self, kind: str, text: str) -> None:
+        """What the pi bridge reports from inside the session (never an owner's command)."""
+        try:
+            report = json.loads(text)
+            if not isinstance(report, dict):
+                raise TypeError("not an object")
+        except (ValueError, TypeError) as exc:
+            self.events.write("bridge_garbled", kind=kind, error=str(exc)[:200])
+            return
+        self.bridge_seen = True
+        if kind == "identity":
+            self._bridge_identity(report)
+        elif kind == "result":
+            pointer = report.get("path")
+            if isinstance(pointer, str) and os.path.isabs(pointer):
+                self.result_pointer = pointer
+            self.events.write(
+                "agent_result", path=pointer, run=report.get("run"), stop_reason=report.get("stopReason")
+            )
+        else:
+            fields = {k: v for k, v in report.items() if isinstance(v, (str, int, bool))}
+            self.events.write("bridge", **fields)
+
+    def _bridge_identity(self, report: dict[str, Any]) -> None:
+        """pi's real session id and file: the entry's identity is completed with them, and a
+        different id (pi chose its own, /new, /resume, /fork) is a session switch."""
+        session_id, session_file = report.get("sessionId"), report.get("sessionFile")
+        self.events.write("bridge_ready", session_id=session_id, session_file=session_file)
+        if not isinstance(session_id, str):
+            return
+        if session_file is not None and not isinstance(session_file, str):
+            return
+        try:
+            validate_id(session_id, "pi session id")
+        except PiMatrixError as exc:
+            self.events.write("bridge_identity_refused", error=str(exc)[:200])
+            return
+        known = {self.spec.identity.session_id, self.entry.identity.session_id if self.entry else None}
+        if session_id not in known:
+            self.switch_session(session_id, session_file=session_file)
+            return
+        current = self.entry.identity.session_file if self.entry else None
+        if session_file and session_file != current:
+            self.write(lambda e: lifecycle.with_identity(e, session_file=session_file))
 
     def _switch_from_message(self, text: str) -> None:
         try:
@@ -576,9 +625,8 @@ class AgentHost:
         def finish(entry: Entry) -> Entry | None:
             if not entry.can_move_to(Status.TERMINAL):
                 return None
-            return lifecycle.record_terminal(
-                entry, record, now, summary=summary, result_pointer=str(self.events.path)
-            )
+            pointer = self.result_pointer or str(self.events.path)
+            return lifecycle.record_terminal(entry, record, now, summary=summary, result_pointer=pointer)
 
         self.write(finish)
 

@@ -26,7 +26,10 @@ from ..matrix.store import MatrixStore, now_ms
 
 __all__ = ["MESSAGE_KINDS", "AgentNotices", "EventLog", "Inbox", "Message"]
 
-MESSAGE_KINDS: Final = frozenset({"steer", "prompt", "abort", "stop", "wake", "switch"})
+# Owner commands, plus what the pi bridge reports from inside the session (identity, result, bridge).
+MESSAGE_KINDS: Final = frozenset(
+    {"steer", "prompt", "abort", "stop", "wake", "switch", "identity", "result", "bridge"}
+)
 MAX_MESSAGE_BYTES: Final = 64 * 1024
 _O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 
