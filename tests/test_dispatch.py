@@ -69,10 +69,10 @@ class Lab:
         self.env = dict(os.environ, PI_MATRIX_STATE_DIR=str(self.state), STANDIN_STEP_S="0.05")
         self.master: Entry | None = None
 
-    def start_master(self, session: str = "boss", task_ref: str = "goal-1") -> Entry:
+    def start_master(self, session: str = "boss", task_ref: str = "goal-1", *extra: str) -> Entry:
         argv = [
             sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", session, "--task-ref", task_ref,
-            "--headless", "--mode", "print", "--", *STANDIN, "-p", "HANG orchestrating",
+            "--headless", "--mode", "print", *extra, "--", *STANDIN, "-p", "HANG orchestrating",
         ]  # fmt: skip
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,3 +110,105 @@ def test_the_bridge_reports_pi_identity_writes_the_result_artifact_and_delivers_
         timeout=30,
     )
     assert procs.is_alive(entry.process)
+
+
+def test_a_cleanup_directive_shuts_pi_down_gracefully_and_closes_the_entry(
+    pilab: tuple[Lab, FakeLLM],
+) -> None:
+    lab, _llm = pilab
+    master = lab.start_master()
+    fired = lab.fire("Say hello.", profile="pi-worker")
+    (agent,) = fired.job.agents
+    entry = lab.worker(agent.key)
+    wait_for("the bridge", lambda: _events(lab, agent.key, "bridge_ready"), timeout=30)
+    procs.send_signal(master.process, 9)  # type: ignore[arg-type]
+    wait_for(
+        "resumable",
+        lambda: e if (e := lab.store.find(agent.key)) and e.status is Status.RESUMABLE else None,
+        timeout=15,
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(lab.state), "cleanup", agent.key],
+        capture_output=True, text=True, env=lab.env, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    wait_for("the host to end", lambda: not procs.is_alive(entry.process), timeout=20)
+    final = lab.store.get(agent.key)
+    assert (final.status, final.reason) == (Status.CLOSED, "cleanup")
+    hooks = [e["what"] for e in _events(lab, agent.key, "bridge")]
+    assert "session_shutdown" in hooks, "pi's session_shutdown hook ran (the bridge reports it)"
+    exited = _events(lab, agent.key, "child_exited")
+    assert exited and exited[-1]["code"] == 0  # a clean exit, not a signal
+
+
+def test_print_mode_one_shot_job_exits_zero_with_the_reply_in_its_result(pilab: tuple[Lab, FakeLLM]) -> None:
+    lab, _llm = pilab
+    profile_dir = lab.agent_dir / "launch_profiles"
+    profile_dir.mkdir()
+    (profile_dir / "pi-print.toml").write_text(
+        '[profile]\nname = "pi-print"\nprovider = "pi"\ncommand = ["pi"]\nmode = "print"\ndeadline = 120\n'
+    )
+    lab.start_master()
+    fired = lab.fire("Say hello.", profile="pi-print")
+    (agent,) = fired.job.agents
+    result = wait_for("the result", lambda: lab.result(fired.job.id, agent.agent_id), timeout=60)
+    assert result.kind in (ResultKind.DONE, ResultKind.EXITED)
+    wait_for("the entry to end", lambda: lab.store.get(agent.key).exit is not None, timeout=30)
+    final = lab.store.get(agent.key)
+    assert final.exit is not None and final.exit.kind.value == "exited" and final.exit.code == 0
+    artifacts = _events(lab, agent.key, "agent_result")
+    assert artifacts
+    assert "DONE:" in json.loads(Path(str(artifacts[0]["path"])).read_text())["text"]
+    (handoff,) = final.handoffs
+    assert handoff.result_pointer == artifacts[0]["path"]
+
+
+def test_a_new_master_of_the_same_session_and_task_relaunches_dead_pi_into_the_same_file(
+    pilab: tuple[Lab, FakeLLM],
+) -> None:
+    lab, llm = pilab
+    master = lab.start_master()
+    fired = lab.fire("Say hello.", profile="pi-worker")
+    (agent,) = fired.job.agents
+    lab.worker(agent.key)
+    wait_for("the DONE result", lambda: lab.result(fired.job.id, agent.agent_id), timeout=60)
+    session_file = Path(agent.session_file or "")
+    before = session_file.read_text().splitlines()
+    header = json.loads(before[0])
+
+    procs.send_signal(master.process, 9)  # type: ignore[arg-type]
+    lost = wait_for(
+        "resumable",
+        lambda: e if (e := lab.store.find(agent.key)) and e.status is Status.RESUMABLE else None,
+        timeout=15,
+    )
+    for ident in (lost.child_process, lost.process):
+        procs.send_signal(ident, 9)  # type: ignore[arg-type]
+        procs.wait_for_exit(ident, 5)  # type: ignore[arg-type]
+    asked = len(llm.requests)
+
+    second = lab.start_master("boss", "goal-1", "--relaunch", "tmux", "--socket", lab.socket)
+    back = wait_for(
+        "the relaunched pi under the new master",
+        lambda: (
+            e
+            if (e := lab.store.find(agent.key))
+            and e.pid != lost.pid
+            and e.status is Status.RUNNING
+            and e.parent_pid == second.pid
+            and e.child_pid
+            else None
+        ),
+        timeout=30,
+    )
+    if back.process is not None:
+        lab.started.append(back.process)
+    wait_for("the wake turn at the fake LLM", lambda: len(llm.requests) > asked, timeout=30)
+    assert any("resumed in your own session" in text for text in llm.user_texts())
+    wait_for(
+        "the session file to grow",
+        lambda: len(session_file.read_text().splitlines()) > len(before),
+        timeout=30,
+    )
+    assert json.loads(session_file.read_text().splitlines()[0])["id"] == header["id"]
+    assert back.identity.session_file == str(session_file) and back.key == agent.key

@@ -501,8 +501,8 @@ class AgentHost:
                 "agent_result", path=pointer, run=report.get("run"), stop_reason=report.get("stopReason")
             )
         else:
-            fields = {k: v for k, v in report.items() if isinstance(v, (str, int, bool))}
-            self.events.write("bridge", **fields)
+            what = report.get("event")
+            self.events.write("bridge", what=what if isinstance(what, str) else None)
 
     def _bridge_identity(self, report: dict[str, Any]) -> None:
         """pi's real session id and file: the entry's identity is completed with them, and a
