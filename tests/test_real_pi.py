@@ -212,3 +212,44 @@ def test_a_new_master_of_the_same_session_and_task_relaunches_dead_pi_into_the_s
     )
     assert json.loads(session_file.read_text().splitlines()[0])["id"] == header["id"]
     assert back.identity.session_file == str(session_file) and back.key == agent.key
+
+
+def test_an_rpc_worker_takes_prompt_steer_and_abort_through_its_host(pilab: tuple[Lab, FakeLLM]) -> None:
+    from fake_llm import Reply
+
+    lab, llm = pilab
+    lab.start_master()
+    llm.script(Reply(text=" ".join(["working"] * 30), chunk_delay_s=0.1))  # a slow first answer
+    fired = lab.fire("Do the long thing.", profile="pi-rpc-worker")
+    (agent,) = fired.job.agents
+    entry = lab.worker(agent.key)
+    wait_for("the first request", lambda: len(llm.requests) >= 1, timeout=30)
+
+    def send(*args: str) -> None:
+        done = subprocess.run(
+            [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(lab.state), "send", agent.key, *args],
+            capture_output=True, text=True, env=lab.env, timeout=30, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+    send("--steer", "Also mention the steering word PELICAN.")
+    wait_for("the steer at the fake LLM", lambda: any("PELICAN" in t for t in llm.user_texts()), timeout=30)
+
+    def rpc_types() -> list[str]:
+        return [
+            str(e["data"].get("type"))
+            for e in _events(lab, agent.key, "rpc")
+            if isinstance(e.get("data"), dict)
+        ]
+
+    wait_for("agent_start ... agent_end in the events file", lambda: "agent_end" in rpc_types(), timeout=30)
+    types = rpc_types()
+    assert types.index("agent_start") < types.index("agent_end")
+
+    llm.script(Reply(text=" ".join(["slowly"] * 200), chunk_delay_s=0.1))
+    ends = types.count("agent_end")
+    send("--prompt", "Another long thing.")
+    wait_for("the second run to start", lambda: rpc_types().count("agent_start") > ends, timeout=30)
+    send("--abort")
+    wait_for("the aborted run to end", lambda: rpc_types().count("agent_end") > ends, timeout=30)
+    assert procs.is_alive(entry.process) and procs.is_alive(entry.child_process)  # stdin stayed open

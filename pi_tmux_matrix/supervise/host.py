@@ -555,12 +555,6 @@ class AgentHost:
         return True
 
     def _consume_rpc(self, chunk: bytes) -> None:
-        # Echo the raw stream (a tmux pane then shows the rpc conversation).
-        buffer = getattr(self.out, "buffer", None)
-        with suppress(OSError, ValueError):
-            if buffer is not None:
-                buffer.write(chunk)
-                buffer.flush()
         self._rpc_buffer += chunk
         *lines, self._rpc_buffer = self._rpc_buffer.split(b"\n")
         for line in lines:
@@ -573,11 +567,32 @@ class AgentHost:
                 event = {"raw": text[:2000]}
             if isinstance(event, dict):
                 self.events.write("rpc", data=event)
-                message = event.get("message")
-                if event.get("type") in ("message_end", "agent_end") and isinstance(message, dict):
-                    content = message.get("content")
-                    if isinstance(content, str):
-                        self.last_message = content[-2000:]
+                self._show_rpc(event)
+
+    def _show_rpc(self, event: dict[str, Any]) -> None:
+        """What a person (and the dispatcher's watcher) reads in the pane: the assistant's text as
+        lines of its own, and one line per run boundary, instead of the raw JSON stream."""
+        kind = event.get("type")
+        shown: str | None = None
+        message = event.get("message")
+        if kind == "message_end" and isinstance(message, dict) and message.get("role") == "assistant":
+            content = message.get("content")
+            if isinstance(content, list):
+                content = "".join(
+                    str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
+                )
+            if isinstance(content, str) and content:
+                self.last_message = content[-2000:]
+                shown = content
+        elif kind in ("agent_start", "agent_end"):
+            shown = f"[pi-matrix rpc] {kind}"
+        elif kind == "response" and event.get("success") is False:
+            shown = f"[pi-matrix rpc] {event.get('command')} failed: {str(event.get('error'))[:200]}"
+        if shown is None:
+            return
+        with suppress(OSError, ValueError):
+            self.out.write(shown + "\n")
+            self.out.flush()
 
     def _drain_rpc(self) -> None:
         stdout = self.child.stdout if self.child is not None else None
