@@ -253,3 +253,61 @@ def test_an_rpc_worker_takes_prompt_steer_and_abort_through_its_host(pilab: tupl
     send("--abort")
     wait_for("the aborted run to end", lambda: rpc_types().count("agent_end") > ends, timeout=30)
     assert procs.is_alive(entry.process) and procs.is_alive(entry.child_process)  # stdin stayed open
+
+
+def test_a_terminal_handoff_is_delivered_once_and_replayed_after_a_session_switch(
+    pilab: tuple[Lab, FakeLLM],
+) -> None:
+    from pi_tmux_matrix.supervise.mailbox import Inbox
+
+    lab, _llm = pilab
+    profile_dir = lab.agent_dir / "launch_profiles"
+    profile_dir.mkdir()
+    (profile_dir / "pi-print.toml").write_text(
+        '[profile]\nname = "pi-print"\nprovider = "pi"\ncommand = ["pi"]\nmode = "print"\ndeadline = 120\n'
+    )
+    first_out = lab.tmp / "master-1.out"
+
+    def master(session: str, out: Path) -> subprocess.Popen[bytes]:
+        argv = [
+            sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", session, "--task-ref", "goal-1",
+            "--headless", "--mode", "print", "--", sys.executable, "-m", "pi_tmux_matrix.standin", "-p", "HANG m",
+        ]  # fmt: skip
+        with out.open("wb") as sink:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+                                    env=lab.env, cwd=lab.work, start_new_session=True)  # fmt: skip
+        ident = procs.identify(proc.pid)
+        assert ident is not None
+        lab.started.append(ident)
+        return proc
+
+    one = master("boss", first_out)
+    m1 = wait_for(
+        "master 1", lambda: e if (e := lab.store.find("master-boss")) and e.pid == one.pid else None
+    )
+    lab.master = m1
+
+    # Delivered once: the worker ends, the master prints its handoff, the record closes.
+    fired = lab.fire("Say hello.", profile="pi-print")
+    (agent,) = fired.job.agents
+    wait_for("the handoff delivered", lambda: lab.store.get(agent.key).status is Status.CLOSED, timeout=60)
+    time.sleep(2.5)  # a few heartbeats: nothing is delivered twice
+    assert first_out.read_text().count(f"handoff {agent.key}:") == 1
+
+    # The owner switches sessions before the next worker ends: the handoff waits for its session.
+    fired2 = lab.fire("Say hello again.", profile="pi-print")
+    (agent2,) = fired2.job.agents
+    Inbox(lab.store, "master-boss").post("switch", json.dumps({"sessionId": "boss-next"}), sender="test")
+    wait_for("the switch", lambda: lab.store.find("master-boss-next") is not None, timeout=15)
+    wait_for("the second worker's terminal record", lambda: lab.store.get(agent2.key).undelivered, timeout=60)
+    time.sleep(2.5)
+    assert lab.store.get(agent2.key).status is Status.TERMINAL  # not injected into the wrong session
+    assert f"handoff {agent2.key}:" not in first_out.read_text()
+
+    # A master of the original session activates: the handoff is replayed there, once.
+    second_out = lab.tmp / "master-2.out"
+    master("boss", second_out)
+    wait_for("the replayed handoff", lambda: lab.store.get(agent2.key).status is Status.CLOSED, timeout=30)
+    time.sleep(2.5)
+    assert second_out.read_text().count(f"handoff {agent2.key}:") == 1
+    assert f"handoff {agent2.key}:" not in first_out.read_text()
