@@ -33,6 +33,7 @@ __all__ = [
     "send_signal",
     "signal_group",
     "wait_for_exit",
+    "with_argument",
 ]
 
 _BOOT_ID_PATH: Final = "/proc/sys/kernel/random/boot_id"
@@ -235,6 +236,28 @@ def ancestors(pid: int | None = None) -> list[ProcessIdentity]:
         identity = identify(parent.pid)
         if identity is not None:
             found.append(identity)
+    return found
+
+
+def with_argument(word: str) -> list[ProcessIdentity]:
+    """Processes of this user with ``word`` as one whole argv element (e.g. a unique scratch
+    state dir): how the demo finds the helpers it started indirectly (tmux pipe-pane watchers)."""
+    found: list[ProcessIdentity] = []
+    me = os.getpid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != os.geteuid():
+                continue
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if os.fsencode(word) in argv:
+            identity = identify(int(name))
+            if identity is not None:
+                found.append(identity)
     return found
 
 

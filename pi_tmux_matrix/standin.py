@@ -290,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         path = _default_session_path()
     session = Session(path)
+    if any(Path(e).name == "bridge.ts" for e in args.extension):
+        _report_like_the_bridge(session)
     agent = Agent(session, emit_rpc=mode == "rpc")
     task = " ".join(args.message) or None
     if mode == "rpc":
@@ -300,6 +302,24 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return agent.turn(task)
     return _interactive(agent, task)
+
+
+def _report_like_the_bridge(session: Session) -> None:
+    """With the pi bridge asked for (``-e …/bridge.ts``), report the session identity to the host
+    the way the bridge does, so a stand-in agent looks like bridged pi to its host."""
+    key, state = os.environ.get("PI_MATRIX_KEY", ""), os.environ.get("PI_MATRIX_STATE_DIR", "")
+    if not key or not state:
+        return
+    folder = Path(state) / "mailbox" / key
+    with contextlib.suppress(OSError):
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        now = int(time.time() * 1000)
+        report = {"sessionId": session.id, "sessionFile": str(session.path) if session.path else None}
+        body = {"kind": "identity", "text": json.dumps(report), "at": now, "sender": "bridge"}
+        final = folder / f"{now:015d}-{uuid.uuid4().hex[:8]}.json"
+        tmp = folder / f".{final.name}.tmp"
+        tmp.write_text(json.dumps(body))
+        tmp.replace(final)
 
 
 if __name__ == "__main__":

@@ -136,12 +136,16 @@ class Demo:
         me = procs.identify(proc.pid)
         if me is not None:
             self.started.append(me)
-        return self.wait(
-            "the master to register",
+        entry = self.wait(
+            "the master to register and start its session",
             lambda: self._entry(
-                f"master-{SESSION}", lambda e: e.pid == proc.pid and e.status is Status.RUNNING
+                f"master-{SESSION}",
+                lambda e: e.pid == proc.pid and e.status is Status.RUNNING and bool(e.child_pid),
             ),
         )
+        if entry.child_process is not None:
+            self.started.append(entry.child_process)  # its session outlives a kill -9 of the host
+        return entry
 
     def fire(self, master: Entry, lane: str, *, profile: str | None = None, team: str | None = None) -> None:
         from ..dispatch.manager import Dispatcher, FireRequest
@@ -253,6 +257,13 @@ class Demo:
 
             with suppress(PiMatrixError, OSError):
                 TmuxServer(self.socket).kill_server()
+        # The completion watchers (started by tmux's pipe-pane, so not our children) end on their
+        # own once their agent's host is gone; wait for them, and stop any that does not.
+        deadline = time.monotonic() + 5
+        while (strays := procs.with_argument(str(self.state))) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for identity in strays:
+            procs.send_signal(identity, signal.SIGTERM)
 
 
 @contextmanager

@@ -41,6 +41,7 @@ from .mailbox import AgentNotices, EventLog, Inbox, Message
 __all__ = ["AgentHost", "HostHooks", "HostSpec", "exit_code_of"]
 
 log = logging.getLogger(__name__)
+BRIDGE_REPORT_S: Final = 20  # how long a pi child with the bridge gets to report in
 
 ENV_KEY: Final = "PI_MATRIX_KEY"
 ENV_STATE_DIR: Final = "PI_MATRIX_STATE_DIR"
@@ -117,6 +118,7 @@ class AgentHost:
         self.forwarded: int | None = None
         self.last_message = ""
         self.result_pointer: str | None = None  # the bridge's latest result artifact
+        self.bridge_expected_by: float | None = None
         self.bridge_seen = False
         self._parent_fd: int | None = None
         self._inbox_watch: DirWatch | None = None
@@ -201,6 +203,9 @@ class AgentHost:
             identity = self.child_identity
             self.write(lambda e: lifecycle.with_child(e, identity))
         self.events.write("child_started", pid=self.child.pid, argv=list(self.spec.argv)[:20])
+        # A pi child loaded with the bridge reports in within seconds; one that does not is still
+        # supervised here (parent watch, stop, exit), only without pi's own identity and notices.
+        self.bridge_expected_by = time.monotonic() + BRIDGE_REPORT_S if "-e" in self.spec.argv else None
         if mode is Mode.RPC and self.spec.rpc_prompt:
             self._rpc_send({"type": "prompt", "message": self.spec.rpc_prompt})
 
@@ -756,6 +761,16 @@ class AgentHost:
     def _heartbeat(self) -> None:
         beat = now_ms()
         self.write(lambda e: lifecycle.heartbeat(e, beat))
+        expected = self.bridge_expected_by
+        if expected is not None and not self.bridge_seen and time.monotonic() > expected:
+            self.bridge_expected_by = None
+            self.events.write("bridge_silent", after_s=BRIDGE_REPORT_S)
+            log.warning(
+                "%s: the pi bridge has not reported in %ds; the agent is supervised without pi's session "
+                "identity, mailbox notices or result artifacts (check the -e path and pi's output)",
+                self.key,
+                BRIDGE_REPORT_S,
+            )
 
     def _on_signals(self, received: list[int]) -> None:
         for sig in received:
