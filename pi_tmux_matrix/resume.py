@@ -11,7 +11,9 @@ resumed host then overwrites the same entry under a new generation.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,8 @@ from .settings import MatrixSettings, load_settings
 from .supervise.relaunch import ResumeRefused, check_resumable, host_argv, wake_prompt
 
 __all__ = ["ResumePlan", "plan_resume", "relaunch", "session_header_cwd"]
+
+log = logging.getLogger(__name__)
 
 
 @attrs.frozen
@@ -73,16 +77,33 @@ def plan_resume(
     identity = payload.identity
     assert identity.session_file is not None and identity.cwd is not None
     header_cwd = session_header_cwd(identity.session_file)
-    if header_cwd is not None and not os.path.isdir(header_cwd):
+    if header_cwd is None:
+        raise ResumeRefused(
+            f"{entry.key}: the session file {identity.session_file} has no readable header (a pi session "
+            "starts with a line holding its id and cwd); it cannot be resumed exactly"
+        )
+    if not os.path.isdir(header_cwd):
         raise ResumeRefused(
             f"{entry.key}: the session's own cwd {header_cwd} (its header) is gone; pi would stop at a "
             "prompt; restore the folder or clean the entry up"
         )
     dispatcher = Dispatcher(store, settings or load_settings(identity.cwd), env=env)
-    try:
-        profile = dispatcher.profiles.profile(identity.profile or "pi-worker")
-    except ProfileNotFound:
-        profile = dispatcher.profiles.profile("pi-worker")
+    if identity.profile is None:
+        # Launched without a profile (a host started by hand): plain pi, as it ran before.
+        from .dispatch.profile import WorkerLaunchProfile
+
+        profile = WorkerLaunchProfile(
+            name="pi", provider="pi", command=("pi",), mode=identity.mode or Mode.PRINT
+        )
+    else:
+        try:
+            profile = dispatcher.profiles.profile(identity.profile)
+        except ProfileNotFound:
+            # Never a silent substitute: another profile could carry other authority.
+            raise ResumeRefused(
+                f"{entry.key}: its launch profile {identity.profile!r} is not found; restore "
+                f"launch_profiles/{identity.profile}.toml (pi-matrix profiles lists them) to resume it"
+            ) from None
     if mode is not None:
         profile = attrs.evolve(profile, mode=mode)
     if profile.provider != "pi":
@@ -125,50 +146,79 @@ def relaunch(
     store = MatrixStore(request.state_dir)
     entry: Entry = request.entry
     plan = plan_resume(store, entry, request.parent, request.parent_session, settings=settings, env=env)
-    pid: int | None = None
-    if request.backend == "tmux":
-        from .dispatch.tmux import TmuxServer
-
-        try:
-            pane = TmuxServer(request.socket or DEFAULT_SOCKET, scrub_env=SCRUB_ENV).launch(
-                plan.argv, session=TMUX_SESSION, window_name=plan.window, cwd=plan.cwd, env=plan.env,
-                tags={"@pi_matrix_key": entry.key, "@pi_matrix_job": "resume"},
-            )  # fmt: skip
-            pid = pane.pane_pid
-        except TmuxUnavailable:
-            pid = None  # no tmux here: the detached host below still brings the agent back
-    if pid is None:
-        # Without a terminal an interactive agent cannot run: the detached host runs it in print
-        # mode (one turn on the wake prompt, into the same session file).
-        headless = plan_resume(
-            store, entry, request.parent, request.parent_session, settings=settings, env=env, mode=Mode.PRINT
+    if procs.is_alive(entry.child_process):
+        raise ResumeRefused(
+            f"{entry.key}: its agent process (pid {entry.child_pid}) outlived its host and still runs; "
+            "a second one would write the same session file; stop it first"
         )
-        pid = _spawn_detached(store, headless)
+    # Claim the relaunch before starting anything: of two masters (or a master and
+    # `pi-matrix resume`) racing for one worker, only the one whose claim lands launches.
+    try:
+        claimed = store.update(
+            entry.key,
+            lambda e: e.moved(
+                Status.LAUNCHING, reason="relaunch", child_pid=None, child_proc_start=None, directive=None
+            ),
+            expected=entry.generation,
+        )
+    except Conflict:
+        raise ResumeRefused(
+            f"{entry.key}: changed since it was read (another master relaunched or adopted it); look again "
+            "with 'pi-matrix show KEY'"
+        ) from None
+    try:
+        pid: int | None = None
+        if request.backend == "tmux":
+            from .dispatch.tmux import TmuxServer
+
+            try:
+                pane = TmuxServer(request.socket or DEFAULT_SOCKET, scrub_env=SCRUB_ENV).launch(
+                    plan.argv, session=TMUX_SESSION, window_name=plan.window, cwd=plan.cwd, env=plan.env,
+                    tags={"@pi_matrix_key": entry.key, "@pi_matrix_job": "resume"},
+                )  # fmt: skip
+                pid = pane.pane_pid
+            except TmuxUnavailable:
+                pid = None  # no tmux here: the detached host below still brings the agent back
+        if pid is None:
+            # Without a terminal an interactive agent cannot run: the detached host runs it in print
+            # mode (one turn on the wake prompt, into the same session file).
+            headless = plan_resume(
+                store,
+                entry,
+                request.parent,
+                request.parent_session,
+                settings=settings,
+                env=env,
+                mode=Mode.PRINT,
+            )
+            pid = _spawn_detached(store, headless, env)
+    except BaseException:
+        # Nothing was started: give the worker back its resumable record (the claim is undone).
+        with contextlib.suppress(PiMatrixError):
+            store.update(
+                entry.key,
+                lambda e: e.moved(Status.RESUMABLE, reason="relaunch_failed"),
+                expected=claimed.generation,
+            )
+        raise
     launched = procs.identify(pid)
     if launched is not None:
         try:
             store.update(
                 entry.key,
-                lambda e: e.moved(
-                    Status.LAUNCHING,
-                    reason="relaunch",
-                    pid=launched.pid,
-                    proc_start=launched.start_ticks,
-                    boot_id=launched.boot_id,
-                    child_pid=None,
-                    child_proc_start=None,
-                    directive=None,
+                lambda e: attrs.evolve(
+                    e, pid=launched.pid, proc_start=launched.start_ticks, boot_id=launched.boot_id
                 ),
-                expected=entry.generation,
+                expected=claimed.generation,
             )
         except Conflict:
             pass  # the new host registered first: its registration wins, as it should
-        except PiMatrixError:
-            pass  # e.g. the resumed host already superseded it; the host's record is the truth
+        except PiMatrixError as exc:
+            log.warning("%s: relaunched (host pid %d) but its pid was not published: %s", entry.key, pid, exc)
     return pid
 
 
-def _spawn_detached(store: MatrixStore, plan: ResumePlan) -> int:
+def _spawn_detached(store: MatrixStore, plan: ResumePlan, base_env: dict[str, str] | None = None) -> int:
     import subprocess
 
     from .dispatch.manager import SCRUB_ENV
@@ -176,7 +226,7 @@ def _spawn_detached(store: MatrixStore, plan: ResumePlan) -> int:
     logs = store.side_dir("logs")
     log_path = Path(logs) / f"{plan.key}.log"
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    env = {k: v for k, v in os.environ.items() if k not in SCRUB_ENV}
+    env = {k: v for k, v in (os.environ if base_env is None else base_env).items() if k not in SCRUB_ENV}
     env.update(plan.env)
     try:
         child = subprocess.Popen(  # argv list, never a shell

@@ -20,7 +20,7 @@ It accepts (and ignores) pi's launch flags (``--model``, ``--thinking``, ``--too
 builder of a launch profile can run it. Like an agent following the dispatcher's instructions,
 it ends each turn with ``$PI_MATRIX_DONE_MARKER`` (done) or ``$PI_MATRIX_BLOCKED_MARKER reason``
 (blocked) on a line of its own; a prompt whose last line is
-``[pi-matrix] marker DONE:<nonce> BLOCKED:<nonce>`` switches it to those markers from then on.
+``[pi-matrix] marker code <nonce>`` switches it to ``DONE:<nonce>``/``BLOCKED:<nonce>`` from then on.
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ __all__ = ["main"]
 ENV_DONE_MARKER = "PI_MATRIX_DONE_MARKER"
 ENV_BLOCKED_MARKER = "PI_MATRIX_BLOCKED_MARKER"
 # A follow-up round's markers, as the dispatcher appends them to the prompt's last line.
-MARKER_LINE = re.compile(r"\[pi-matrix\] marker (DONE:\S+) (BLOCKED:\S+)")
+# (The code alone: a marker spelled out in a prompt could be wrapped onto a line of its own by a
+# narrow pane and read by the watcher as the agent's answer.)
+MARKER_LINE = re.compile(r"\[pi-matrix\] marker code ([0-9A-Za-z]+)")
 
 
 class Session:
@@ -103,7 +105,7 @@ class Agent:
         lines = task.rstrip().splitlines()
         found = MARKER_LINE.fullmatch(lines[-1].strip()) if lines else None
         if found is not None:
-            self.done_marker, self.blocked_marker = found.group(1), found.group(2)
+            self.done_marker, self.blocked_marker = f"DONE:{found.group(1)}", f"BLOCKED:{found.group(1)}"
 
     def _task_words(self, task: str) -> str:
         """The task without the dispatcher's marker lines: its instruction says "print BLOCKED

@@ -679,7 +679,7 @@ def test_standin_follow_up_prompts_switch_the_markers(capsys: pytest.CaptureFixt
     agent.step_s = 0.0
     agent.done_marker, agent.blocked_marker = "DONE:one", "BLOCKED:one"
     assert agent.turn("first") == 0
-    assert agent.turn("second\n\nwhen done print...\n[pi-matrix] marker DONE:two BLOCKED:two\n") == 0
+    assert agent.turn("second\n\nwhen done print...\n[pi-matrix] marker code two\n") == 0
     assert agent.turn("third") == 0
     assert agent.turn("BLOCKED fourth") == 2
     lines = capsys.readouterr().out.splitlines()
@@ -720,7 +720,7 @@ def test_standin_interactive_takes_markers_from_a_mailbox_follow_up(tmp_path: Pa
 
     try:
         wait_line("DONE:r1")
-        post("prompt", "more work\n\nWhen finished, print ...\n[pi-matrix] marker DONE:r2 BLOCKED:r2")
+        post("prompt", "more work\n\nWhen finished, print ...\n[pi-matrix] marker code r2")
         wait_line("DONE:r2")
         post("prompt", "and more")  # no marker line: the last round's markers again
         wait_line("DONE:r2")

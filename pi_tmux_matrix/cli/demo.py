@@ -267,12 +267,14 @@ class Demo:
 
 
 @contextmanager
-def _scratch(keep: bool) -> Iterator[Path]:
+def _scratch(keep: list[bool]) -> Iterator[Path]:
+    """A scratch folder, removed at the end unless ``keep[0]`` is true by then (``--keep``, or a
+    failed step whose logs are the evidence)."""
     root = Path(tempfile.mkdtemp(prefix="pi-matrix-demo-"))
     try:
         yield root
     finally:
-        if not keep:
+        if not keep[0]:
             shutil.rmtree(root, ignore_errors=True)
 
 
@@ -287,19 +289,21 @@ def cmd_demo(args: argparse.Namespace, io: Io) -> int:
         io.err.write("pi-matrix: error: the demo needs git (its lanes are git worktrees); install git\n")
         return EXIT_USAGE
     started = time.monotonic()
-    with _scratch(args.keep) as root:
+    keep = [bool(args.keep)]
+    with _scratch(keep) as root:
         demo = Demo(io, root, args.agent)
         if not demo.tmux:
             io.out.write("(tmux is not installed: the agents run detached, --backend subprocess)\n")
         try:
             demo.run()
         except PiMatrixError as exc:
+            keep[0] = True
             io.err.write(f"pi-matrix: error: {exc}\n")
             return EXIT_FAILED
         finally:
             demo.cleanup()
             io.out.write(
                 f"\n== done in {time.monotonic() - started:.1f}s; every process it started is stopped and "
-                f"its tmux server (-L {demo.socket}) is gone" + (f"; kept {root}" if args.keep else "") + "\n"
+                f"its tmux server (-L {demo.socket}) is gone" + (f"; kept {root}" if keep[0] else "") + "\n"
             )
     return EXIT_OK

@@ -171,6 +171,9 @@ def _age(ms: int) -> str:
 
 
 def _print_job(io: Io, view: dict[str, Any]) -> None:
+    if view["state"] == "corrupt":
+        io.err.write(f"pi-matrix: warning: {view['path']}: {view['problem']} (job record unreadable)\n")
+        return
     if view["state"] == "untracked":
         for pane in view["agents"]:
             io.out.write(
@@ -270,7 +273,7 @@ def stop_job(args: argparse.Namespace, io: Io) -> int:
 
 def cmd_resume(args: argparse.Namespace, io: Io) -> int:
     from ..dispatch.model import Relaunch
-    from ..resume import plan_resume, relaunch
+    from ..resume import plan_resume
     from ..supervise.master import calling_master
 
     store = _store(args)
@@ -305,11 +308,22 @@ def cmd_resume(args: argparse.Namespace, io: Io) -> int:
         else:
             io.out.write(f"would resume {args.key} in {plan.cwd}:\n  argv {json.dumps(list(plan.argv))}\n")
         return EXIT_OK
+    if procs.is_alive(entry.child_process):
+        io.err.write(
+            f"pi-matrix: error: {args.key}'s agent (pid {entry.child_pid}) still runs without its host\n"
+        )
+        return EXIT_FAILED
     request = Relaunch(
         entry=entry, parent=parent, parent_session=session, state_dir=str(store.root),
         socket=args.socket or default_socket(), backend=args.backend,
     )  # fmt: skip
-    pid = relaunch(request)
+    from ..dispatch.plugins import plugin_manager
+
+    # Through the hook, like a master's recovery: a plugin's relauncher is honoured in both paths.
+    pid = plugin_manager(matrix=load_settings().enabled).hook.relaunch(request=request)
+    if pid is None:
+        io.err.write(f"pi-matrix: error: no plugin relaunched {args.key} (is the matrix plugin disabled?)\n")
+        return EXIT_FAILED
     if args.json:
         _dump(io, {"key": args.key, "hostPid": pid})
     else:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import secrets
 import subprocess
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, cast
 
@@ -51,7 +52,7 @@ from ..supervise.relaunch import ENV_PI_COMMAND, host_argv, pi_command
 from .jobs import JobStore, new_job_id, new_nonce, result_now
 from .model import AgentLaunch, AgentResult, Job, JobAgent, ResultKind
 from .plugins import plugin_manager
-from .watch import stop_agent, watch_argv
+from .watch import stop_agents, watch_argv
 
 __all__ = [
     "DEFAULT_SOCKET",
@@ -61,6 +62,8 @@ __all__ = [
     "PlannedAgent",
     "session_file_for",
 ]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET: Final = "pi-matrix"
 TMUX_SESSION: Final = "pi-matrix"
@@ -154,8 +157,11 @@ def write_session_header(session_file: str, session_id: str, cwd: str) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except FileExistsError:
         return
+    data = (json.dumps(header) + "\n").encode()
     try:
-        os.write(fd, (json.dumps(header) + "\n").encode())
+        while data:
+            data = data[os.write(fd, data) :]
+        os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -415,7 +421,12 @@ class Dispatcher:
         owners: dict[str, str] = {}
         # Each plugin's contribution by name, so two plugins fighting over a variable are named.
         for impl in reversed(self.plugins.hook.launch_env.get_hookimpls()):
-            contributed = cast("dict[str, str] | None", impl.function(launch=launch)) or {}
+            try:
+                contributed = cast("dict[str, str] | None", impl.function(launch=launch)) or {}
+            except Exception as exc:  # a plugin's bug must name the plugin
+                raise DispatchError(
+                    f"fire: plugin {impl.plugin_name!r} failed in launch_env ({exc}); fix or uninstall it"
+                ) from exc
             for key, value in contributed.items():
                 if key in owners and env.get(key) != value:
                     raise DispatchError(
@@ -457,10 +468,22 @@ class Dispatcher:
                     job.id,
                     lambda j: attrs.evolve(j, agents=tuple(by_id.get(a.agent_id, a) for a in j.agents)),
                 )
+                # Every agent that started is watched, even when a later one failed to start.
+                for agent in job.agents:
+                    if agent.agent_id in by_id:
+                        self._start_watcher(job, agent)
         for agent, plan in zip(job.agents, planned, strict=True):
-            self._start_watcher(job, agent)
-            self.plugins.hook.on_launched(job=job, launch=plan.launch, pane=_pane_info(agent))
+            self._notify("on_launched", job=job, launch=plan.launch, pane=_pane_info(agent))
         return FireResult(job, tuple(planned), False)
+
+    def _notify(self, hook: str, **kwargs: Any) -> None:
+        """Call a notification hook plugin by plugin: one failing plugin is reported, never allowed
+        to undo a launch or a result, nor to keep the others from hearing of it."""
+        for impl in getattr(self.plugins.hook, hook).get_hookimpls():
+            try:
+                impl.function(**{name: kwargs[name] for name in impl.argnames})
+            except Exception as exc:  # noqa: BLE001 - a plugin's bug is reported, not propagated
+                log.warning("plugin %r failed in %s: %s", impl.plugin_name, hook, exc)
 
     def _cap_lock(self) -> Any:
         if not self.settings.enabled:
@@ -530,10 +553,15 @@ class Dispatcher:
         if agent.backend == "tmux" and agent.pane_id is not None:
             from .tmux import TmuxServer
 
-            # A pane already gone: `jobs` judges the agent by its host's identity.
-            with contextlib.suppress(TmuxUnavailable, PiMatrixError):
+            try:
                 TmuxServer(agent.socket or DEFAULT_SOCKET).pipe_pane(agent.pane_id, argv)
-            return
+                return
+            except (TmuxUnavailable, PiMatrixError) as exc:
+                # The pane is already gone (a quick agent) or tmux is unreachable: a detached
+                # watcher without the pane's output still writes the host's exit or the deadline.
+                log.warning(
+                    "%s: no pipe on pane %s (%s); watching its host only", agent.key, agent.pane_id, exc
+                )
         logs = self.store.side_dir("logs")
         fd = os.open(
             logs / f"{job.id}.{agent.agent_id}.watch.log",
@@ -686,17 +714,22 @@ class Dispatcher:
         """On dispatcher start (``jobs``): complete records from pane tags, mark unfinished jobs
         whose panes all vanished as orphaned (never killing anything), report every job's
         tri-state; panes tagged with an unknown job are listed as ``untracked``."""
-        jobs, _ = self.jobs.list_jobs()
+        jobs, problems = self.jobs.list_jobs()
         cache: dict[str, list[Any] | None] = {}
-        views = []
+        views: list[dict[str, Any]] = [
+            {"jobId": Path(bad.path).stem, "state": "corrupt", "problem": bad.reason, "path": bad.path}
+            for bad in problems
+        ]
         for job in jobs:
             current = self._rebuild_from_tags(job, cache)
             states = self.tmux_states(current, cache)
             view = self.view(current, tmux_state=states)
             unfinished = [a for a in view["agents"] if a["result"] is None]
+            recorded = all(a.pane_id is not None for a in current.agents if a.backend == "tmux")
             if (
                 view["state"] == "running"
                 and unfinished
+                and recorded  # a fire still launching has no panes yet: not orphaned
                 and all(states.get(a["agentId"]) == "gone" and not a["hostAlive"] for a in unfinished)
             ):
                 current = self.jobs.update(
@@ -724,22 +757,33 @@ class Dispatcher:
         live = [a for a in targets if procs.is_alive(a.host)]
         if not live:
             raise DispatchError(f"followup: no agent of {job_id} is alive to take it; fire a new job")
+        live_ids = {a.agent_id for a in live}
         rearmed: dict[str, JobAgent] = {}
-        for agent in live:
-            nonce = new_nonce()
-            rearmed[agent.agent_id] = attrs.evolve(
-                agent, nonce=nonce, round=agent.round + 1, deadline_at=now_ms() + int(agent.deadline_s * 1000)
-            )
-        job = self.jobs.update(
-            job_id, lambda j: attrs.evolve(j, agents=tuple(rearmed.get(a.agent_id, a) for a in j.agents))
-        )
+
+        def rearm(current: Job) -> Job:
+            # Computed under the job's lock from the record as it stands: two follow-ups at once
+            # take rounds n+1 and n+2, never the same round with two nonces.
+            agents = []
+            for agent in current.agents:
+                if agent.agent_id in live_ids:
+                    next_round = attrs.evolve(
+                        agent, nonce=new_nonce(), round=agent.round + 1,
+                        deadline_at=now_ms() + int(agent.deadline_s * 1000),
+                    )  # fmt: skip
+                    rearmed[agent.agent_id] = next_round
+                    agents.append(next_round)
+                else:
+                    agents.append(agent)
+            return attrs.evolve(current, agents=tuple(agents))
+
+        job = self.jobs.update(job_id, rearm)
         from ..supervise.mailbox import Inbox
 
         for agent in job.agents:
             if agent.agent_id not in rearmed:
                 continue
             self._start_watcher(job, agent)
-            marker = f"[pi-matrix] marker DONE:{agent.nonce} BLOCKED:{agent.nonce}"
+            marker = f"[pi-matrix] marker code {agent.nonce}"
             message = f"{text.strip()}\n\n{marker_instruction(agent.nonce)}\n{marker}"
             Inbox(self.store, agent.key).post("prompt", message, sender="pi-matrix followup")
         return job
@@ -754,9 +798,11 @@ class Dispatcher:
                 f"dismiss: {job_id} still has working agents ({', '.join(working)}); wait for them, or "
                 f"'pi-matrix stop {job_id} --confirm yes-tmux-stop'"
             )
-        for agent in job.agents:
-            stop_agent(self.store, agent, reason="dismiss")
-        return self.jobs.update(job_id, lambda j: attrs.evolve(j, dismissed_at=now_ms()))
+        survivors = stop_agents(self.store, job.agents, reason="dismiss")
+        job = self.jobs.update(job_id, lambda j: attrs.evolve(j, dismissed_at=now_ms()))
+        if survivors:
+            raise DispatchError(_survived("dismiss", job_id, survivors))
+        return job
 
     def stop(self, job_id: str) -> tuple[Job, list[AgentResult]]:
         """The confirmed stop: a ``stopped`` result first (where none exists), then each host's stop
@@ -769,12 +815,18 @@ class Dispatcher:
             )
             if self.jobs.put_result(result):
                 written.append(result)
-        for agent in job.agents:
-            stop_agent(self.store, agent, reason="stop")
+        survivors = stop_agents(self.store, job.agents, reason="stop")
         job = self.jobs.update(job_id, lambda j: attrs.evolve(j, stopped_at=now_ms()))
         for result in written:
-            self.plugins.hook.on_terminal(job=job, result=result)
+            self._notify("on_terminal", job=job, result=result)
+        if survivors:
+            raise DispatchError(_survived("stop", job_id, survivors))
         return job, written
+
+
+def _survived(verb: str, job_id: str, survivors: Sequence[JobAgent]) -> str:
+    hosts = ", ".join(f"{a.agent_id} (host pid {a.host_pid})" for a in survivors)
+    return f"{verb}: {job_id}: still running after SIGKILL: {hosts}; check them with 'pi-matrix job {job_id}'"
 
 
 def _result_json(result: AgentResult) -> dict[str, Any]:

@@ -28,8 +28,20 @@ def plugin_manager(*, matrix: bool = True, entry_points: bool = True) -> pluggy.
 
         pm.register(plugin.MatrixPlugin(), name="matrix")
     if entry_points:
-        try:
-            pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-        except Exception as exc:  # noqa: BLE001 - any plugin import error
-            log.warning("a pi_tmux_matrix plugin failed to load and was skipped: %s", exc)
+        from importlib.metadata import entry_points as installed
+
+        # One at a time: a plugin that fails to import is reported and skipped, and never takes
+        # the plugins after it down with it (pluggy's own loader stops at the first failure).
+        for point in installed(group=ENTRY_POINT_GROUP):
+            if pm.get_plugin(point.name) is not None or pm.is_blocked(point.name):
+                continue
+            try:
+                pm.register(point.load(), name=point.name)
+            except Exception as exc:  # noqa: BLE001 - any import or registration error
+                log.warning(
+                    "pi_tmux_matrix plugin %r (%s) failed to load and was skipped: %s",
+                    point.name,
+                    point.value,
+                    exc,
+                )
     return pm

@@ -18,6 +18,7 @@ and writes exactly one result for its round, for whichever comes first:
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import logging
 import os
@@ -45,10 +46,11 @@ __all__ = ["MarkerScanner", "Watcher", "main", "watch_argv"]
 
 log = logging.getLogger(__name__)
 
-# Escape sequences: CSI (cursor moves and positioning end a visual line), OSC, and two-byte ESC.
-_CSI: Final = re.compile(r"\x1b\[[0-?]*[ -/]*([@-~])")
-_OSC: Final = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?")
-_ESC: Final = re.compile(r"\x1b[@-Z\\-_]")
+# Escape sequences: CSI, 7- or 8-bit (cursor moves and positioning end a visual line), OSC and
+# other strings, and every other ESC sequence (charset selection like ESC ( B, save/restore ESC 7).
+_CSI: Final = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*([@-~])")
+_OSC: Final = re.compile(r"\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?")
+_ESC: Final = re.compile(r"\x1b[ -/]*[0-~]")
 _LINE_BREAKING_CSI: Final = frozenset("ABEFGHdf")
 _DECORATION: Final = " \t\u2502\u2503|>*\u2022\u25cf"  # box rules, quote marks, bullets a TUI adds
 MAX_LINE: Final = 64 * 1024
@@ -66,9 +68,11 @@ class MarkerScanner:
         self.done = f"DONE:{nonce}"
         self.blocked = f"BLOCKED:{nonce}"
         self._partial = ""
+        # A multi-byte character split across two reads must not turn into two replacements.
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
     def feed(self, data: bytes) -> tuple[ResultKind, str] | None:
-        text = self._partial + data.decode("utf-8", "replace")
+        text = self._partial + self._decoder.decode(data)
         text = _OSC.sub("", text)
         text = _CSI.sub(lambda m: "\n" if m.group(1) in _LINE_BREAKING_CSI else "", text)
         text = _ESC.sub("", text)
@@ -168,6 +172,8 @@ class Watcher:
         )
 
     def on_deadline(self) -> None:
+        if self.superseded():
+            return  # a follow-up re-armed the agent: this round's deadline no longer applies
         written = self.write(ResultKind.TIMEOUT, f"deadline of {self.agent.deadline_s:.0f}s passed")
         if written is None:
             return
@@ -231,7 +237,7 @@ class Watcher:
                         dir_watch.drain()
                 if follow_fd is not None and self._read_follow(follow_fd):
                     return 0
-                if not ready and self.superseded():
+                if self.superseded():
                     return 0
         finally:
             selector.close()
@@ -310,28 +316,44 @@ class Watcher:
 
 
 def stop_agent(store: MatrixStore, agent: JobAgent, *, reason: str, wait_s: float = STOP_WAIT_S) -> bool:
-    """The owner-side stop of one agent: its host's stop sequence, then its pane if still there.
+    """The owner-side stop of one agent (see :func:`stop_agents`); True when its host is gone."""
+    return not stop_agents(store, [agent], reason=reason, wait_s=wait_s)
 
-    Returns True when the host is gone. Never signals anything but the host this job launched
-    (checked by identity), and closes only the pane whose process is that host.
+
+def stop_agents(
+    store: MatrixStore, agents: Sequence[JobAgent], *, reason: str, wait_s: float = STOP_WAIT_S
+) -> list[JobAgent]:
+    """Stop agents through their hosts, all at once, and return the ones whose host survived.
+
+    Each host runs its own stop sequence (request -> SIGTERM -> SIGKILL of its agent); a host that
+    has not finished within ``wait_s`` gets SIGTERM (it forwards it), then SIGKILL. Only hosts this
+    dispatcher launched are signalled, checked by identity; only their own panes are closed.
     """
-    host = agent.host
-    if host is None or not procs.is_alive(host):
-        _close_pane(agent, host)
-        return True
-    Inbox(store, agent.key).post("stop", reason, sender=f"pi-matrix {reason}")
-    if procs.wait_for_exit(host, wait_s):
-        _close_pane(agent, host)
-        return True
-    # The host did not finish its own stop sequence: SIGTERM to the host (it forwards it to its
-    # agent), then the pane.
-    procs.send_signal(host, signal.SIGTERM)
-    gone = procs.wait_for_exit(host, 5.0)
-    _close_pane(agent, host)
-    return gone or procs.wait_for_exit(host, 2.0)
+    hosts = [(agent, agent.host) for agent in agents]
+    for agent, host in hosts:
+        if host is not None and procs.is_alive(host):
+            Inbox(store, agent.key).post("stop", reason, sender=f"pi-matrix {reason}")
+    for sig, grace in ((None, wait_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
+        alive = [(a, h) for a, h in hosts if h is not None and procs.is_alive(h)]
+        if not alive:
+            break
+        if sig is not None:
+            for _, host in alive:
+                procs.send_signal(host, sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(procs.is_alive(h) for _, h in alive):
+            time.sleep(0.05)
+    survivors = [a for a, h in hosts if h is not None and procs.is_alive(h)]
+    for agent, host in hosts:
+        if agent not in survivors:
+            _close_pane(agent, host)
+    return survivors
 
 
 def _close_pane(agent: JobAgent, host: procs.ProcessIdentity | None) -> None:
+    """Close the agent's pane only if it still is that agent's: pane ids restart at %0 with a new
+    tmux server, so the id alone could name another job's pane. Its tags must name this agent and,
+    while the host lives, its process must be the host."""
     if agent.backend != "tmux" or agent.socket is None or agent.pane_id is None:
         return
     from .tmux import TmuxServer
@@ -339,8 +361,12 @@ def _close_pane(agent: JobAgent, host: procs.ProcessIdentity | None) -> None:
     with contextlib.suppress(TmuxUnavailable, PiMatrixError, OSError):
         server = TmuxServer(agent.socket)
         pane = server.pane(agent.pane_id)
-        if pane is not None and (host is None or pane.pane_pid == host.pid):
-            server.kill_pane(agent.pane_id)
+        if pane is None or pane.tag("@pi_matrix_key") != agent.key:
+            return
+        running = procs.identify(pane.pane_pid)
+        if running is not None and host is not None and running != host:
+            return
+        server.kill_pane(agent.pane_id)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

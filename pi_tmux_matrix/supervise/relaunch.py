@@ -179,10 +179,14 @@ class DetachedHostRelauncher:
         env = {
             key: value
             for key, value in os.environ.items()
-            if key not in (ENV_PARENT_PID, ENV_PARENT_SESSION, ENV_TASK_REF, ENV_AGENT_ID)
+            # The launcher's own contract never passes on: this worker's comes from its payload.
+            if key not in (ENV_PARENT_PID, ENV_PARENT_SESSION, ENV_TASK_REF, ENV_AGENT_ID, ENV_ALLOWED_PATHS)
+            and key != "PI_WORKTREE_LANE"
         }
         env[ENV_AGENT_ID] = identity.agent_id
-        env.setdefault(ENV_ALLOWED_PATHS, "[]")
+        env[ENV_ALLOWED_PATHS] = "[]"
+        if identity.lane:
+            env["PI_WORKTREE_LANE"] = identity.lane
         if payload.task_ref:
             env[ENV_TASK_REF] = payload.task_ref
         return host, env, identity.cwd
