@@ -194,7 +194,8 @@ def test_a_deadline_writes_timeout_first_then_the_pane_is_gone(lab: Lab) -> None
     wait_for("the pane to be gone", pane_gone, timeout=10)
     assert not procs.is_alive(entry.child_process)
     final = lab.store.get(agent.key)
-    assert final.exit is not None and final.exit.kind.value in ("timed_out", "killed")
+    assert final.exit is not None and final.exit.kind.value == "timed_out"  # the owner's limit, not a kill
+    assert result.at <= final.exit.at  # the timeout result first, then the stop
 
 
 def test_hostile_task_text_arrives_verbatim(lab: Lab) -> None:
@@ -561,3 +562,72 @@ def test_every_tmux_call_of_a_fire_is_a_list_argv_and_a_launch_is_the_host_after
         agent_argv = argv[argv.index("--") + 1 :]
         assert any(task in word for word in agent_argv)  # the task is one word, untouched
     assert not any("send-keys" in c for c in calls)
+
+
+def test_fire_json_prints_the_job_and_each_agents_key_target_and_pane_pid(lab: Lab) -> None:
+    master = lab.start_master()
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "fire", "--team", "stand-in-pair", "--socket", lab.socket,
+         "--parent-pid", str(master.pid), "--parent-session", "boss", "--path", str(lab.work), "--json",
+         "--", "HANG json"],
+        capture_output=True, text=True, env=lab.env, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["jobId"].startswith("job-") and len(out["agents"]) == 2
+    for agent in out["agents"]:
+        assert agent["key"].startswith("worker-") and agent["paneId"].startswith("%")
+        ident = procs.identify(agent["panePid"])
+        assert ident is not None
+        lab.started.append(ident)
+        assert agent["target"].startswith("pi-matrix:")
+        lab.worker(agent["key"])
+
+
+@pytest.mark.parametrize("broken", ["session_file_gone", "header_cwd_gone", "profile_gone"])
+def test_resume_refuses_what_it_cannot_resume_exactly(lab: Lab, broken: str) -> None:
+    master = lab.start_master()
+    fired = lab.fire("HANG to resume", lane=None)
+    (agent,) = fired.job.agents
+    entry = lab.worker(agent.key)
+    procs.send_signal(master.process, signal.SIGKILL)  # type: ignore[arg-type]
+    resumable = wait_for(
+        "resumable", lambda: e if (e := lab.store.find(agent.key)) and e.status is Status.RESUMABLE else None
+    )
+    for ident in (resumable.child_process, resumable.process):
+        procs.send_signal(ident, signal.SIGKILL)  # type: ignore[arg-type]
+        procs.wait_for_exit(ident, 5)  # type: ignore[arg-type]
+    session_file = Path(entry.identity.session_file or "")
+    if broken == "session_file_gone":
+        session_file.unlink()
+    elif broken == "header_cwd_gone":
+        lines = session_file.read_text().splitlines()
+        header = json.loads(lines[0])
+        header["cwd"] = str(lab.tmp / "vanished")
+        session_file.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    else:
+        user_profiles = lab.agent_dir / "launch_profiles"
+        user_profiles.mkdir(exist_ok=True)
+        lab.store.update(
+            agent.key,
+            lambda e: attrs.evolve(
+                e, resumable=attrs.evolve(
+                    e.resumable, identity=attrs.evolve(e.resumable.identity, profile="retired-reviewer")
+                ),
+            ),
+        )  # fmt: skip
+    new_master = lab.start_master(session="boss2")
+    before = lab.store.get(agent.key)
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "resume", agent.key, "--dry-run", "--json",
+         "--parent-pid", str(new_master.pid), "--parent-session", "boss2", "--socket", lab.socket],
+        capture_output=True, text=True, env=lab.env, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout
+    expected = {
+        "session_file_gone": "is gone",
+        "header_cwd_gone": "header",
+        "profile_gone": "retired-reviewer",
+    }
+    assert expected[broken] in done.stderr
+    assert lab.store.get(agent.key) == before  # nothing written
