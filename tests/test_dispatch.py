@@ -307,7 +307,7 @@ def test_resume_of_a_dead_worker_runs_in_the_same_session_file_same_key_new_gene
     resumable = wait_for(
         "resumable", lambda: e if (e := lab.store.find(agent.key)) and e.status is Status.RESUMABLE else None
     )
-    for ident in (resumable.child_process, resumable.process):
+    for ident in (resumable.process, resumable.child_process):
         procs.send_signal(ident, signal.SIGKILL)  # type: ignore[arg-type]
         procs.wait_for_exit(ident, 5)  # type: ignore[arg-type]
 
@@ -594,7 +594,7 @@ def test_resume_refuses_what_it_cannot_resume_exactly(lab: Lab, broken: str) -> 
     resumable = wait_for(
         "resumable", lambda: e if (e := lab.store.find(agent.key)) and e.status is Status.RESUMABLE else None
     )
-    for ident in (resumable.child_process, resumable.process):
+    for ident in (resumable.process, resumable.child_process):
         procs.send_signal(ident, signal.SIGKILL)  # type: ignore[arg-type]
         procs.wait_for_exit(ident, 5)  # type: ignore[arg-type]
     session_file = Path(entry.identity.session_file or "")
@@ -631,3 +631,54 @@ def test_resume_refuses_what_it_cannot_resume_exactly(lab: Lab, broken: str) -> 
     }
     assert expected[broken] in done.stderr
     assert lab.store.get(agent.key) == before  # nothing written
+
+
+def test_two_relaunchers_racing_for_one_dead_worker_start_exactly_one_agent(sublab: Lab) -> None:
+    """A master's recovery and a `pi-matrix resume` (or two masters) read the same resumable
+    record: only the one whose claim lands starts a host; the other is refused."""
+    import threading
+
+    from pi_tmux_matrix.dispatch.model import Relaunch
+    from pi_tmux_matrix.resume import relaunch
+    from pi_tmux_matrix.supervise.relaunch import ResumeRefused
+
+    master = sublab.start_master()
+    fired = sublab.fire("HANG resumable", backend="subprocess")
+    (agent,) = fired.job.agents
+    sublab.worker(agent.key)
+    procs.send_signal(master.process, signal.SIGKILL)  # type: ignore[arg-type]
+    dead = wait_for(
+        "resumable",
+        lambda: e if (e := sublab.store.find(agent.key)) and e.status is Status.RESUMABLE else None,
+    )
+    for ident in (dead.process, dead.child_process):
+        procs.send_signal(ident, signal.SIGKILL)  # type: ignore[arg-type]
+        procs.wait_for_exit(ident, 5)  # type: ignore[arg-type]
+    snapshot = sublab.store.get(agent.key)
+    new_master = sublab.start_master(session="boss2")
+    assert new_master.process is not None
+    request = Relaunch(
+        entry=snapshot, parent=new_master.process, parent_session="boss2", state_dir=str(sublab.state),
+        backend="subprocess",
+    )  # fmt: skip
+    outcomes: list[object] = []
+    gate = threading.Barrier(2)
+
+    def attempt() -> None:
+        gate.wait()
+        try:
+            outcomes.append(relaunch(request, env=sublab.env))
+        except ResumeRefused as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=attempt) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    pids = [o for o in outcomes if isinstance(o, int)]
+    for pid in pids:
+        if (ident := procs.identify(pid)) is not None:
+            sublab.started.append(ident)
+    assert len(pids) == 1, outcomes
+    assert sum(isinstance(o, ResumeRefused) for o in outcomes) == 1

@@ -182,7 +182,7 @@ def test_a_new_master_of_the_same_session_and_task_relaunches_dead_pi_into_the_s
         lambda: e if (e := lab.store.find(agent.key)) and e.status is Status.RESUMABLE else None,
         timeout=15,
     )
-    for ident in (lost.child_process, lost.process):
+    for ident in (lost.process, lost.child_process):
         procs.send_signal(ident, 9)  # type: ignore[arg-type]
         procs.wait_for_exit(ident, 5)  # type: ignore[arg-type]
     asked = len(llm.requests)

@@ -232,7 +232,7 @@ class Demo:
         self.tree()
 
     def kill(self, entry: Entry) -> None:
-        for identity in (entry.child_process, entry.process):
+        for identity in (entry.process, entry.child_process):  # the host first: it must not record the end
             if identity is not None:
                 procs.send_signal(identity, signal.SIGKILL)
                 procs.wait_for_exit(identity, 5)
