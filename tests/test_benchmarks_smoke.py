@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -50,3 +51,18 @@ def test_bench_supervise_quick_runs(tmp_path: Path) -> None:
     assert "parent death -> winding_down" in result.stdout
     assert "idle hosts" in result.stdout
     assert (tmp_path / "bench_supervise.json").is_file()
+
+
+def test_bench_fire_quick_runs(tmp_path: Path) -> None:
+    from conftest import require_tmux
+
+    require_tmux()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_fire.py"), "--quick",
+         "--output", str(tmp_path / "f.json")],
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "until all are up" in done.stdout
+    rows = json.loads((tmp_path / "f.json").read_text())["rows"]
+    assert {"figure", "ours", "baseline", "ratio", "goal"} <= set(rows[0])
