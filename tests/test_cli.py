@@ -186,3 +186,24 @@ def test_state_dir_from_env(store: MatrixStore) -> None:
     env = {**os.environ, "PI_CODING_AGENT_DIR": str(store.root.parent.parent)}
     done = pi_matrix("ls", "--json", env=env)
     assert [r["key"] for r in json.loads(done.stdout)] == ["worker-w1"]
+
+
+def test_doctor_reports_checks_and_where_each_setting_comes_from(tmp_path: Path) -> None:
+    import json as _json
+    import os as _os
+    import subprocess as _subprocess
+    import sys as _sys
+
+    agent = Path(_os.environ["PI_CODING_AGENT_DIR"])
+    agent.mkdir(parents=True, exist_ok=True)
+    (agent / "settings.json").write_text(_json.dumps({"processMatrix": {"heartbeatMs": 2000}}))
+    done = _subprocess.run(
+        [_sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(tmp_path / "state"), "doctor", "--json"],
+        capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    report = _json.loads(done.stdout)
+    names = [c["check"] for c in report["checks"]]
+    assert names == ["tmux", "pidfd", "state dir", "node", "pi"]
+    assert report["settings"]["heartbeatMs"] == {"value": 2000, "from": str(agent / "settings.json")}
+    assert report["settings"]["watcherPollMs"]["from"] == "default"
+    assert done.returncode == (1 if any(c["required"] and not c["ok"] for c in report["checks"]) else 0)

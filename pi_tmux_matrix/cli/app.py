@@ -12,7 +12,7 @@ import attrs
 
 from .. import __version__
 from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, PiMatrixError
-from . import demo, dispatch, entries, supervise
+from . import demo, dispatch, doctor, entries, supervise
 
 __all__ = ["Io", "build_parser", "main", "run"]
 
@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     supervise.register(sub, EPILOG)
     dispatch.register(sub, EPILOG)
     demo.register(sub, EPILOG)
+    doctor.register(sub, EPILOG)
     return parser
 
 
