@@ -207,3 +207,29 @@ def test_doctor_reports_checks_and_where_each_setting_comes_from(tmp_path: Path)
     assert report["settings"]["heartbeatMs"] == {"value": 2000, "from": str(agent / "settings.json")}
     assert report["settings"]["watcherPollMs"]["from"] == "default"
     assert done.returncode == (1 if any(c["required"] and not c["ok"] for c in report["checks"]) else 0)
+
+
+def test_ndjson_listings_and_shell_completion_from_the_parser(tmp_path: Path) -> None:
+    import json as _json
+    import subprocess as _subprocess
+    import sys as _sys
+
+    def run(*args: str) -> _subprocess.CompletedProcess[str]:
+        return _subprocess.run(
+            [_sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(tmp_path / "state"), *args],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+
+    for verb in (["ls", "--ndjson"], ["tree", "--ndjson"], ["jobs", "--ndjson"]):
+        done = run(*verb)
+        assert done.returncode == 0, done.stderr
+        assert all(_json.loads(line) for line in done.stdout.splitlines())
+    bash = run("completion", "bash")
+    assert bash.returncode == 0 and "complete -o default -F _pi_matrix pi-matrix" in bash.stdout
+    for verb in ("fire", "resume", "doctor", "completion"):
+        assert verb in bash.stdout
+    assert "--confirm" in bash.stdout and "--ndjson" in bash.stdout
+    fish = run("completion", "fish")
+    assert "__fish_seen_subcommand_from fire' -l profile" in fish.stdout
+    checked = _subprocess.run(["bash", "-n"], input=bash.stdout, text=True, capture_output=True, check=False)
+    assert checked.returncode == 0, checked.stderr

@@ -12,7 +12,7 @@ import attrs
 
 from .. import __version__
 from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, PiMatrixError
-from . import demo, dispatch, doctor, entries, supervise
+from . import completion, demo, dispatch, doctor, entries, supervise
 
 __all__ = ["Io", "build_parser", "main", "run"]
 
@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     dispatch.register(sub, EPILOG)
     demo.register(sub, EPILOG)
     doctor.register(sub, EPILOG)
+    completion.register(sub, EPILOG)
     return parser
 
 

@@ -70,6 +70,7 @@ def register(sub: Any, epilog: str) -> None:
         help="also list panes tagged by a dispatcher on this socket with no job record",
     )
     jobs.add_argument("--json", action="store_true")
+    jobs.add_argument("--ndjson", action="store_true", help="one job per line")
     jobs.set_defaults(handler=cmd_jobs)
 
     job = sub.add_parser("job", help="one job: its agents, their results, hosts and panes", **common)
@@ -204,6 +205,9 @@ def cmd_jobs(args: argparse.Namespace, io: Io) -> int:
         views = [v for v in views if v["state"] != "dismissed"]
     if args.json:
         _dump(io, views)
+        return EXIT_OK
+    if args.ndjson:
+        io.out.write("".join(json.dumps(view) + "\n" for view in views))
         return EXIT_OK
     if not views:
         io.out.write("no jobs\n")

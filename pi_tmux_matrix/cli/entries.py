@@ -28,6 +28,7 @@ def register(sub: Any, epilog: str) -> None:
     ls.add_argument(
         "--json", action="store_true", help="print a JSON array of the stored entries plus 'alive'"
     )
+    ls.add_argument("--ndjson", action="store_true", help="one JSON object per line (for streaming tools)")
     ls.set_defaults(handler=cmd_ls)
 
     show = sub.add_parser("show", help="one entry: status, identity, directive, payload, handoffs", **common)
@@ -94,9 +95,12 @@ def cmd_ls(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix ls [--json]``."""
     result = _store(args).list()
     alive = _Liveness()
-    if args.json:
+    if args.json or args.ndjson:
         rows = [{**raw, "alive": alive(entry)} for entry, raw in zip(result.entries, result.raw, strict=True)]
-        io.out.write(json.dumps(rows, ensure_ascii=False) + "\n")
+        if args.ndjson:
+            io.out.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+        else:
+            io.out.write(json.dumps(rows, ensure_ascii=False) + "\n")
         _report(result.problems, io)
         return EXIT_OK
     now = now_ms()

@@ -161,6 +161,7 @@ def register(sub: Any, epilog: str) -> None:
 
     tree = sub.add_parser("tree", help="masters with their workers: status, age, lane, task", **common)
     tree.add_argument("--json", action="store_true")
+    tree.add_argument("--ndjson", action="store_true", help="one entry per line, with its master")
     tree.set_defaults(handler=cmd_tree)
 
 
@@ -576,6 +577,15 @@ def cmd_tree(args: argparse.Namespace, io: Io) -> int:
         io.err.write(f"pi-matrix: warning: {problem.line()}\n")
     if args.json:
         io.out.write(json.dumps({"masters": tree, "unparented": unparented}, indent=2) + "\n")
+        return EXIT_OK
+    if args.ndjson:
+        for node in tree:
+            workers = node.pop("workers")
+            io.out.write(json.dumps({**node, "master": None}) + "\n")
+            for worker in workers:
+                io.out.write(json.dumps({**worker, "master": node["key"]}) + "\n")
+        for orphan in unparented:
+            io.out.write(json.dumps({**orphan, "master": None}) + "\n")
         return EXIT_OK
 
     def line(node: dict[str, Any], indent: str) -> str:
