@@ -233,3 +233,23 @@ def test_ndjson_listings_and_shell_completion_from_the_parser(tmp_path: Path) ->
     assert "__fish_seen_subcommand_from fire' -l profile" in fish.stdout
     checked = _subprocess.run(["bash", "-n"], input=bash.stdout, text=True, capture_output=True, check=False)
     assert checked.returncode == 0, checked.stderr
+
+
+def test_the_cli_reference_in_docs_is_the_parsers_own_help() -> None:
+    import subprocess as _subprocess
+    import sys as _sys
+
+    if _sys.version_info[:2] != (3, 11):
+        pytest.skip("argparse's help layout differs between Python versions; the file is made on 3.11")
+
+    root = Path(__file__).resolve().parent.parent
+    done = _subprocess.run(
+        [_sys.executable, "-m", "pi_tmux_matrix.cli.reference"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout == (root / "docs" / "cli-reference.md").read_text(), (
+        "docs/cli-reference.md is stale: python -m pi_tmux_matrix.cli.reference > docs/cli-reference.md"
+    )
