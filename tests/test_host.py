@@ -253,7 +253,7 @@ class Host:
             output = ""
         return f"entry: {status}\nevents: {tail}\nhost output:\n{output}"
 
-    def wait_child(self, reaper: Reaper, *, timeout: float = 10.0) -> ProcessIdentity:
+    def wait_child(self, reaper: Reaper, *, timeout: float = 30.0) -> ProcessIdentity:
         """The agent process the host started (from the entry), tracked for cleanup."""
 
         def child() -> ProcessIdentity | None:
