@@ -12,7 +12,7 @@ import attrs
 
 from .. import __version__
 from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, PiMatrixError
-from . import completion, demo, dispatch, doctor, entries, supervise
+from . import completion, demo, dispatch, doctor, entries, supervise, top
 
 __all__ = ["Io", "build_parser", "main", "run"]
 
@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.register(sub, EPILOG)
     doctor.register(sub, EPILOG)
     completion.register(sub, EPILOG)
+    top.register(sub, EPILOG)
     return parser
 
 
