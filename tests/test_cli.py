@@ -253,3 +253,22 @@ def test_the_cli_reference_in_docs_is_the_parsers_own_help() -> None:
     assert done.stdout == (root / "docs" / "cli-reference.md").read_text(), (
         "docs/cli-reference.md is stale: python -m pi_tmux_matrix.cli.reference > docs/cli-reference.md"
     )
+
+
+def test_doctor_without_tmux_says_so_and_exits_non_zero_with_the_fix(tmp_path: Path) -> None:
+    import os as _os
+    import subprocess as _subprocess
+    import sys as _sys
+
+    # A PATH with python but without tmux.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(_sys.executable)
+    env = dict(_os.environ, PATH=str(bin_dir))
+    done = _subprocess.run(
+        [_sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(tmp_path / "state"), "doctor"],
+        capture_output=True, text=True, timeout=60, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout
+    assert "FAIL  tmux       not found" in done.stdout
+    assert "fix: install tmux" in done.stdout
