@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -239,6 +240,20 @@ def cmd_host(args: argparse.Namespace, io: Io) -> int:
         rpc_prompt=args.rpc_prompt,
     )
     return AgentHost(spec, _store(args), settings, out=io.out).run()
+
+
+STATUS_COLOURS: dict[str, str] = {
+    "running": "32", "launching": "36", "adopted": "36", "winding_down": "33", "resumable": "33",
+    "terminal": "35", "closed": "2",
+}  # fmt: skip
+
+
+def colour_for(stream: Any) -> Callable[[str, str], str]:
+    """ANSI colours only on a terminal, and never with ``NO_COLOR`` set (no-color.org)."""
+    isatty = getattr(stream, "isatty", None)
+    if os.environ.get("NO_COLOR") or not (callable(isatty) and isatty()):
+        return lambda text, _code: text
+    return lambda text, code: f"\x1b[{code}m{text}\x1b[0m" if code else text
 
 
 def _relauncher(args: argparse.Namespace, store: MatrixStore) -> Relauncher:
@@ -588,12 +603,16 @@ def cmd_tree(args: argparse.Namespace, io: Io) -> int:
             io.out.write(json.dumps({**orphan, "master": None}) + "\n")
         return EXIT_OK
 
+    paint = colour_for(io.out)
+
     def line(node: dict[str, Any], indent: str) -> str:
         alive = "alive" if node["alive"] else ("child alive" if node["childAlive"] else "dead")
         age = max(0, node["ageMs"] // 1000)
         extra = f" handoffs {node['pendingHandoffs']}" if node["pendingHandoffs"] else ""
+        status = paint(node["status"], STATUS_COLOURS.get(node["status"], ""))
+        alive = paint(alive, "32" if node["alive"] else "31")
         return (
-            f"{indent}{node['key']}  {node['status']}{' (' + node['reason'] + ')' if node['reason'] else ''}"
+            f"{indent}{node['key']}  {status}{' (' + node['reason'] + ')' if node['reason'] else ''}"
             f"  {alive}  lane {node['lane'] or '-'}  task {node['taskRef'] or '-'}  age {age}s{extra}\n"
         )
 
