@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["register", "rows"]
 
-HEADER = ("KEY", "STATUS", "ALIVE", "LANE", "TASK", "AGE", "BEAT", "HANDOFFS")
+HEADER = ("KEY", "STATUS", "ALIVE", "LANE", "TASK", "AGE", "BEAT", "HANDOFFS", "TMUX")
 
 
 def register(sub: Any, epilog: str) -> None:
@@ -64,6 +64,14 @@ def rows(store: MatrixStore) -> list[tuple[Entry | None, tuple[str, ...]]]:
     """The tree as table rows: each master, then its workers (indented), then unparented workers."""
     entries = store.list().entries
     now = now_ms()
+    targets: dict[str, str] = {}
+    with contextlib.suppress(PiMatrixError, OSError):
+        from ..dispatch.jobs import JobStore
+
+        for job in JobStore(store).list_jobs()[0]:
+            for agent in job.agents:
+                if agent.target and agent.pane_id:
+                    targets[agent.key] = f"{agent.socket}:{agent.pane_id}"
     masters = [e for e in entries if e.role is Role.MASTER]
     sessions = {m.identity.session_id for m in masters}
     out: list[tuple[Entry | None, tuple[str, ...]]] = []
@@ -78,6 +86,7 @@ def rows(store: MatrixStore) -> list[tuple[Entry | None, tuple[str, ...]]]:
         return entry, (
             indent + entry.key, status, alive, entry.identity.lane or "-", entry.task_ref or "-",
             _age(entry.created_at, now), _age(entry.heartbeat_at, now), str(len(entry.undelivered)),
+            targets.get(entry.key, "-"),
         )  # fmt: skip
 
     for master in masters:
@@ -87,7 +96,7 @@ def rows(store: MatrixStore) -> list[tuple[Entry | None, tuple[str, ...]]]:
                 out.append(row(worker, "└ "))
     orphans = [e for e in entries if e.role is Role.WORKER and e.parent_session_id not in sessions]
     if orphans:
-        out.append((None, ("(no registered master)", "", "", "", "", "", "", "")))
+        out.append((None, ("(no registered master)", "", "", "", "", "", "", "", "")))
         out.extend(row(worker, "└ ") for worker in orphans)
     return out
 
