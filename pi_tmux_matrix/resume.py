@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -26,7 +25,7 @@ from .identity import Mode, ProcessIdentity
 from .matrix.model import Entry, Status
 from .matrix.store import MatrixStore
 from .settings import MatrixSettings, load_settings
-from .supervise.relaunch import ResumeRefused, check_resumable, host_argv, wake_prompt
+from .supervise.relaunch import ResumeRefused, check_resumable, host_argv, spawn_detached, wake_prompt
 
 __all__ = ["ResumePlan", "plan_resume", "relaunch", "session_header_cwd"]
 
@@ -219,20 +218,9 @@ def relaunch(
 
 
 def _spawn_detached(store: MatrixStore, plan: ResumePlan, base_env: dict[str, str] | None = None) -> int:
-    import subprocess
-
     from .dispatch.manager import SCRUB_ENV
 
-    logs = store.side_dir("logs")
-    log_path = Path(logs) / f"{plan.key}.log"
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     env = {k: v for k, v in (os.environ if base_env is None else base_env).items() if k not in SCRUB_ENV}
     env.update(plan.env)
-    try:
-        child = subprocess.Popen(  # argv list, never a shell
-            list(plan.argv), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, cwd=plan.cwd, env=env,
-            start_new_session=True, close_fds=True,
-        )  # fmt: skip
-    finally:
-        os.close(fd)
+    child = spawn_detached(plan.argv, store.side_dir("logs") / f"{plan.key}.log", cwd=plan.cwd, env=env)
     return child.pid

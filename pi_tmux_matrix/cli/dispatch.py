@@ -278,30 +278,12 @@ def stop_job(args: argparse.Namespace, io: Io) -> int:
 def cmd_resume(args: argparse.Namespace, io: Io) -> int:
     from ..dispatch.model import Relaunch
     from ..resume import plan_resume
-    from ..supervise.master import calling_master
+    from ..supervise.master import owning_master, require_master
 
     store = _store(args)
     parse_key(args.key)
     entry = store.get(args.key)
-    if args.parent_pid is not None or args.parent_session is not None:
-        if args.parent_pid is None or args.parent_session is None:
-            raise ContractError(
-                "--parent-pid/--parent-session", "only one was given", "give both, or neither"
-            )
-        parent = procs.identify(args.parent_pid)
-        if parent is None:
-            raise ContractError(
-                "--parent-pid", f"no live process {args.parent_pid}", "name the live master process"
-            )
-        session = validate_id(args.parent_session, "--parent-session")
-    else:
-        found = calling_master(store)
-        if found is None:
-            raise ContractError(
-                "parent", "no calling master found",
-                "run it under 'pi-matrix master', or pass --parent-pid and --parent-session",
-            )  # fmt: skip
-        parent, session = found
+    parent, session = require_master(owning_master(store, args.parent_pid, args.parent_session))
     if procs.is_alive(entry.process):
         io.err.write(f"pi-matrix: error: {args.key}'s host (pid {entry.pid}) is alive; adopt it instead\n")
         return EXIT_FAILED

@@ -40,6 +40,8 @@ from ..supervise.master import (
     calling_master,
     gather_facts,
     handshake,
+    owning_master,
+    require_master,
 )
 from ..supervise.relaunch import DetachedHostRelauncher, Relauncher
 
@@ -475,24 +477,7 @@ def cmd_adopt(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix adopt KEY [--parent-pid P --parent-session S]``."""
     store = _store(args)
     entry = _worker(store, args.key)
-    if args.parent_pid is not None or args.parent_session is not None:
-        if args.parent_pid is None or args.parent_session is None:
-            raise ContractError(
-                "--parent-pid/--parent-session", "only one was given", "give both, or neither"
-            )
-        master = procs.identify(args.parent_pid)
-        if master is None:
-            raise ContractError("--parent-pid", f"no process {args.parent_pid}", "name a live master process")
-        session = validate_id(args.parent_session, "--parent-session")
-    else:
-        found = calling_master(store)
-        if found is None:
-            raise ContractError(
-                "parent",
-                "no calling master found",
-                "run this under 'pi-matrix master', or pass --parent-pid and --parent-session",
-            )
-        master, session = found
+    master, session = require_master(owning_master(store, args.parent_pid, args.parent_session))
     if entry.status in (Status.TERMINAL, Status.CLOSED):
         raise ContractError(
             "KEY", f"{args.key} is {entry.status.value}", "only a live or resumable worker can be adopted"

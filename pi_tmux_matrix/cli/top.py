@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from typing import IO, TYPE_CHECKING, Any
 
 from .. import procs
-from ..errors import EXIT_OK, EXIT_USAGE, ContractError, PiMatrixError
-from ..identity import ProcessIdentity, Role, validate_id
+from ..errors import EXIT_OK, EXIT_USAGE, PiMatrixError
+from ..identity import ProcessIdentity, Role
 from ..inotify import DirWatch
 from ..inotify import available as inotify_available
 from ..matrix.model import Entry, Status
@@ -167,7 +167,7 @@ class Top:
     def act(self, key: str, entry: Entry | None, terminal: _Terminal) -> None:
         from ..supervise import lifecycle
         from ..supervise.mailbox import Inbox
-        from ..supervise.master import handshake
+        from ..supervise.master import handshake, require_master
 
         if entry is None or entry.role is not Role.WORKER:
             self.message = "select a worker first"
@@ -176,12 +176,8 @@ class Top:
         who = f"worker {entry.identity.agent_id} (lane {lane})"
         try:
             if key == "a":
-                if self.owner is None:
-                    raise ContractError(
-                        "parent", "no calling master", "run top under 'pi-matrix master' or pass --parent-pid"
-                    )
+                master, session = require_master(self.owner)
                 if terminal.ask(f"adopt {who}?"):
-                    master, session = self.owner
                     now = now_ms()
                     handshake(
                         self.store,
@@ -214,17 +210,14 @@ class Top:
     def resume(self, entry: Entry, who: str, terminal: _Terminal) -> None:
         from ..dispatch.model import Relaunch
         from ..dispatch.plugins import plugin_manager
+        from ..supervise.master import require_master
         from .dispatch import default_socket
 
-        if self.owner is None:
-            raise ContractError(
-                "parent", "no calling master", "run top under 'pi-matrix master' or pass --parent-pid"
-            )
+        master, session = require_master(self.owner)
         if procs.is_alive(entry.process) or entry.status is not Status.RESUMABLE:
             self.message = f"{entry.key}: only a dead resumable worker is resumed (adopt a live one)"
             return
         if terminal.ask(f"resume {who} in its own session?"):
-            master, session = self.owner
             request = Relaunch(
                 entry=entry, parent=master, parent_session=session, state_dir=str(self.store.root),
                 socket=default_socket(),
@@ -263,26 +256,11 @@ class Top:
                 watch.close()
 
 
-def _owner(args: argparse.Namespace, store: MatrixStore) -> tuple[ProcessIdentity, str] | None:
-    from ..supervise.master import calling_master
-
-    if args.parent_pid is not None or args.parent_session is not None:
-        if args.parent_pid is None or args.parent_session is None:
-            raise ContractError(
-                "--parent-pid/--parent-session", "only one was given", "give both, or neither"
-            )
-        master = procs.identify(args.parent_pid)
-        if master is None:
-            raise ContractError(
-                "--parent-pid", f"no live process {args.parent_pid}", "name a live master process"
-            )
-        return master, validate_id(args.parent_session, "--parent-session")
-    return calling_master(store)
-
-
 def cmd_top(args: argparse.Namespace, io: Io) -> int:
     store = MatrixStore(resolve_state_dir(args.state_dir))
-    owner = _owner(args, store)
+    from ..supervise.master import owning_master
+
+    owner = owning_master(store, args.parent_pid, args.parent_session)
     interactive = not args.once and sys.stdin.isatty() and sys.stdout.isatty() and io.out is sys.stdout
     if not interactive:
         width = shutil.get_terminal_size((120, 24)).columns

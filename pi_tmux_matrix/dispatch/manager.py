@@ -15,7 +15,6 @@ import logging
 import os
 import re
 import secrets
-import subprocess
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -47,8 +46,8 @@ from ..matrix.model import Entry, Status, bounded
 from ..matrix.store import MatrixStore, RecordStore, now_ms
 from ..settings import ENV_STATE_DIR, MatrixSettings, agent_dir
 from ..supervise import lifecycle
-from ..supervise.master import calling_master
-from ..supervise.relaunch import ENV_PI_COMMAND, host_argv, pi_command
+from ..supervise.master import owning_master
+from ..supervise.relaunch import ENV_PI_COMMAND, host_argv, pi_command, spawn_detached
 from .jobs import JobStore, new_job_id, new_nonce, result_now
 from .model import AgentLaunch, AgentResult, Job, JobAgent, ResultKind
 from .plugins import plugin_manager
@@ -209,18 +208,12 @@ class Dispatcher:
         return self._profiles
 
     def _parent(self, request: FireRequest) -> tuple[ProcessIdentity, str]:
-        if request.parent_pid is not None or request.parent_session is not None:
-            if request.parent_pid is None or request.parent_session is None:
-                raise ContractError(
-                    "--parent-pid/--parent-session", "only one was given", "give both, or neither"
-                )
-            parent = procs.identify(request.parent_pid)
-            if parent is None:
-                raise ContractError(
-                    "--parent-pid", f"no live process {request.parent_pid}", "name the live master process"
-                )
-            return parent, validate_id(request.parent_session, "--parent-session")
-        found = calling_master(self.store) if self.settings.enabled else None
+        explicit = request.parent_pid is not None or request.parent_session is not None
+        found = (
+            owning_master(self.store, request.parent_pid, request.parent_session)
+            if explicit or self.settings.enabled
+            else None
+        )
         if found is None:
             if not self.settings.enabled:
                 me = procs.current()
@@ -487,7 +480,7 @@ class Dispatcher:
 
     def _cap_lock(self) -> Any:
         if not self.settings.enabled:
-            return _nothing()
+            return contextlib.nullcontext()
         return RecordStore(self.store, "jobs").locked("fire-cap")
 
     def _launch_one(self, job: Job, agent: JobAgent, plan: PlannedAgent) -> JobAgent:
@@ -508,22 +501,13 @@ class Dispatcher:
                 host_start=host.start_ticks if host else None, boot_id=host.boot_id if host else None,
             )  # fmt: skip
         else:
-            logs = self.store.side_dir("logs")
-            log_path = logs / f"{job.id}.{agent.agent_id}.log"
-            fd = os.open(
-                log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
-            )
+            log_path = self.store.side_dir("logs") / f"{job.id}.{agent.agent_id}.log"
             env = {k: v for k, v in self.env.items() if k not in SCRUB_ENV}
             env.update(plan.env)
             try:
-                child = subprocess.Popen(  # argv list, never a shell
-                    list(plan.argv), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, cwd=plan.cwd, env=env,
-                    start_new_session=True, close_fds=True,
-                )  # fmt: skip
+                child = spawn_detached(plan.argv, log_path, cwd=plan.cwd, env=env)
             except OSError as exc:
                 raise DispatchError(f"fire: cannot start {plan.argv[0]}: {exc.strerror}") from None
-            finally:
-                os.close(fd)
             host = procs.identify(child.pid)
             launched = attrs.evolve(
                 agent, host_pid=child.pid, host_start=host.start_ticks if host else None,
@@ -562,18 +546,7 @@ class Dispatcher:
                 log.warning(
                     "%s: no pipe on pane %s (%s); watching its host only", agent.key, agent.pane_id, exc
                 )
-        logs = self.store.side_dir("logs")
-        fd = os.open(
-            logs / f"{job.id}.{agent.agent_id}.watch.log",
-            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-        )
-        try:
-            subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, start_new_session=True, close_fds=True
-            )
-        finally:
-            os.close(fd)
+        spawn_detached(argv, self.store.side_dir("logs") / f"{job.id}.{agent.agent_id}.watch.log")
 
     # -- jobs ----------------------------------------------------------------------------------------
     def view(self, job: Job, *, tmux_state: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -842,11 +815,3 @@ def _result_json(result: AgentResult) -> dict[str, Any]:
 
 def _pane_info(agent: JobAgent) -> dict[str, Any]:
     return {"paneId": agent.pane_id, "panePid": agent.host_pid, "target": agent.target, "pid": agent.host_pid}
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

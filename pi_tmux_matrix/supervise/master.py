@@ -16,8 +16,8 @@ from typing import IO, Final, Protocol
 import attrs
 
 from .. import procs
-from ..errors import Conflict, NotFound, PiMatrixError
-from ..identity import ProcessIdentity, Role
+from ..errors import Conflict, ContractError, NotFound, PiMatrixError
+from ..identity import ProcessIdentity, Role, validate_id
 from ..matrix.model import Entry, Handoff, Status
 from ..matrix.reconcile import ActionKind, Facts, Plan, reconcile
 from ..matrix.store import MatrixStore, now_ms
@@ -35,6 +35,8 @@ __all__ = [
     "calling_master",
     "gather_facts",
     "is_exact",
+    "owning_master",
+    "require_master",
 ]
 
 log = logging.getLogger(__name__)
@@ -296,3 +298,28 @@ def calling_master(store: MatrixStore) -> tuple[ProcessIdentity, str] | None:
         if session is not None:
             return ancestor, session
     return None
+
+
+def owning_master(
+    store: MatrixStore, parent_pid: int | None, parent_session: str | None
+) -> tuple[ProcessIdentity, str] | None:
+    """The master an owner command acts for: ``--parent-pid``/``--parent-session`` when given
+    (both, a live pid), else the calling master; None when there is none."""
+    if parent_pid is None and parent_session is None:
+        return calling_master(store)
+    if parent_pid is None or parent_session is None:
+        raise ContractError("--parent-pid/--parent-session", "only one was given", "give both, or neither")
+    master = procs.identify(parent_pid)
+    if master is None:
+        raise ContractError("--parent-pid", f"no live process {parent_pid}", "name the live master process")
+    return master, validate_id(parent_session, "--parent-session")
+
+
+def require_master(found: tuple[ProcessIdentity, str] | None) -> tuple[ProcessIdentity, str]:
+    """``found``, or the error that says how to get a master."""
+    if found is None:
+        raise ContractError(
+            "parent", "no calling master found",
+            "run it under 'pi-matrix master', or pass --parent-pid and --parent-session",
+        )  # fmt: skip
+    return found

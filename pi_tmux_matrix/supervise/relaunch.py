@@ -33,6 +33,7 @@ __all__ = [
     "ResumeRefused",
     "host_argv",
     "pi_command",
+    "spawn_detached",
     "wake_prompt",
 ]
 
@@ -107,6 +108,21 @@ def host_argv(
     for pointer in identity.resource_pointers:
         argv += ["--resource", pointer]
     return [*argv, "--", *agent_argv]
+
+
+def spawn_detached(
+    argv: Sequence[str], log_path: Path, *, cwd: str | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` (a list, never a shell) in its own session with no stdin, its output appended
+    to ``log_path`` (0600, never through a symlink): a process that outlives whoever started it."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        return subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, cwd=cwd, env=env,
+            start_new_session=True, close_fds=True,
+        )  # fmt: skip
+    finally:
+        os.close(fd)
 
 
 def wake_prompt(payload: ResumablePayload) -> str:
@@ -193,22 +209,7 @@ class DetachedHostRelauncher:
 
     def __call__(self, entry: Entry, parent: ProcessIdentity, parent_session: str) -> int:
         argv, env, cwd = self.build(entry, parent, parent_session)
-        logs = self.store.side_dir("logs")
-        log_path = logs / f"{entry.key}.log"
-        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o600)
-        try:
-            child = subprocess.Popen(  # argv list, never a shell
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=fd,
-                stderr=fd,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-            )
-        finally:
-            os.close(fd)
+        child = spawn_detached(argv, self.store.side_dir("logs") / f"{entry.key}.log", cwd=cwd, env=env)
         launched = procs.identify(child.pid)
         if launched is not None:
             # Conflict: the new host registered first; its registration wins, as it should.
