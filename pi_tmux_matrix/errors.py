@@ -26,6 +26,7 @@ __all__ = [
     "PiMatrixError",
     "ProfileError",
     "ProfileNotFound",
+    "RunNotFound",
     "StateDirError",
     "StoreError",
     "TmuxUnavailable",
@@ -180,3 +181,13 @@ class JobNotFound(PiMatrixError):
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
         super().__init__(f"no job {job_id!r}; 'pi-matrix jobs' lists them")
+
+
+class RunNotFound(PiMatrixError):
+    """No fork run with that id."""
+
+    exit_code = EXIT_NOT_FOUND
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"no fork run {run_id!r}; 'pi-matrix runs' lists them")

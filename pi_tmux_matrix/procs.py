@@ -239,6 +239,19 @@ def ancestors(pid: int | None = None) -> list[ProcessIdentity]:
     return found
 
 
+def cmdline(identity: ProcessIdentity) -> list[str] | None:
+    """The argv of the process ``identity`` names, or None if it is gone (or another process now
+    holds the pid). A process may have rewritten it (pi sets its title to ``pi``)."""
+    try:
+        with open(f"/proc/{identity.pid}/cmdline", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    if not is_alive(identity):
+        return None
+    return [os.fsdecode(word) for word in raw.split(b"\0")[:-1]]
+
+
 def with_argument(word: str) -> list[ProcessIdentity]:
     """Processes of this user with ``word`` as one whole argv element (e.g. a unique scratch
     state dir): how the demo finds the helpers it started indirectly (tmux pipe-pane watchers)."""

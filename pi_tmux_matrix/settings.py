@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,6 +22,7 @@ from . import strictjson
 __all__ = [
     "BOUNDS",
     "DEFAULTS",
+    "FIELDS",
     "MatrixSettings",
     "agent_dir",
     "load_settings",
@@ -40,8 +42,17 @@ BOUNDS: Final[dict[str, tuple[int, int, int]]] = {
     "watcherPollMs": (25_000, 1_000, 600_000),
     # The dispatcher's cap of live agents per working directory (issue 4), not a time.
     "maxConcurrentAgents": (3, 1, 64),
+    # Running fork runs per working directory (seed 003's MAX_CONCURRENT_FORKS).
+    "maxConcurrentForks": (3, 1, 64),
 }
-DEFAULTS: Final[dict[str, Any]] = {"enabled": True, **{k: v[0] for k, v in BOUNDS.items()}}
+# Not whole numbers: the on/off switch, and variables set in every fork child (seed 003's
+# pi-fork.environment; the forced PI_FORK/PI_OFFLINE/... always win over them).
+DEFAULTS: Final[dict[str, Any]] = {
+    "enabled": True,
+    "forkEnvironment": {},
+    **{k: v[0] for k, v in BOUNDS.items()},
+}
+_ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
 @attrs.frozen(kw_only=True)
@@ -53,15 +64,19 @@ class MatrixSettings:
     adoption_grace_ms: int = 300_000
     watcher_poll_ms: int = 25_000
     max_concurrent_agents: int = 3
+    max_concurrent_forks: int = 3
+    fork_environment: Mapping[str, str] = attrs.field(factory=dict)
     sources: Mapping[str, str] = attrs.field(factory=dict, eq=False)
 
 
-_FIELD = {
+FIELDS = {
     "enabled": "enabled",
     "heartbeatMs": "heartbeat_ms",
     "adoptionGraceMs": "adoption_grace_ms",
     "watcherPollMs": "watcher_poll_ms",
     "maxConcurrentAgents": "max_concurrent_agents",
+    "maxConcurrentForks": "max_concurrent_forks",
+    "forkEnvironment": "fork_environment",
 }
 
 
@@ -133,6 +148,19 @@ def _coerce(key: str, value: Any, path: Path) -> Any:
             return value
         log.warning("%s: processMatrix.enabled must be true or false, not %r; using default", path, value)
         return None
+    if key == "forkEnvironment":
+        good = isinstance(value, dict) and all(
+            isinstance(k, str) and _ENV_NAME.fullmatch(k) and isinstance(v, str) and "\0" not in v
+            for k, v in value.items()
+        )
+        if good:
+            return dict(value)
+        log.warning(
+            "%s: processMatrix.forkEnvironment must map variable names to strings, like "
+            '{"MY_VAR": "1"}; using none',
+            path,
+        )
+        return None
     default, low, high = BOUNDS[key]
     # bool is an int subclass: `true` is a type error, not 1 ms. A fractional (or infinite,
     # from 1e400) float is a type error too: milliseconds are whole numbers.
@@ -142,7 +170,7 @@ def _coerce(key: str, value: Any, path: Path) -> Any:
             "%s: processMatrix.%s must be a whole number%s, not %r; using default %d",
             path,
             key,
-            "" if key == "maxConcurrentAgents" else " of milliseconds",
+            "" if key.startswith("maxConcurrent") else " of milliseconds",
             value,
             default,
         )
@@ -187,6 +215,6 @@ def load_settings(
                 values[key] = coerced
                 sources[key] = str(path)
     return MatrixSettings(
-        **{_FIELD[key]: value for key, value in values.items()},
-        sources={_FIELD[key]: src for key, src in sources.items()},
+        **{FIELDS[key]: value for key, value in values.items()},
+        sources={FIELDS[key]: src for key, src in sources.items()},
     )

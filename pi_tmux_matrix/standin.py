@@ -9,6 +9,8 @@ messages), and ends its turn with a ``DONE`` marker (``BLOCKED`` if the task say
 * interactive mode does the first turn, then stays for more: lines on stdin are prompts, and
   notices appended to ``$PI_MATRIX_MAILBOX`` (what the pi bridge reads) arrive as steering
   messages; a ``shutdown`` notice or SIGTERM ends it gracefully (exit 0);
+* a fork child (``PI_FORK=1`` with ``PI_FORK_RESULT_PATH``) does its one turn, writes the
+  result file the bridge would write, and exits;
 * rpc mode speaks JSON lines on stdin/stdout (``prompt``, ``steer``, ``follow_up``, ``abort``,
   ``get_state``) and exits at stdin EOF.
 
@@ -92,6 +94,7 @@ class Agent:
         self.on_idle: Any = None
         self.done_marker = os.environ.get(ENV_DONE_MARKER) or None
         self.blocked_marker = os.environ.get(ENV_BLOCKED_MARKER) or None
+        self.last_reply: str | None = None
 
     def out(self, text: str) -> None:
         if not self.emit_rpc:
@@ -142,6 +145,7 @@ class Agent:
             final = f"{self.blocked_marker} the task says BLOCKED"
         if final is not None:
             reply = f"{reply}\n{final}"
+        self.last_reply = reply
         message = {"role": "assistant", "content": reply}
         self.session.append({"type": "message", **message})
         self.event({"type": "message_end", "message": message})
@@ -298,12 +302,42 @@ def main(argv: list[str] | None = None) -> int:
     task = " ".join(args.message) or None
     if mode == "rpc":
         return _rpc(agent)
+    if _fork_child() and task and mode == "interactive":
+        # Like the bridge in a fork child: one run, its result.json, then exit.
+        code = agent.turn(task)
+        _write_fork_result(agent, session, code)
+        return code
     if mode == "print":
         if not task:
             print("stand-in: nothing to do (give a task)", file=sys.stderr)
             return 1
         return agent.turn(task)
     return _interactive(agent, task)
+
+
+def _fork_child() -> bool:
+    return os.environ.get("PI_FORK") == "1" and bool(os.environ.get("PI_FORK_RESULT_PATH"))
+
+
+def _write_fork_result(agent: Agent, session: Session, code: int) -> None:
+    """The bridge's fork ``result.json``: the last reply, a stop reason, a small usage."""
+    reply = agent.last_reply or ""
+    result = {
+        "runId": os.environ.get("PI_FORK_RUN_ID"),
+        "at": int(time.time() * 1000),
+        "text": reply,
+        "stopReason": "stop" if code in (0, 2) else "error",
+        "errorMessage": None if code in (0, 2) else reply,
+        "usage": {"input": 10, "output": 5, "totalTokens": 15, "cost": {"total": 0.001}},
+        "model": "stand-in",
+        "sessionId": session.id,
+        "sessionFile": str(session.path) if session.path else None,
+    }
+    target = Path(os.environ["PI_FORK_RESULT_PATH"])
+    tmp = target.with_name(f".{target.name}.tmp")
+    with contextlib.suppress(OSError):
+        tmp.write_text(json.dumps(result))
+        tmp.replace(target)
 
 
 def _report_like_the_bridge(session: Session) -> None:

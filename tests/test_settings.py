@@ -36,6 +36,8 @@ FIELD = {
     "adoptionGraceMs": "adoption_grace_ms",
     "watcherPollMs": "watcher_poll_ms",
     "maxConcurrentAgents": "max_concurrent_agents",
+    "maxConcurrentForks": "max_concurrent_forks",
+    "forkEnvironment": "fork_environment",
 }
 DEFAULT_SOURCES = dict.fromkeys(FIELD.values(), "default")
 
@@ -85,12 +87,15 @@ def test_seed_defaults_and_bounds() -> None:
         "adoptionGraceMs": 300_000,
         "watcherPollMs": 25_000,
         "maxConcurrentAgents": 3,
+        "maxConcurrentForks": 3,
+        "forkEnvironment": {},
     }
     assert BOUNDS == {
         "heartbeatMs": (30_000, 1_000, 600_000),
         "adoptionGraceMs": (300_000, 5_000, 3_600_000),
         "watcherPollMs": (25_000, 1_000, 600_000),
         "maxConcurrentAgents": (3, 1, 64),
+        "maxConcurrentForks": (3, 1, 64),
     }
 
 
@@ -111,6 +116,8 @@ def test_agent_dir_file_applies(agent_file: Path, project: Path, caplog: pytest.
         "adoption_grace_ms": str(agent_file),
         "watcher_poll_ms": str(agent_file),
         "max_concurrent_agents": "default",
+        "max_concurrent_forks": "default",
+        "fork_environment": "default",
     }
     assert warnings_of(caplog) == []
 
@@ -128,6 +135,8 @@ def test_project_overrides_agent_per_key(agent_file: Path, project: Path) -> Non
         "adoption_grace_ms": "default",
         "watcher_poll_ms": str(agent_file),
         "max_concurrent_agents": "default",
+        "max_concurrent_forks": "default",
+        "fork_environment": "default",
     }
 
 

@@ -12,43 +12,17 @@
 // dependency beyond node and pi's own extension API.
 import * as fs from "node:fs";
 import * as path from "node:path";
-
-const env = process.env;
-const KEY = env.PI_MATRIX_KEY || "";
-const STATE = env.PI_MATRIX_STATE_DIR || "";
-const MAILBOX = env.PI_MATRIX_MAILBOX || "";
-const KEY_PATTERN = /^(master|worker)-[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
-
-function atomicWrite(file: string, body: string): void {
-  const tmp = path.join(path.dirname(file), `.${path.basename(file)}.${process.pid}.tmp`);
-  fs.writeFileSync(tmp, body, { mode: 0o600, flag: "wx" });
-  fs.renameSync(tmp, file);
-}
-
-function post(kind: string, text: string): void {
-  // The host's inbox: <state>/mailbox/<key>/<ms>-<rand>.json, the format of Inbox.post.
-  try {
-    const dir = path.join(STATE, "mailbox", KEY);
-    fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
-    const now = Date.now();
-    const name = `${String(now).padStart(15, "0")}-${Math.random().toString(16).slice(2, 10)}.json`;
-    atomicWrite(path.join(dir, name), JSON.stringify({ kind, text, at: now, sender: "bridge" }));
-  } catch {
-    // The host notices a silent bridge; a failed report must never take the session down.
-  }
-}
-
-function textOf(message: any): string {
-  const content = message && message.content;
-  if (typeof content === "string") return content;
-  if (Array.isArray(content)) {
-    return content.filter((p: any) => p && p.type === "text").map((p: any) => String(p.text || "")).join("");
-  }
-  return "";
-}
+import { KEY, MAILBOX, STATE, atomicWrite, lastAssistant, post, textOf, underHost } from "./common.ts";
+import { installEnvelope } from "./envelope.ts";
+import { installFork } from "./fork.ts";
+import { installMaster } from "./master.ts";
 
 export default function (pi: any) {
-  if (!KEY_PATTERN.test(KEY) || !STATE) return;
+  // A fork child (PI_FORK=1) writes its result.json and exits after its one run, host or not.
+  installFork(pi);
+  if (!underHost()) return;
+  installEnvelope(pi);
+  installMaster(pi);
   let ctxRef: any = null;
   let offset = 0;
   let runs = 0;
@@ -121,8 +95,7 @@ export default function (pi: any) {
 
   pi.on("agent_end", async (event: any, ctx: any) => {
     runs += 1;
-    const messages: any[] = (event && event.messages) || [];
-    const last = [...messages].reverse().find((m: any) => m && m.role === "assistant");
+    const last = lastAssistant(event);
     const artifact = {
       key: KEY,
       run: runs,

@@ -12,7 +12,7 @@ import attrs
 
 from .. import __version__
 from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, PiMatrixError
-from . import completion, demo, dispatch, doctor, entries, supervise, top
+from . import completion, demo, dispatch, doctor, entries, runs, supervise, top
 
 __all__ = ["Io", "build_parser", "main", "run"]
 
@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     entries.register(sub, EPILOG)
     supervise.register(sub, EPILOG)
     dispatch.register(sub, EPILOG)
+    runs.register(sub, EPILOG)
     demo.register(sub, EPILOG)
     doctor.register(sub, EPILOG)
     completion.register(sub, EPILOG)

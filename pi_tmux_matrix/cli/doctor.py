@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import procs
 from ..errors import EXIT_FAILED, EXIT_OK
-from ..settings import agent_dir, load_settings, resolve_state_dir
+from ..settings import FIELDS, agent_dir, load_settings, resolve_state_dir
 
 if TYPE_CHECKING:
     from .app import Io
@@ -106,15 +106,10 @@ def checks(state_flag: str | None) -> list[dict[str, Any]]:
 
 def cmd_doctor(args: argparse.Namespace, io: Io) -> int:
     settings = load_settings()
-    values = {
-        "enabled": settings.enabled,
-        "heartbeatMs": settings.heartbeat_ms,
-        "adoptionGraceMs": settings.adoption_grace_ms,
-        "watcherPollMs": settings.watcher_poll_ms,
-        "maxConcurrentAgents": settings.max_concurrent_agents,
-    }
-    fields = dict(zip(values, ("enabled", "heartbeat_ms", "adoption_grace_ms", "watcher_poll_ms",
-                               "max_concurrent_agents"), strict=True))  # fmt: skip
+    # Every setting, named as in settings.json, from the one table in settings.py.
+    fields = dict(FIELDS)
+    values = {key: getattr(settings, field) for key, field in fields.items()}
+    values = {k: dict(v) if k == "forkEnvironment" else v for k, v in values.items()}
     report: dict[str, Any] = {
         "checks": checks(args.state_dir),
         "agentDir": str(agent_dir()),

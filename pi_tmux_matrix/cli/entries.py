@@ -31,9 +31,13 @@ def register(sub: Any, epilog: str) -> None:
     ls.add_argument("--ndjson", action="store_true", help="one JSON object per line (for streaming tools)")
     ls.set_defaults(handler=cmd_ls)
 
-    show = sub.add_parser("show", help="one entry: status, identity, directive, payload, handoffs", **common)
+    show = sub.add_parser(
+        "show", help="one entry: status, identity, directive, payload, handoffs, blocked tool calls", **common
+    )
     show.add_argument("key", metavar="KEY", help="the entry key, <role>-<sessionId>")
-    show.add_argument("--json", action="store_true", help="print the stored entry plus 'alive' as JSON")
+    show.add_argument(
+        "--json", action="store_true", help="print the stored entry plus 'alive' and 'toolBlocks' as JSON"
+    )
     show.set_defaults(handler=cmd_show)
 
     repair = sub.add_parser(
@@ -136,7 +140,8 @@ def cmd_show(args: argparse.Namespace, io: Io) -> int:
     alive = _Liveness()(entry)
     from ..matrix.codec import unstructure_entry
 
-    raw = {**unstructure_entry(entry), "alive": alive}
+    blocked = _tool_blocks(store, entry.key)
+    raw = {**unstructure_entry(entry), "alive": alive, "toolBlocks": blocked}
     if args.json:
         io.out.write(json.dumps(raw, ensure_ascii=False, indent=2) + "\n")
         return EXIT_OK
@@ -177,8 +182,34 @@ def cmd_show(args: argparse.Namespace, io: Io) -> int:
     if entry.exit is not None:
         ended = entry.exit
         lines.append(f"  exit         {ended.kind.value} code {ended.code} signal {ended.signal}")
+    for block in blocked:
+        lines.append(f"  blocked      {_age(now, block['at'])} ago {block['tool']} {block['path'] or '-'}")
+        lines.append(f"    reason     {str(block['reason'] or '-')[:300]}")
     io.out.write("\n".join(lines) + "\n")
     return EXIT_OK
+
+
+SHOWN_BLOCKS = 5
+
+
+def _tool_blocks(store: MatrixStore, key: str) -> list[dict[str, Any]]:
+    """The last few tool calls the worker's envelope blocked (its host records each one)."""
+    from ..supervise.mailbox import EventLog
+
+    found: list[dict[str, Any]] = []
+    for event in EventLog(store, key).tail(2000):
+        if event.get("event") != "tool_blocked":
+            continue
+        at = event.get("at")
+        found.append(
+            {
+                "at": at if isinstance(at, int) else None,
+                "tool": str(event.get("tool") or "?"),
+                "path": event.get("path") if isinstance(event.get("path"), str) else None,
+                "reason": event.get("reason") if isinstance(event.get("reason"), str) else None,
+            }
+        )
+    return found[-SHOWN_BLOCKS:]
 
 
 def cmd_repair(args: argparse.Namespace, io: Io) -> int:

@@ -13,7 +13,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .. import procs
-from ..contract import add_contract_arguments, contract_from_args, parse_env
+from ..contract import (
+    ENV_ALLOWED_PATHS,
+    add_contract_arguments,
+    contract_from_args,
+    parse_allowed_paths,
+    parse_env,
+)
 from ..errors import EXIT_OK, EXIT_USAGE, ContractError, PiMatrixError
 from ..identity import (
     ID_PATTERN,
@@ -211,7 +217,9 @@ def cmd_host(args: argparse.Namespace, io: Io) -> int:
         raise ContractError("ARGV", "no command given", "put the agent command after --, e.g. -- pi")
     settings = load_settings(args.cwd)
     if not settings.enabled:
-        # The hard off switch: just be the child, write nothing.
+        # The hard off switch: just be the child, write nothing. A malformed envelope is still
+        # refused: it never reaches the agent, matrix or not.
+        parse_allowed_paths(os.environ.get(ENV_ALLOWED_PATHS))
         try:
             os.execvp(argv[0], argv)  # argv list, never a shell
         except OSError as exc:

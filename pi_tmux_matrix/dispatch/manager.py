@@ -76,7 +76,7 @@ LIVE: Final = frozenset(
 SCRUB_ENV: Final = (
     ENV_PARENT_PID, ENV_PARENT_SESSION, ENV_AGENT_ID, ENV_TASK_REF, ENV_ALLOWED_PATHS, ENV_WORKTREE_LANE,
     "PI_MATRIX_KEY", "PI_MATRIX_MAILBOX", "PI_MATRIX_HOST_PID", "PI_MATRIX_DONE_MARKER",
-    "PI_MATRIX_BLOCKED_MARKER",
+    "PI_MATRIX_BLOCKED_MARKER", "PI_MATRIX_PROFILE",
 )  # fmt: skip
 # Passed explicitly on every launch: a long-lived tmux server keeps the env of its first client.
 PASS_ENV: Final = (
@@ -411,6 +411,8 @@ class Dispatcher:
         env.update(dict(profile.env))
         env["PI_MATRIX_DONE_MARKER"] = f"DONE:{launch.nonce}"
         env["PI_MATRIX_BLOCKED_MARKER"] = f"BLOCKED:{launch.nonce}"
+        # The bridge names the worker's profile in its appended system prompt (its identity).
+        env["PI_MATRIX_PROFILE"] = profile.name
         owners: dict[str, str] = {}
         # Each plugin's contribution by name, so two plugins fighting over a variable are named.
         for impl in reversed(self.plugins.hook.launch_env.get_hookimpls()):

@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from importlib.abc import Traversable
 
 __all__ = [
+    "AGENT_LAUNCHING_TOOLS",
     "PI_ONLY_FIELDS",
     "PROVIDERS",
     "THINKING_LEVELS",
@@ -86,6 +87,9 @@ MAX_INSTRUCTIONS_CHARS: Final = 4000
 ENV_KEY_PATTERN: Final = re.compile(r"[A-Z_][A-Z0-9_]*")
 # Tool names are joined with ',' into one --tools value, so a name may not hold one.
 TOOL_PATTERN: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+# Tools that start other agents (the master's tmux_agent_manager, seed 003's fork, pi's subagent
+# example): never in a worker's ceiling. The bridge's envelope.ts keeps the same list.
+AGENT_LAUNCHING_TOOLS: Final = frozenset({"tmux_agent_manager", "fork", "subagent"})
 # Authority the dispatcher grants per launch; a profile setting one would forge it.
 RESERVED_ENV: Final = frozenset(
     {
@@ -354,6 +358,14 @@ def _check_profile(profile: WorkerLaunchProfile) -> None:
                     f"tools[{index}]",
                     f"{_shown(tool)} is not a tool name",
                     "use names like read, bash, edit, grep",
+                )
+            if tool in AGENT_LAUNCHING_TOOLS:
+                # Every dispatched agent is a worker, and a worker never launches agents (the
+                # bridge also blocks these at run time, whatever the profile says).
+                raise check.fail(
+                    f"tools[{index}]",
+                    f"{tool!r} launches agents, which a worker is never granted",
+                    "remove it; only a master session fires agents",
                 )
     if profile.resource_profile is not None:
         check.ident(profile.resource_profile, "resource_profile")

@@ -149,8 +149,15 @@ class TmuxServer:
     """
 
     def __init__(
-        self, socket: str, *, scrub_env: Sequence[str] = (), timeout: float = DEFAULT_TIMEOUT_S
+        self,
+        socket: str,
+        *,
+        scrub_env: Sequence[str] = (),
+        timeout: float = DEFAULT_TIMEOUT_S,
+        socket_path: str | None = None,
     ) -> None:
+        if socket_path is not None and (not isinstance(socket_path, str) or not os.path.isabs(socket_path)):
+            raise ContractError("socket_path", f"{socket_path!r} is not an absolute path", "pass one")
         if not isinstance(socket, str) or ID_PATTERN.fullmatch(socket) is None:
             raise ContractError(
                 "socket",
@@ -161,8 +168,19 @@ class TmuxServer:
             if _ENV_NAME.fullmatch(name) is None:
                 raise ContractError("scrub_env", f"{name!r} is not a variable name", "pass names like PI_X")
         self.socket = socket
+        # A server named by its socket file (``tmux -S``): the one a caller runs in ($TMUX).
+        self.socket_path = socket_path
         self.scrub_env: tuple[str, ...] = tuple(scrub_env)
         self.timeout = timeout
+
+    @classmethod
+    def of_client(cls, tmux_env: str, *, timeout: float = DEFAULT_TIMEOUT_S) -> TmuxServer:
+        """The server of a client whose ``$TMUX`` is ``tmux_env`` (``<socket path>,<pid>,<n>``)."""
+        path = tmux_env.split(",", 1)[0] if isinstance(tmux_env, str) else ""
+        if not path or not os.path.isabs(path):
+            raise ContractError("TMUX", f"{tmux_env!r} does not name a tmux socket", "run inside tmux")
+        name = os.path.basename(path)
+        return cls(name if ID_PATTERN.fullmatch(name) else "client", socket_path=path, timeout=timeout)
 
     def __repr__(self) -> str:
         return f"TmuxServer({self.socket!r})"
@@ -175,7 +193,8 @@ class TmuxServer:
         binary = shutil.which("tmux", path=env.get("PATH", os.defpath))
         if binary is None:
             raise TmuxUnavailable(self.socket, "tmux is not installed (not on PATH); install tmux")
-        argv = [binary, "-L", self.socket, *(";" if arg is THEN else _word(str(arg)) for arg in args)]
+        where = ["-S", self.socket_path] if self.socket_path else ["-L", self.socket]
+        argv = [binary, *where, *(";" if arg is THEN else _word(str(arg)) for arg in args)]
         try:
             done = subprocess.run(
                 argv,
@@ -295,11 +314,7 @@ class TmuxServer:
         if not isinstance(cwd, str) or not os.path.isabs(cwd) or not os.path.isdir(cwd):
             # tmux would silently start the pane in $HOME instead.
             raise ContractError("cwd", f"{cwd!r} is not an existing absolute directory", "pass one")
-        env_args: list[str] = []
-        for key, value in env.items():
-            if _ENV_NAME.fullmatch(key) is None or "\0" in value:
-                raise ContractError("env", f"{key!r} is not a settable variable", "use names like PI_X")
-            env_args += ["-e", f"{key}={value}"]
+        env_args = _env_args(env)
         tag_items = _check_tags(tags)
 
         self._scrub(env, session)
@@ -325,14 +340,50 @@ class TmuxServer:
         self._configure(pane, tag_items)
         return attrs.evolve(pane, tags=tag_items)
 
-    def _configure(self, pane: Pane, tags: tuple[tuple[str, str], ...]) -> None:
-        """remain-on-exit off and the tags, in one tmux call (``;`` separates the commands)."""
-        args: list[str | _Then] = ["set-option", "-w", "-t", pane.window_id, "remain-on-exit", "off"]
+    def split(
+        self,
+        target: str,
+        argv: Sequence[str],
+        *,
+        vertical: bool,
+        cwd: str,
+        env: Mapping[str, str],
+        tags: Mapping[str, str],
+    ) -> Pane:
+        """Run ``argv`` in a new pane split off ``target`` (half of it; beside it, or below it
+        when ``vertical``), without selecting it. The window's options are left alone: it is
+        usually the caller's own window."""
+        words = _check_argv(argv)
+        if not isinstance(cwd, str) or not os.path.isabs(cwd) or not os.path.isdir(cwd):
+            raise ContractError("cwd", f"{cwd!r} is not an existing absolute directory", "pass one")
+        env_args = _env_args(env)
+        tag_items = _check_tags(tags)
+        spec = ["-d", "-v" if vertical else "-h", "-l", "50%", "-c", _literal(cwd), *env_args]
+        result = self._run(
+            "split-window", "-t", _check_pane_id(target), *spec, "-P", "-F", _FORMAT, "--", *words
+        )
+        if result.returncode != 0:
+            raise self._failed(result, f"split-window of {target}")
+        lines = [line for line in result.stdout.splitlines() if line]
+        if len(lines) != 1:
+            raise DispatchError(f"tmux on socket {self.socket!r} reported {result.stdout!r} for a new pane")
+        pane, _index = _parse_row(lines[0])
+        self._configure(pane, tag_items, window=False)
+        return attrs.evolve(pane, tags=tag_items)
+
+    def _configure(self, pane: Pane, tags: tuple[tuple[str, str], ...], *, window: bool = True) -> None:
+        """remain-on-exit off (our own windows only) and the tags, in one tmux call (``;``
+        separates the commands)."""
+        args: list[str | _Then] = []
+        if window:
+            args += ["set-option", "-w", "-t", pane.window_id, "remain-on-exit", "off"]
         if tags:
             index = " ".join(name for name, _ in tags)
-            args += [THEN, "set-option", "-p", "-t", pane.pane_id, _TAG_INDEX, index]
+            args += [*([THEN] if args else []), "set-option", "-p", "-t", pane.pane_id, _TAG_INDEX, index]
         for name, value in tags:
             args += [THEN, "set-option", "-p", "-t", pane.pane_id, name, value]
+        if not args:
+            return
         result = self._run(*args)
         if result.returncode == 0:
             return
@@ -397,7 +448,7 @@ class TmuxServer:
         # tmux leaves its socket file behind after kill-server; a dispatcher that starts a private
         # server per run (the demo, tests) would litter /tmp/tmux-UID/ with them.
         folder = os.path.join(os.environ.get("TMUX_TMPDIR") or "/tmp", f"tmux-{os.geteuid()}")
-        path = os.path.join(folder, self.socket)
+        path = self.socket_path or os.path.join(folder, self.socket)
         try:
             info = os.lstat(path)
         except OSError:
@@ -405,6 +456,16 @@ class TmuxServer:
         if stat.S_ISSOCK(info.st_mode) and info.st_uid == os.geteuid() and not self.reachable():
             with contextlib.suppress(OSError):
                 os.unlink(path)
+
+
+def _env_args(env: Mapping[str, str]) -> list[str]:
+    """``-e K=V`` for each item (the value reaches the pane as is: tmux does not expand it)."""
+    words: list[str] = []
+    for key, value in env.items():
+        if _ENV_NAME.fullmatch(key) is None or "\0" in value:
+            raise ContractError("env", f"{key!r} is not a settable variable", "use names like PI_X")
+        words += ["-e", f"{key}={value}"]
+    return words
 
 
 def _check_session(name: object) -> str:

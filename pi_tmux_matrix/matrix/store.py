@@ -655,12 +655,19 @@ class RecordStore:
     files reported, never deleted. Records are plain JSON objects; their owners give them types.
     """
 
-    def __init__(self, store: MatrixStore, kind: str) -> None:
+    def __init__(self, store: MatrixStore, kind: str, *, folders: bool = False) -> None:
         if kind not in RESERVED_DIRS or kind in (LOCKS, QUARANTINE):
             raise ValueError(f"{kind!r} is not a record directory")
         self.store = store
         self.kind = kind
         self.root = store.root / kind
+        # Records that own a folder of files beside them (<kind>/<name>/, e.g. a fork run's).
+        self.folders = folders
+
+    def folder(self, name: str) -> Path:
+        """``<kind>/<name>/``, created 0700 with the state dir's checks (records with folders)."""
+        validate_id(name, f"{self.kind} record name")
+        return self.store.side_dir(self.kind, name)
 
     def _name(self, name: str) -> str:
         validate_id(name, f"{self.kind} record name")
@@ -749,6 +756,10 @@ class RecordStore:
                     continue
                 path = str(self.root / file_name)
                 name = file_name[: -len(SUFFIX)] if file_name.endswith(SUFFIX) else ""
+                if self.folders and not name and ID_PATTERN.fullmatch(file_name):
+                    with suppress(OSError):
+                        if stat.S_ISDIR(os.stat(file_name, dir_fd=fd, follow_symlinks=False).st_mode):
+                            continue  # a record's own folder
                 if not name or ID_PATTERN.fullmatch(name) is None:
                     problems.append(Problem(path, f"not a {self.kind} record (foreign)", "foreign"))
                     continue

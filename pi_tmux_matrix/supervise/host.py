@@ -49,6 +49,9 @@ ENV_MAILBOX: Final = "PI_MATRIX_MAILBOX"
 ENV_HOST_PID: Final = "PI_MATRIX_HOST_PID"
 # With inotify the inbox wakes the host at once; without it, this is how often it looks.
 INBOX_POLL_S: Final = 1.0
+ENVELOPE_TEXT_CHARS: Final = 1000  # of a tool_blocked report's tool, path or reason
+# What the pi bridge reports from inside the session (never an owner's command).
+BRIDGE_KINDS: Final = ("identity", "result", "bridge")
 
 
 @attrs.frozen(kw_only=True)
@@ -478,7 +481,7 @@ class AgentHost:
                     self.notices.notify("prompt", message.text)
             elif message.kind == "switch":
                 self._switch_from_message(message.text)
-            elif message.kind in ("identity", "result", "bridge"):
+            elif message.kind in BRIDGE_KINDS:
                 self._from_bridge(message.kind, message.text)
             elif message.kind == "abort":
                 if self.spec.mode is Mode.RPC:
@@ -505,9 +508,24 @@ class AgentHost:
             self.events.write(
                 "agent_result", path=pointer, run=report.get("run"), stop_reason=report.get("stopReason")
             )
+        elif report.get("event") in ("tool_blocked", "envelope_refused"):
+            self._envelope_report(report)
         else:
             what = report.get("event")
             self.events.write("bridge", what=what if isinstance(what, str) else None)
+
+    def _envelope_report(self, report: dict[str, Any]) -> None:
+        """The worker's envelope refused a tool call (or the whole session): recorded in its own
+        events, bounded, for ``pi-matrix show`` to list."""
+
+        def text(name: str) -> str | None:
+            value = report.get(name)
+            return value[:ENVELOPE_TEXT_CHARS] if isinstance(value, str) else None
+
+        if report.get("event") == "envelope_refused":
+            self.events.write("envelope_refused", reason=text("reason"))
+            return
+        self.events.write("tool_blocked", tool=text("tool"), path=text("path"), reason=text("reason"))
 
     def _bridge_identity(self, report: dict[str, Any]) -> None:
         """pi's real session id and file: the entry's identity is completed with them, and a
@@ -628,6 +646,7 @@ class AgentHost:
     def _record_end(self, returncode: int) -> None:
         record = self._classify(returncode)
         self.events.write("child_exited", kind=record.kind.value, code=record.code, signal=record.signal)
+        self._abort_forks()
         now = now_ms()
         if self.stop_reason == "grace_expired":
             # Expiry leaves the entry resumable for a future session; only the exit is noted.
@@ -649,6 +668,19 @@ class AgentHost:
             return lifecycle.record_terminal(entry, record, now, summary=summary, result_pointer=pointer)
 
         self.write(finish)
+
+    def _abort_forks(self) -> None:
+        """The agent's session shut down: its running fork runs are stopped and failed (seed 003)."""
+        from ..runs import abort_runs
+
+        session_file = self.entry.identity.session_file if self.entry is not None else None
+        try:
+            stopped = abort_runs(self.store, parent_session_file=session_file, parent_key=self.key)
+        except PiMatrixError as exc:
+            self.events.write("fork_abort_failed", error=str(exc))
+            return
+        for run in stopped:
+            self.events.write("fork_aborted", run=run.id, status=run.status.value)
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -716,6 +748,9 @@ class AgentHost:
                         returncode = self.child.wait()
                         self._unwatch_parent()
                         self._drain_rpc()
+                        # The bridge's last reports (its final result, a tool block) may land
+                        # just before pi exits: read them before the end is recorded.
+                        self.handle_messages([m for m in self.inbox.take() if m.kind in BRIDGE_KINDS])
                         self._record_end(returncode)
                         return exit_code_of(returncode)
                     if tag == "parent":

@@ -1,0 +1,366 @@
+// The worker's envelope on stock pi: allowed paths, private roots and the tool ceiling (issue 7).
+//
+// Seed 000: PI_WORKER_ALLOWED_PATHS is "compiled once into a worker session's structural
+// filesystem envelope"; `[]` keeps full-machine scope; process tools stay a host-trust boundary.
+// Stock pi has no envelope of its own, so the bridge enforces it from the outside: every call of a
+// structural tool (read, write, edit, grep, find, ls) is checked in `tool_call`, before it runs,
+// and blocked with a reason the model reads as the tool's result. `bash` is NOT covered: it runs
+// with the host user's full rights, and the appended system prompt says so rather than pretending
+// otherwise.
+//
+// Paths are judged the way the kernel will see them: pi's own argument expansion (`@`, `~`,
+// unicode spaces, relative to the session cwd) and then a component-by-component walk that
+// follows symlinks, so `<root>/link/../x` and a dangling link that points outside are caught.
+// Containment is by path components, so `/p-evil` is not inside `/p`.
+import * as fs from "node:fs";
+import * as os from "node:os";
+import * as path from "node:path";
+import { KEY, STATE, env, post, role } from "./common.ts";
+
+const ENV_ALLOWED = "PI_WORKER_ALLOWED_PATHS";
+const MAX_BYTES = 64 * 1024; // the same limits as contract.parse_allowed_paths
+const MAX_ITEMS = 256;
+const MAX_SHOWN = 300; // characters of a path in a reason or a report
+const MAX_SYMLINKS = 40; // Linux's own limit before ELOOP
+
+/** Tools whose path arguments the envelope checks. grep and find recurse; the others do not. */
+const STRUCTURAL = new Set(["read", "write", "edit", "grep", "find", "ls"]);
+const RECURSIVE = new Set(["grep", "find"]);
+const READ_ONLY = new Set(["read", "grep", "find", "ls"]);
+/** Tools that start other agents: never granted to a worker, whatever its profile says. */
+export const AGENT_LAUNCHING_TOOLS = ["tmux_agent_manager", "fork", "subagent"];
+
+type Root = { real: string; what: string };
+export type Envelope = {
+  allowed: string[]; // real paths; [] is full scope
+  privateRoots: Root[];
+  sessionsDirs: string[]; // real paths of pi's session folders (own file excepted for reading)
+};
+
+function shown(text: string): string {
+  return text.length <= MAX_SHOWN ? text : `${text.slice(0, MAX_SHOWN - 3)}...`;
+}
+
+/** Parse PI_WORKER_ALLOWED_PATHS like contract.parse_allowed_paths: whole or not at all. */
+export function parseAllowed(raw: string | undefined): string[] {
+  if (raw === undefined || raw === "") return [];
+  if (raw.includes("\0")) throw new Error("contains a NUL character");
+  if (Buffer.byteLength(raw) > MAX_BYTES) throw new Error(`is over ${MAX_BYTES} bytes`);
+  let value: unknown;
+  try {
+    value = JSON.parse(raw);
+  } catch (error) {
+    throw new Error(`is not JSON (${(error as Error).message})`);
+  }
+  if (!Array.isArray(value)) throw new Error(`is a JSON ${value === null ? "null" : typeof value}, not an array`);
+  if (value.length > MAX_ITEMS) throw new Error(`has ${value.length} paths (limit ${MAX_ITEMS})`);
+  return value.map((item: unknown, index: number) => {
+    if (typeof item !== "string" || item === "") throw new Error(`item ${index} is not a non-empty string`);
+    if (item.includes("\0")) throw new Error(`item ${index} contains a NUL character`);
+    if (!item.startsWith("/")) throw new Error(`item ${index} (${JSON.stringify(shown(item))}) is relative`);
+    const parts = item.replace(/\/+$/, "").split("/").slice(1);
+    if (parts.some((p) => p === "" || p === "." || p === "..")) {
+      throw new Error(`item ${index} (${JSON.stringify(shown(item))}) is not normalised (empty, '.' or '..' part)`);
+    }
+    return path.normalize(item);
+  });
+}
+
+/** The absolute path the kernel will act on: symlinks followed one component at a time, `..`
+ * taken physically (after a symlink it means the link target's parent), the missing tail kept. */
+export function physical(absolute: string): string {
+  const queue = absolute.split("/").filter((p) => p !== "" && p !== ".");
+  let current = "/";
+  let exists = true;
+  let hops = 0;
+  while (queue.length > 0) {
+    const part = queue.shift() as string;
+    if (part === "..") {
+      current = path.dirname(current);
+      continue;
+    }
+    const next = path.join(current, part);
+    if (!exists) {
+      current = next;
+      continue;
+    }
+    let stat: fs.Stats;
+    try {
+      stat = fs.lstatSync(next);
+    } catch {
+      exists = false; // nothing there yet (a new file, mkdir -p): the rest is taken as written
+      current = next;
+      continue;
+    }
+    if (stat.isSymbolicLink()) {
+      hops += 1;
+      if (hops > MAX_SYMLINKS) throw new Error("too many levels of symbolic links");
+      const target = fs.readlinkSync(next);
+      queue.unshift(...target.split("/").filter((p) => p !== "" && p !== "."));
+      if (target.startsWith("/")) current = "/";
+      continue; // a relative target is resolved from the link's own folder, `current`
+    }
+    current = next;
+  }
+  return current;
+}
+
+function inside(candidate: string, root: string): boolean {
+  if (root === "/") return true;
+  return candidate === root || candidate.startsWith(`${root}/`);
+}
+
+// pi's own argument handling (dist/core/tools/path-utils.js), so we judge the path pi will open.
+const UNICODE_SPACES = /[\u00A0\u2000-\u200A\u202F\u205F\u3000]/g;
+
+function expandLikePi(raw: string): string {
+  const normalized = (raw.startsWith("@") ? raw.slice(1) : raw).replace(UNICODE_SPACES, " ");
+  if (normalized === "~") return os.homedir();
+  if (normalized.startsWith("~/")) return os.homedir() + normalized.slice(1);
+  return normalized;
+}
+
+function resolveLikePi(raw: string, cwd: string): string {
+  const expanded = expandLikePi(raw);
+  // An absolute path goes to the kernel as written (its `..` taken physically); a relative one
+  // is joined and normalised first, as pi's resolveToCwd does.
+  return path.isAbsolute(expanded) ? expanded : path.resolve(cwd, expanded);
+}
+
+/** The read tool also tries macOS screenshot spellings of a missing file: judge the one it opens. */
+function readTarget(raw: string, cwd: string): string {
+  const resolved = resolveLikePi(raw, cwd);
+  const exists = (p: string) => {
+    try {
+      fs.accessSync(p, fs.constants.F_OK);
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  if (exists(resolved)) return resolved;
+  const amPm = resolved.replace(/ (AM|PM)\./gi, "\u202F$1.");
+  const nfd = resolved.normalize("NFD");
+  const curly = resolved.replace(/'/g, "\u2019");
+  const nfdCurly = nfd.replace(/'/g, "\u2019");
+  for (const variant of [amPm, nfd, curly, nfdCurly]) {
+    if (variant !== resolved && exists(variant)) return variant;
+  }
+  return resolved;
+}
+
+function agentDir(): string {
+  const configured = env.PI_CODING_AGENT_DIR;
+  if (configured) {
+    // pi's getAgentDir expands a leading `~` (and nothing else).
+    if (configured === "~") return os.homedir();
+    return path.resolve(configured.startsWith("~/") ? os.homedir() + configured.slice(1) : configured);
+  }
+  return path.join(os.homedir(), ".pi", "agent");
+}
+
+/** Compile the envelope from the launch env once; throws (naming the problem) if it is malformed. */
+export function compileEnvelope(cwd: string): Envelope {
+  let allowedRaw: string[];
+  try {
+    allowedRaw = parseAllowed(env[ENV_ALLOWED]);
+  } catch (error) {
+    throw new Error(
+      `${ENV_ALLOWED} ${(error as Error).message}; set it to a JSON array of absolute paths, e.g. ["/work/repo"], or [] for full scope`,
+    );
+  }
+  const agent = agentDir();
+  const privateRoots: Root[] = [
+    { real: physical(path.join(agent, "auth.json")), what: "pi's auth.json" },
+    { real: physical(path.join(agent, "settings.json")), what: "pi's settings.json" },
+    { real: physical(path.join(agent, "models.json")), what: "pi's models.json" },
+    // A profile decides a later worker's tools and scope: writing one would widen them.
+    { real: physical(path.join(agent, "launch_profiles")), what: "the launch profiles" },
+    // pi and pi-matrix both read the project's settings (extensions, processMatrix.enabled).
+    { real: physical(path.join(cwd, ".pi", "settings.json")), what: "the project's .pi/settings.json" },
+  ];
+  if (STATE) {
+    privateRoots.push({ real: physical(path.resolve(STATE)), what: "the pi-matrix state dir (entries, jobs, mailboxes)" });
+  }
+  const sessionsDirs = [physical(path.join(agent, "sessions"))];
+  if (env.PI_CODING_AGENT_SESSION_DIR) sessionsDirs.push(physical(path.resolve(env.PI_CODING_AGENT_SESSION_DIR)));
+  return { allowed: allowedRaw.map(physical), privateRoots, sessionsDirs };
+}
+
+/** Why ``tool`` may not touch ``raw`` (undefined: allowed). ``ownSession``: this session's file. */
+export function judge(
+  envelope: Envelope,
+  tool: string,
+  raw: string,
+  cwd: string,
+  ownSession: string | null,
+): string | undefined {
+  let real: string;
+  try {
+    real = physical(tool === "read" ? readTarget(raw, cwd) : resolveLikePi(raw, cwd));
+  } catch (error) {
+    return `pi-matrix envelope: ${tool} of ${JSON.stringify(shown(raw))} is blocked: ${(error as Error).message}.`;
+  }
+  const where = real === raw ? JSON.stringify(shown(raw)) : `${JSON.stringify(shown(raw))} (really ${shown(real)})`;
+  const own = ownSession ? physical(ownSession) : null;
+  if (own !== null && real === own && READ_ONLY.has(tool)) return undefined; // its own transcript
+  const recursive = RECURSIVE.has(tool);
+  for (const root of envelope.privateRoots) {
+    if (inside(real, root.real) || (recursive && inside(root.real, real))) {
+      return (
+        `pi-matrix envelope: ${tool} of ${where} is blocked: ${recursive && !inside(real, root.real) ? "it contains" : "it is inside"} ` +
+        `${root.what} (${shown(root.real)}), which no worker may touch whatever its allowed paths.` +
+        (recursive ? " Search a narrower folder." : "")
+      );
+    }
+  }
+  for (const sessions of envelope.sessionsDirs) {
+    if (inside(real, sessions) || (recursive && inside(sessions, real))) {
+      return (
+        `pi-matrix envelope: ${tool} of ${where} is blocked: pi's session files (${shown(sessions)}) belong to ` +
+        "other sessions; only this session's own file may be read."
+      );
+    }
+  }
+  if (envelope.allowed.length === 0 || envelope.allowed.some((root) => inside(real, root))) return undefined;
+  const roots = envelope.allowed.slice(0, 8).map(shown).join(", ") + (envelope.allowed.length > 8 ? ", ..." : "");
+  return (
+    `pi-matrix envelope: ${tool} of ${where} is blocked: it is outside this worker's allowed paths (${roots}). ` +
+    "Work inside them, or report that the task needs more."
+  );
+}
+
+function sentence(text: string, limit = 400): string {
+  return text.length <= limit ? text : `${text.slice(0, limit - 4)}...`;
+}
+
+/** The appended system prompt: who the worker is, its scope, its lane, no spawning; bounded. */
+export function workerPrompt(envelope: Envelope, cwd: string): string {
+  const agent = env.PI_ORCHESTRATION_AGENT_ID || KEY;
+  const profile = env.PI_MATRIX_PROFILE || "unnamed";
+  const task = env.PI_TASK_REF ? `, working on task ${env.PI_TASK_REF}` : "";
+  const roots = envelope.allowed.slice(0, 8).join(", ") + (envelope.allowed.length > 8 ? ", ..." : "");
+  const scope =
+    envelope.allowed.length === 0
+      ? "Your file tools (read, write, edit, grep, find, ls) may reach any path except pi's auth, settings and models files, other sessions' files and the pi-matrix state dir, which are always blocked."
+      : `Your file tools (read, write, edit, grep, find, ls) may only touch paths inside ${roots}; anything else, and always pi's auth, settings and models files, other sessions' files and the pi-matrix state dir, is blocked.`;
+  const lane = env.PI_WORKTREE_LANE
+    ? `Your lane is ${env.PI_WORKTREE_LANE}, with its own worktree at ${cwd}; keep your work there.`
+    : `You have no worktree lane; your working directory is ${cwd}.`;
+  return [
+    "## pi-matrix worker",
+    sentence(`You are pi-matrix worker ${agent} (launch profile ${profile}, entry ${KEY})${task}.`),
+    sentence(scope, 900),
+    "The bash tool, where you have it, is not covered by this envelope: it runs with the full rights of the host user, so it is a trust boundary, not a sandbox; keep to the same scope there.",
+    sentence(lane),
+    "Do not start other agents, forks or pi sessions (by any tool or command); if the task needs more hands, say so in your answer.",
+  ].join("\n");
+}
+
+export function installEnvelope(pi: any): void {
+  if (role() !== "worker") return;
+  let envelope: Envelope | null = null;
+  let refused: string | null = null;
+  let cwd = process.cwd();
+
+  function sessionCwd(ctx: any): string {
+    const fromCtx = ctx && typeof ctx.cwd === "string" && ctx.cwd ? ctx.cwd : null;
+    let fromHeader: string | null = null;
+    try {
+      const header = ctx && ctx.sessionManager && ctx.sessionManager.getHeader && ctx.sessionManager.getHeader();
+      fromHeader = header && typeof header.cwd === "string" ? header.cwd : null;
+    } catch {
+      fromHeader = null;
+    }
+    return fromCtx || fromHeader || process.cwd();
+  }
+
+  function compile(ctx: any): void {
+    cwd = sessionCwd(ctx);
+    try {
+      envelope = compileEnvelope(cwd);
+      refused = null;
+    } catch (error) {
+      envelope = null;
+      refused = `pi-matrix envelope: this worker session refuses to run: ${(error as Error).message}`;
+    }
+  }
+
+  pi.on("session_start", async (_event: any, ctx: any) => {
+    compile(ctx);
+    if (refused !== null) {
+      // Never a session without its envelope: no input reaches the model, every tool is blocked,
+      // and pi leaves through its shutdown hooks with a failing exit status.
+      post("bridge", JSON.stringify({ event: "envelope_refused", reason: refused }));
+      process.stderr.write(`${refused}\n`);
+      process.on("exit", () => {
+        process.exitCode = 1;
+      });
+      try {
+        pi.setActiveTools([]);
+      } catch {
+        // the tool_call block below still holds
+      }
+      try {
+        ctx.shutdown();
+      } catch {
+        process.exit(1);
+      }
+      return;
+    }
+    try {
+      // The ceiling: agent-launching tools are never active in a worker, even if registered.
+      const active: string[] = pi.getActiveTools();
+      const kept = active.filter((name) => !AGENT_LAUNCHING_TOOLS.includes(name));
+      if (kept.length !== active.length) pi.setActiveTools(kept);
+    } catch {
+      // the tool_call block below still holds
+    }
+  });
+
+  pi.on("input", async () => (refused !== null ? { action: "handled" } : undefined));
+
+  pi.on("before_agent_start", async (event: any) => {
+    if (envelope === null) return undefined;
+    return { systemPrompt: `${event.systemPrompt || ""}\n\n${workerPrompt(envelope, cwd)}` };
+  });
+
+  function block(tool: string, shownPath: string | null, reason: string) {
+    post("bridge", JSON.stringify({ event: "tool_blocked", tool, path: shownPath === null ? null : shown(shownPath), reason }));
+    return { block: true, reason };
+  }
+
+  pi.on("tool_call", async (event: any, ctx: any) => {
+    const tool = String((event && event.toolName) || "");
+    if (envelope === null && refused === null) compile(ctx); // a call before session_start: fail safe
+    if (refused !== null || envelope === null) return block(tool, null, refused || "pi-matrix envelope: not compiled");
+    if (AGENT_LAUNCHING_TOOLS.includes(tool)) {
+      return block(tool, null, `pi-matrix envelope: ${tool} starts other agents, which a worker may never do; report back instead.`);
+    }
+    if (!STRUCTURAL.has(tool)) return undefined; // bash and the rest: the host-trust boundary
+    const input = (event && event.input) || {};
+    const raws: string[] = [];
+    for (const name of ["path", "file_path"]) {
+      const value = input[name];
+      if (value === undefined || value === null) continue;
+      if (typeof value !== "string") {
+        return block(tool, null, `pi-matrix envelope: ${tool}'s ${name} argument is not a string.`);
+      }
+      raws.push(value);
+    }
+    // grep, find and ls default to the session's cwd when no path is given.
+    if (raws.length === 0) raws.push(".");
+    let own: string | null = null;
+    try {
+      own = ctx.sessionManager.getSessionFile() || null;
+    } catch {
+      own = null;
+    }
+    const here = sessionCwd(ctx);
+    for (const raw of raws) {
+      const reason = judge(envelope, tool, raw, here, own);
+      if (reason !== undefined) return block(tool, raw, reason);
+    }
+    return undefined;
+  });
+}

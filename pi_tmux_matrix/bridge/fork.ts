@@ -1,0 +1,61 @@
+// Fork children (PI_FORK=1, launched by `pi-matrix fork`): one run, then a result.json and exit.
+//
+// The child is an interactive pi in a tmux pane, which never exits by itself: after its first
+// agent run this writes the run's result (final assistant text, stop reason, usage, model) to
+// PI_FORK_RESULT_PATH and shuts pi down cleanly. The launch script prints the exit marker after
+// pi exits, so the parent learns the end even if this file is never written.
+import { atomicWrite, env, lastAssistant, textOf } from "./common.ts";
+
+const FORK_CHILD_SYSTEM_PROMPT = [
+  "You are a fork: a copy of an earlier session, started to do one task and report back.",
+  "Do the task in this one run, then end with a short, complete answer: it is returned to the parent session.",
+  "Do not start other agents or forks.",
+].join("\n");
+
+export function installFork(pi: any): void {
+  const resultPath = env.PI_FORK_RESULT_PATH || "";
+  if (env.PI_FORK !== "1" || !resultPath) return;
+  let done = false;
+
+  pi.on("before_agent_start", async (event: any) => {
+    return { systemPrompt: `${event.systemPrompt || ""}\n\n${FORK_CHILD_SYSTEM_PROMPT}` };
+  });
+
+  pi.on("agent_end", async (event: any, ctx: any) => {
+    if (done) return;
+    done = true;
+    const last = lastAssistant(event);
+    const result = {
+      runId: env.PI_FORK_RUN_ID || null,
+      at: Date.now(),
+      text: textOf(last).slice(0, 64000),
+      stopReason: last ? last.stopReason || null : null,
+      errorMessage: last ? last.errorMessage || null : null,
+      usage: last ? last.usage || null : null,
+      model: last ? last.model || null : null,
+      provider: last ? last.provider || null : null,
+      sessionId: ctx.sessionManager.getSessionId(),
+      sessionFile: ctx.sessionManager.getSessionFile() || null,
+    };
+    try {
+      atomicWrite(resultPath, JSON.stringify(result));
+    } catch {
+      // No artifact: the parent builds a failure result from the exit marker.
+    }
+    // Let pi finish writing the session file, then leave through its shutdown hooks.
+    setTimeout(() => {
+      try {
+        ctx.shutdown();
+      } catch {
+        process.exit(0);
+      }
+    }, 300);
+  });
+
+  pi.on("session_shutdown", async () => {
+    // A fork that ends before its run finished has failed: the safety net of seed 003.
+    if (!done) setTimeout(() => process.exit(1), 50);
+  });
+
+  process.on("SIGTERM", () => process.exit(143));
+}

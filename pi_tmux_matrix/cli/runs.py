@@ -1,0 +1,223 @@
+"""Fork runs: ``pi-matrix fork`` and ``pi-matrix runs`` (seed 003)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ContractError
+from ..matrix.store import MatrixStore
+from ..settings import load_settings, resolve_state_dir
+
+if TYPE_CHECKING:
+    from ..runs import ForkRun
+    from .app import Io
+
+__all__ = ["register"]
+
+
+def register(sub: Any, epilog: str) -> None:
+    common = {"epilog": epilog, "formatter_class": argparse.RawDescriptionHelpFormatter}
+    fork = sub.add_parser(
+        "fork",
+        help="run a task in a fork of a pi session (a child pi beside you in tmux)",
+        usage="pi-matrix fork --session FILE [--wait | --background] [options] -- TASK...",
+        **common,
+    )
+    fork.add_argument("--session", metavar="FILE", required=True, help="the pi session file to fork")
+    how = fork.add_mutually_exclusive_group()
+    how.add_argument("--wait", action="store_true", help="wait for the result and print it (default)")
+    how.add_argument(
+        "--background", action="store_true", help="print the run id and return; the result is recorded"
+    )
+    fork.add_argument("--model", metavar="M", help="the child's model (default: the parent's)")
+    fork.add_argument("--thinking", metavar="LEVEL", help="the child's thinking level")
+    fork.add_argument("--provider", metavar="P", help="the child's provider")
+    fork.add_argument(
+        "--extension", "-e", action="append", default=[], metavar="FILE", help="one more extension"
+    )
+    fork.add_argument("--skill", action="append", default=[], metavar="S", help="one more skill")
+    fork.add_argument(
+        "--socket", metavar="NAME", help="outside tmux: a window on this tmux -L socket (default pi-matrix)"
+    )
+    fork.add_argument("--timeout", type=float, metavar="SECONDS", help="--wait: stop the fork after this")
+    fork.add_argument("--json", action="store_true", help="the run record as JSON")
+    fork.set_defaults(handler=cmd_fork, takes_argv=True)
+
+    runs = sub.add_parser("runs", help="fork runs with their status and a cost/usage total", **common)
+    runs.add_argument("run_id", nargs="?", metavar="RUN", help="one run (default: all)")
+    runs.add_argument("--wait", action="store_true", help="wait for RUN to end")
+    runs.add_argument("--timeout", type=float, metavar="SECONDS", help="--wait: stop the fork after this")
+    runs.add_argument("--keep-pane", action="store_true", help="--wait: leave the pane open")
+    runs.add_argument("--notify", action="store_true", help="--wait: send the result to the parent agent")
+    runs.add_argument("--abort", action="store_true", help="stop RUN (or --parent-session's forks)")
+    runs.add_argument("--parent-session", metavar="FILE", help="only forks of this session file")
+    runs.add_argument("--json", action="store_true")
+    runs.set_defaults(handler=cmd_runs)
+
+
+def _store(args: argparse.Namespace) -> MatrixStore:
+    return MatrixStore(resolve_state_dir(args.state_dir))
+
+
+def _age(ms: int) -> str:
+    seconds = max(0, int(time.time() - ms / 1000))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"
+
+
+def _print_run(io: Io, run: ForkRun) -> None:
+    cost = f"${run.usage.cost:.4f} {run.usage.total_tokens} tok" if run.usage else "-"
+    where = f"{run.socket_path or run.socket}:{run.pane_id}" if run.pane_id else "-"
+    task = run.task.replace("\n", " ")
+    io.out.write(
+        f"{run.id}  {run.status.value:<9}  {_age(run.created_at_ms):>4}  {cost}  {where}  {task[:60]}\n"
+    )
+    if run.error:
+        io.out.write(f"    error: {run.error}\n")
+
+
+def _report(io: Io, run: ForkRun, as_json: bool) -> int:
+    from ..runs import RunStatus
+
+    if as_json:
+        io.out.write(json.dumps(run.to_json(), indent=2) + "\n")
+    elif run.status is RunStatus.RUNNING:
+        io.out.write(f"fork {run.id} running in {run.socket_path or run.socket}:{run.pane_id}\n")
+        io.out.write(f"  pi-matrix runs {run.id} --wait   # its result, when it ends\n")
+    else:
+        io.out.write(f"fork {run.id} {run.status.value}" + (f": {run.error}" if run.error else "") + "\n")
+        if run.text:
+            io.out.write(run.text.rstrip() + "\n")
+    return EXIT_FAILED if run.status is RunStatus.FAILED else EXIT_OK
+
+
+def cmd_fork(args: argparse.Namespace, io: Io) -> int:
+    from ..bridge import bridge_path
+    from ..runs import ForkRequest, RunMode, finisher_argv, start_fork, wait_run
+    from ..supervise.relaunch import pi_command, spawn_detached
+
+    if not args.argv:
+        raise ContractError(
+            "TASK", "missing", "give the task after --, e.g. pi-matrix fork --session F -- check X"
+        )
+    flags: list[str] = []
+    for flag, value in (
+        ("--model", args.model),
+        ("--thinking", args.thinking),
+        ("--provider", args.provider),
+    ):
+        if value:
+            flags += [flag, value]
+    for extension in args.extension:
+        flags += ["--extension", extension]
+    for skill in args.skill:
+        flags += ["--skill", skill]
+    mode = RunMode.BACKGROUND if args.background else RunMode.WAIT
+    request = ForkRequest(
+        session_file=args.session,
+        task=" ".join(args.argv),
+        mode=mode,
+        flags=tuple(flags),
+        socket=args.socket or os.environ.get("PI_MATRIX_TMUX_SOCKET") or None,
+        tmux_env=os.environ.get("TMUX") or None,
+        tmux_pane=os.environ.get("TMUX_PANE") or None,
+    )
+    store = _store(args)
+    settings = load_settings()
+    run = start_fork(store, settings, request, pi_argv=pi_command(), bridge=str(bridge_path()))
+    if mode is RunMode.BACKGROUND:
+        from ..runs import RunStore
+
+        log = RunStore(store).folder(run.id) / "finisher.log"
+        spawn_detached(finisher_argv(store.root, run.id), log, cwd=run.cwd)
+        return _report(io, run, args.json)
+    return _report(io, wait_run(store, run.id, timeout_s=args.timeout), args.json)
+
+
+def cmd_runs(args: argparse.Namespace, io: Io) -> int:
+    from ..runs import RunStore, abort_run, abort_runs, reap, summary, usage_total, wait_run
+
+    store = _store(args)
+    runs = RunStore(store)
+    if args.run_id is None:
+        if args.wait:
+            raise ContractError("--wait", "needs a RUN", "name the run: pi-matrix runs RUN --wait")
+        if args.abort:
+            if not args.parent_session:
+                raise ContractError(
+                    "--abort",
+                    "needs a RUN or --parent-session",
+                    "name what to stop: pi-matrix runs RUN --abort",
+                )
+            stopped = abort_runs(store, parent_session_file=args.parent_session)
+            if args.json:
+                io.out.write(json.dumps([r.to_json() for r in stopped], indent=2) + "\n")
+            else:
+                io.out.write(f"stopped {len(stopped)} fork(s) of {args.parent_session}\n")
+            return EXIT_OK
+        listed = reap(runs) if store.exists() else []
+        for problem in runs.list()[1] if store.exists() else []:
+            # Never deleted here: the file is evidence. Listed so the user can move it aside.
+            io.err.write(f"pi-matrix: warning: {problem.line()} (left in place, not a run)\n")
+        if args.parent_session:
+            wanted = os.path.realpath(args.parent_session)
+            listed = [r for r in listed if r.parent_session_file == wanted]
+        total = usage_total(listed)
+        if args.json:
+            body = {"runs": [r.to_json() for r in listed], "total": {"runs": len(listed), **_total(total)}}
+            io.out.write(json.dumps(body, indent=2) + "\n")
+            return EXIT_OK
+        for run in listed:
+            _print_run(io, run)
+        io.out.write(
+            f"{len(listed)} run(s); tokens {total.total_tokens} (in {total.input}, out {total.output}); "
+            f"cost ${total.cost:.4f}\n"
+        )
+        return EXIT_OK
+    if args.abort and args.wait:
+        raise ContractError("--abort", "cannot be combined with --wait", "use one")
+    if args.abort:
+        return _report(io, abort_run(runs, args.run_id, "aborted by pi-matrix runs --abort"), args.json)
+    if args.wait:
+        run = wait_run(store, args.run_id, timeout_s=args.timeout, close_pane=not args.keep_pane)
+        if args.notify and run.parent_key:
+            _notify(store, run.parent_key, summary(run))
+        return _report(io, run, args.json)
+    if args.keep_pane or args.notify or args.timeout is not None:
+        io.err.write("pi-matrix: error: --keep-pane, --notify and --timeout go with --wait\n")
+        return EXIT_USAGE
+    run = runs.get(args.run_id)
+    if args.json:
+        io.out.write(json.dumps(run.to_json(), indent=2) + "\n")
+        return EXIT_OK
+    _print_run(io, run)
+    return EXIT_OK
+
+
+def _total(total: Any) -> dict[str, Any]:
+    return {
+        "input": total.input,
+        "output": total.output,
+        "cacheRead": total.cache_read,
+        "cacheWrite": total.cache_write,
+        "totalTokens": total.total_tokens,
+        "cost": total.cost,
+    }
+
+
+def _notify(store: MatrixStore, key: str, text: str) -> None:
+    """The finished fork's report, to the parent agent's session through its host (a prompt)."""
+    from .. import procs
+    from ..supervise.mailbox import Inbox
+
+    entry = store.find(key)
+    if entry is None or not procs.is_alive(entry.process):
+        return
+    Inbox(store, key).post("prompt", text, sender="pi-matrix fork")

@@ -1,0 +1,308 @@
+"""The worker's envelope on real pi (issue 7): the bridge blocks structural tool calls outside the
+allowed paths and inside the private roots, pi's --tools is the ceiling, and a malformed
+PI_WORKER_ALLOWED_PATHS never runs a session. Real pi against the fake LLM, one pi per test."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_llm import FakeLLM, Reply, write_pi_agent_dir
+from pi_support import pi_bin
+from test_dispatch import Lab, wait_for
+
+from pi_tmux_matrix.bridge import bridge_path
+from pi_tmux_matrix.contract import ENV_ALLOWED_PATHS
+
+PiLab = tuple[Lab, FakeLLM]
+
+
+@pytest.fixture
+def envlab(tmp_path: Path, tmux_socket: str) -> Iterator[PiLab]:
+    """test_real_pi's lab: a master, the dispatcher, real pi on the fake LLM; all cleaned up."""
+    binary = pi_bin()
+    with FakeLLM() as llm:
+        lab = Lab(tmp_path, tmux_socket)
+        write_pi_agent_dir(lab.agent_dir, llm.base_url)
+        tmp = tmp_path / "tmp"
+        tmp.mkdir()
+        lab.env.update(
+            PI_MATRIX_PI_COMMAND=json.dumps([binary]),
+            PI_OFFLINE="1",
+            NO_PROXY="127.0.0.1,localhost",
+            TMPDIR=str(tmp),
+        )
+        try:
+            yield lab, llm
+        finally:
+            lab.cleanup()
+
+
+def _profile(lab: Lab, name: str, *, tools: list[str], write_paths: list[str]) -> None:
+    folder = lab.agent_dir / "launch_profiles"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.toml").write_text(
+        "[profile]\n"
+        f'name = "{name}"\nprovider = "pi"\ncommand = ["pi"]\nmode = "print"\ndeadline = 120\n'
+        f"tools = {json.dumps(tools)}\nwrite_paths = {json.dumps(write_paths)}\n"
+    )
+
+
+def _events(lab: Lab, key: str, name: str) -> list[dict[str, Any]]:
+    try:
+        lines = (lab.state / "events" / f"{key}.jsonl").read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [r for r in (json.loads(line) for line in lines) if r.get("event") == name]
+
+
+def _tool_results(llm: FakeLLM) -> list[str]:
+    """The text of every tool result in pi's last request, in order (what the model read)."""
+    messages = llm.requests[-1].get("messages", []) if llm.requests else []
+    results: list[str] = []
+    for message in messages:
+        if message.get("role") != "tool":
+            continue
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        results.append(str(content))
+    return results
+
+
+def _run_worker(lab: Lab, llm: FakeLLM, profile: str, *calls: Reply) -> Any:
+    """Fire one print-mode pi worker whose model makes ``calls`` in order, then finishes; wait
+    until its host has recorded the end."""
+    llm.script(*calls)
+    lab.start_master()
+    fired = lab.fire("Do the file chores.", profile=profile)
+    (agent,) = fired.job.agents
+    wait_for("the result", lambda: lab.result(fired.job.id, agent.agent_id), timeout=60)
+    wait_for("the host to record the end", lambda: lab.store.get(agent.key).exit is not None, timeout=30)
+    assert len(llm.requests) == len(calls) + 1, "each call's result went back to the model"
+    return agent
+
+
+def test_a_worker_scoped_to_its_worktree_writes_inside_and_every_escape_is_blocked(envlab: PiLab) -> None:
+    lab, llm = envlab
+    worktree = lab.work  # {worktree} without a lane is the launch's cwd
+    outside = lab.tmp / "outside"
+    outside.mkdir()
+    (worktree / "escape").symlink_to(outside)
+    sibling = lab.tmp / "sibling" / "a.txt"
+    evil = Path(f"{worktree}-evil") / "b.txt"
+    _profile(lab, "pi-scoped", tools=["read", "write"], write_paths=["{worktree}"])
+
+    agent = _run_worker(
+        lab, llm, "pi-scoped",
+        Reply(tool="write", arguments={"path": "inside.txt", "content": "fine"}),
+        Reply(tool="write", arguments={"path": str(sibling), "content": "no"}),
+        Reply(tool="write", arguments={"path": str(evil), "content": "no"}),
+        Reply(tool="write", arguments={"path": "escape/c.txt", "content": "no"}),
+        Reply(tool="write", arguments={"path": "../x.txt", "content": "no"}),
+    )  # fmt: skip
+
+    assert (worktree / "inside.txt").read_text() == "fine"
+    for escaped in (sibling, evil, outside / "c.txt", lab.tmp / "x.txt"):
+        assert not escaped.exists(), f"{escaped} was written"
+    assert not sibling.parent.exists() and not evil.parent.exists()  # not even the folder
+    results = _tool_results(llm)
+    assert len(results) == 5
+    assert "Successfully wrote" in results[0]
+    for result, shown in zip(results[1:], (str(sibling), str(evil), "escape/c.txt", "../x.txt"), strict=True):
+        assert "pi-matrix envelope: write of" in result and shown in result
+        assert "outside this worker's allowed paths" in result and str(worktree) in result
+    assert f"really {outside}/c.txt" in results[3]  # the symlink is followed, not trusted
+
+    # The appended system prompt: identity, scope, bash boundary, lane, no spawning.
+    system = next(m for m in llm.requests[0]["messages"] if m.get("role") == "system")
+    prompt = system["content"] if isinstance(system["content"], str) else json.dumps(system["content"])
+    assert f"pi-matrix worker {agent.agent_id} (launch profile pi-scoped" in prompt
+    assert f"may only touch paths inside {worktree}" in prompt
+    assert "not a sandbox" in prompt and "no worktree lane" in prompt
+    assert "Do not start other agents" in prompt
+
+    # Every block is in the worker's own events, and `pi-matrix show` lists them.
+    wait_for("4 tool_blocked events", lambda: len(_events(lab, agent.key, "tool_blocked")) == 4)
+    records = _events(lab, agent.key, "tool_blocked")
+    assert [r["path"] for r in records] == [str(sibling), str(evil), "escape/c.txt", "../x.txt"]
+    assert all(r["tool"] == "write" and "allowed paths" in r["reason"] for r in records)
+    show = [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(lab.state), "show", agent.key]
+    text = subprocess.run(show, capture_output=True, text=True, env=lab.env, timeout=30, check=True).stdout
+    assert text.count("  blocked      ") == 4 and "write ../x.txt" in text
+    as_json = subprocess.run(
+        [*show, "--json"], capture_output=True, text=True, env=lab.env, timeout=30, check=True
+    ).stdout
+    shown = json.loads(as_json)
+    assert [b["path"] for b in shown["toolBlocks"]] == [r["path"] for r in records]
+
+
+def test_a_full_scope_worker_still_cannot_touch_pi_secrets_the_state_dir_or_other_sessions(
+    envlab: PiLab,
+) -> None:
+    lab, llm = envlab
+    auth = lab.agent_dir / "auth.json"
+    auth.write_text("{}")
+    foreign = lab.agent_dir / "sessions" / "--elsewhere--" / "other.jsonl"
+    foreign.parent.mkdir(parents=True)
+    foreign.write_text('{"type":"session","id":"other"}\n')
+    _profile(lab, "pi-full", tools=["read", "write", "grep"], write_paths=[])
+
+    lab.start_master()
+    llm.script(
+        Reply(tool="write", arguments={"path": str(auth), "content": '{"stolen": 1}'}),
+        Reply(tool="write", arguments={"path": str(lab.state / "jobs" / "forged.json"), "content": "{}"}),
+        Reply(tool="read", arguments={"path": str(foreign)}),
+        Reply(tool="grep", arguments={"pattern": "apiKey", "path": str(lab.agent_dir)}),
+        Reply(tool="write", arguments={"path": str(lab.tmp / "anywhere.txt"), "content": "fine"}),
+    )
+    fired = lab.fire("Do the file chores.", profile="pi-full")
+    (agent,) = fired.job.agents
+    # The own session file stays readable: one more call, aimed at this agent's own transcript.
+    llm.script(Reply(tool="read", arguments={"path": agent.session_file}))
+    wait_for("the result", lambda: lab.result(fired.job.id, agent.agent_id), timeout=60)
+    wait_for("the host to record the end", lambda: lab.store.get(agent.key).exit is not None, timeout=30)
+
+    assert json.loads(auth.read_text()) == {}
+    assert not (lab.state / "jobs" / "forged.json").exists()
+    assert (lab.tmp / "anywhere.txt").read_text() == "fine"  # [] is full scope
+    results = _tool_results(llm)
+    assert len(results) == 6
+    assert "pi's auth.json" in results[0] and "no worker may touch" in results[0]
+    assert "pi-matrix state dir" in results[1]
+    assert "session files" in results[2] and "other sessions" in results[2]
+    assert "it contains pi's" in results[3] and "Search a narrower folder" in results[3]
+    assert "Successfully wrote" in results[4]
+    own = results[5]  # the transcript itself (which quotes the blocks above), not a block
+    assert not own.startswith("pi-matrix envelope") and own.replace(" ", "").startswith('{"type":"session"')
+    wait_for("4 tool_blocked events", lambda: len(_events(lab, agent.key, "tool_blocked")) == 4)
+    assert [r["tool"] for r in _events(lab, agent.key, "tool_blocked")] == ["write", "write", "read", "grep"]
+
+
+def test_the_host_refuses_a_malformed_allowed_paths_value_before_starting_pi(tmp_path: Path) -> None:
+    binary = pi_bin()
+    marker = tmp_path / "pi-ran"
+    env = dict(os.environ, PI_MATRIX_STATE_DIR=str(tmp_path / "state"))
+    for raw in ('["relative/path"]', "not json", '{"a": 1}', '["/ok", "/a/../b"]'):
+        env[ENV_ALLOWED_PATHS] = raw
+        done = subprocess.run(
+            [sys.executable, "-m", "pi_tmux_matrix", "host", "--parent-pid", str(os.getpid()),
+             "--mode", "print", "--", "sh", "-c", f"touch {marker}; exec {binary} --version"],
+            capture_output=True, text=True, env=env, timeout=30, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert done.returncode == 2, (raw, done.stderr)
+        assert "PI_WORKER_ALLOWED_PATHS" in done.stderr and "Traceback" not in done.stderr
+        assert not marker.exists(), f"the agent was started with {raw!r}"
+    assert not (tmp_path / "state").exists() or not list((tmp_path / "state").glob("worker-*.json"))
+
+
+def test_the_bridge_alone_given_a_malformed_value_ends_the_session_before_any_tool_runs(
+    tmp_path: Path,
+) -> None:
+    binary = pi_bin()
+    work = tmp_path / "work"
+    work.mkdir()
+    state = tmp_path / "state"
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    target = work / "written.txt"
+    with FakeLLM() as llm:
+        write_pi_agent_dir(Path(os.environ["PI_CODING_AGENT_DIR"]), llm.base_url)
+        llm.script(Reply(tool="write", arguments={"path": str(target), "content": "no"}))
+        key = f"worker-{uuid.uuid4()}"
+        env = dict(
+            os.environ, PI_MATRIX_KEY=key, PI_MATRIX_STATE_DIR=str(state), PI_PARENT_PID=str(os.getpid()),
+            PI_WORKER_ALLOWED_PATHS='["relative"]', PI_OFFLINE="1", NO_PROXY="127.0.0.1,localhost",
+            TMPDIR=str(tmp),
+        )  # fmt: skip
+        done = subprocess.run(
+            [binary, "-p", "--no-session", "-e", str(bridge_path()), "Write the file."],
+            capture_output=True, text=True, env=env, cwd=work, timeout=60, check=False,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        asked = list(llm.requests)
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "PI_WORKER_ALLOWED_PATHS item 0" in done.stderr and "is relative" in done.stderr
+    assert asked == [], "the model was never asked, so no tool call could run"
+    assert not target.exists()
+    reports = [json.loads(p.read_text()) for p in sorted((state / "mailbox" / key).glob("*.json"))]
+    refused = [json.loads(r["text"]) for r in reports if r["kind"] == "bridge"]
+    assert any(r.get("event") == "envelope_refused" and "relative" in r["reason"] for r in refused)
+
+
+def test_the_profile_tool_ceiling_makes_pi_itself_refuse_bash(envlab: PiLab) -> None:
+    lab, llm = envlab
+    pwned = lab.work / "pwned"
+    _profile(lab, "pi-rw", tools=["read", "write"], write_paths=["{worktree}"])
+    agent = _run_worker(lab, llm, "pi-rw", Reply(tool="bash", arguments={"command": f"touch {pwned}"}))
+    (result,) = _tool_results(llm)
+    assert "Tool bash not found" in result  # pi's own refusal: bash was never given to this worker
+    assert not pwned.exists()
+    started = _events(lab, agent.key, "child_started")
+    argv = started[0]["argv"]
+    assert argv[argv.index("--tools") + 1] == "read,write"
+    assert _events(lab, agent.key, "tool_blocked") == []  # not the envelope: pi had no such tool
+
+
+@pytest.mark.parametrize("tool", ["tmux_agent_manager", "fork", "subagent"])
+def test_a_profile_may_not_grant_an_agent_launching_tool(tool: str) -> None:
+    from pi_tmux_matrix.dispatch.profile import parse_profile
+    from pi_tmux_matrix.errors import ProfileError
+
+    text = f'[profile]\nname = "p"\nprovider = "pi"\ncommand = ["pi"]\ntools = ["read", "{tool}"]\n'
+    with pytest.raises(ProfileError) as info:
+        parse_profile(text, "p.toml")
+    assert "profile.tools[1]" in str(info.value) and "launches agents" in str(info.value)
+
+
+def test_the_resolver_judges_paths_the_way_the_kernel_will_open_them(tmp_path: Path) -> None:
+    """envelope.ts's judge() on its own (through pi's jiti, no LLM): `..` after a symlink is the
+    target's parent, a dangling link is followed, pi's `@`/`~` forms are expanded first."""
+    pi_bin()
+    jiti = Path(__file__).resolve().parent.parent / ".pi-cli" / "node_modules" / "jiti" / "lib" / "jiti.mjs"
+    if not jiti.exists():
+        pytest.skip(f"no jiti at {jiti} (it comes with pi)")
+    root = tmp_path / "root"
+    (root / "sub").mkdir(parents=True)
+    (tmp_path / "outside").mkdir()
+    (root / "out").symlink_to("../outside")
+    (root / "dangling").symlink_to(tmp_path / "nowhere" / "file")
+    (root / "loop").symlink_to("loop")
+    cases = {
+        f"{root}/sub/../a": True,
+        f"{root}/out/../root/x": True,  # physically tmp/root/x
+        f"{root}/out/../escaped": False,  # lexically inside root, physically tmp/escaped
+        f"{root}/out/x": False,
+        "out/../x": True,  # relative: pi joins and normalises it first, as the kernel then sees
+        "dangling": False,
+        "loop/x": False,  # ELOOP: blocked, never trusted
+        "@sub/x": True,
+        "~/x": False,
+        f"{root}-evil/x": False,
+        str(root): True,
+    }
+    script = tmp_path / "judge.mjs"
+    source, module = json.dumps(str(root)), json.dumps(str(bridge_path().parent / "envelope.ts"))
+    script.write_text(
+        f"import {{ createJiti }} from {json.dumps(str(jiti))};\n"
+        f"const m = await createJiti(import.meta.url).import({module});\n"
+        f"const e = {{ allowed: [m.physical({source})], privateRoots: [], sessionsDirs: [] }};\n"
+        f"const paths = {json.dumps(list(cases))};\n"
+        f"console.log(JSON.stringify(paths.map((p) => m.judge(e, 'write', p, {source}, null) ?? null)));\n"
+    )
+    done = subprocess.run(
+        ["node", str(script)], capture_output=True, text=True, timeout=60, check=False,
+        env=dict(os.environ, TMPDIR=str(tmp_path)),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    verdicts = dict(zip(cases, json.loads(done.stdout), strict=True))
+    wrong = {p: v for p, v in verdicts.items() if (v is None) != cases[p]}
+    assert not wrong, wrong
+    assert "symbolic links" in str(verdicts["loop/x"])

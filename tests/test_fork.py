@@ -1,0 +1,374 @@
+"""Fork runs (seed 003) with the stand-in agent: a private tmux server plays the caller's tmux."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import kill_tmux_server
+from test_dispatch import STANDIN, wait_for
+
+from pi_tmux_matrix import procs
+from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
+from pi_tmux_matrix.runs import (
+    FORCED_ENV,
+    PARENT_ABORTED,
+    ForkRun,
+    RunMode,
+    RunStatus,
+    RunStore,
+    child_env,
+    find_exit_code,
+    inherited_flags,
+    launch_script,
+    merge_flags,
+    reap,
+)
+from pi_tmux_matrix.supervise.mailbox import EventLog
+
+
+class Caller:
+    """A scratch world: state dir, a parent session file, and a tmux pane that plays the caller."""
+
+    def __init__(self, tmp: Path, socket: str) -> None:
+        self.socket = socket
+        self.state = tmp / "state"
+        self.store = MatrixStore(self.state)
+        self.work = tmp / "work"
+        self.work.mkdir()
+        self.session = self.work / "parent.jsonl"
+        header = {"type": "session", "version": 3, "id": "parent-1", "timestamp": "2026-12-03T00:00:00.000Z"}
+        self.session.write_text(json.dumps({**header, "cwd": str(self.work)}) + "\n")
+        subprocess.run(
+            ["tmux", "-L", socket, "new-session", "-d", "-s", "caller", "-x", "200", "-y", "50", "sleep 600"],
+            check=True,
+        )
+        shown = subprocess.run(
+            ["tmux", "-L", socket, "display-message", "-p", "-t", "caller",
+             "#{socket_path}\t#{pane_id}\t#{window_id}"],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+        socket_path, self.pane, self.window = shown.split("\t")
+        self.env = dict(
+            os.environ,
+            PI_MATRIX_STATE_DIR=str(self.state),
+            PI_MATRIX_PI_COMMAND=json.dumps(STANDIN),
+            STANDIN_STEP_S="0.05",
+            TMUX=f"{socket_path},1,0",
+            TMUX_PANE=self.pane,
+        )
+
+    def fork(self, *words: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "pi_tmux_matrix", "fork", "--session", str(self.session), *words]
+        return subprocess.run(
+            argv, env=env or self.env, cwd=self.work, capture_output=True, text=True, timeout=90, check=False
+        )
+
+    def master_that_forks(self, task: str, *agent_flags: str) -> subprocess.Popen[bytes]:
+        """A headless master whose agent (a script, given ``agent_flags`` like pi's) runs
+        ``pi-matrix fork --background … -- task``, keeps its output, and waits for :meth:`go`."""
+        code = (
+            "import subprocess, sys, pathlib, time\n"
+            f"argv = [sys.executable, '-m', 'pi_tmux_matrix', 'fork', '--background', '--json', "
+            f"'--session', {str(self.session)!r}, '--', {task!r}]\n"
+            "out = subprocess.run(argv, capture_output=True, text=True)\n"
+            f"pathlib.Path({str(self.work / 'fork.out')!r}).write_text(out.stdout + out.stderr)\n"
+            f"while not pathlib.Path({str(self.work / 'go')!r}).exists(): time.sleep(0.05)\n"
+        )
+        argv = [
+            sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", "boss", "--headless", "--mode",
+            "print", "--", sys.executable, "-c", code, *agent_flags,
+        ]  # fmt: skip
+        return subprocess.Popen(
+            argv, env=self.env, cwd=self.work, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+
+    def forked_run_id(self) -> str:
+        out = self.work / "fork.out"
+        shown = wait_for("the master's agent to fork", lambda: out.exists() and out.read_text())
+        return str(json.loads(shown)["id"])
+
+    def go(self) -> None:
+        (self.work / "go").write_text("")
+
+    def runs_cli(self, *words: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "pi_tmux_matrix", "runs", *words]
+        return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60, check=False)
+
+    def runs(self) -> list[ForkRun]:
+        return RunStore(self.store).list()[0]
+
+    def panes(self) -> dict[str, tuple[str, str]]:
+        """pane id -> (window id, fork run tag) on the caller's server."""
+        shown = subprocess.run(
+            ["tmux", "-L", self.socket, "list-panes", "-a", "-F",
+             "#{pane_id}\t#{window_id}\t#{@pi_matrix_fork_run}"],
+            capture_output=True, text=True, check=False,
+        ).stdout  # fmt: skip
+        rows = [line.split("\t") for line in shown.splitlines() if line]
+        return {row[0]: (row[1], row[2]) for row in rows}
+
+    def cleanup(self) -> None:
+        for run in self.runs():
+            if run.process is not None:
+                procs.signal_group(run.process, signal.SIGKILL)
+        for identity in procs.with_argument(str(self.state)):
+            procs.send_signal(identity, signal.SIGKILL)  # background finishers
+        kill_tmux_server(self.socket)
+
+
+@pytest.fixture
+def caller(tmp_path: Path, tmux_socket: str) -> Iterator[Caller]:
+    world = Caller(tmp_path, tmux_socket)
+    try:
+        yield world
+    finally:
+        world.cleanup()
+
+
+# --- the pure parts --------------------------------------------------------------------------------
+def test_inherited_flags_keep_only_the_seed_flags_in_order_canonically() -> None:
+    argv = [
+        "--model", "a/b", "--tools", "read", "-e", "/x.ts", "--thinking=high", "--skill", "s1",
+        "--provider", "fake", "--session", "/s.jsonl", "--no-extensions", "task words",
+    ]  # fmt: skip
+    assert inherited_flags(argv) == [
+        "--model", "a/b", "--extension", "/x.ts", "--thinking", "high", "--skill", "s1", "--provider", "fake",
+    ]  # fmt: skip
+    merged = merge_flags(
+        inherited_flags(argv), ["--model", "c/d", "--extension", "/x.ts", "--extension", "/y.ts"]
+    )
+    assert merged == [
+        "--extension", "/x.ts", "--thinking", "high", "--skill", "s1", "--provider", "fake",
+        "--model", "c/d", "--extension", "/y.ts",
+    ]  # fmt: skip
+
+
+def test_the_forced_variables_win_over_the_parent_and_the_settings() -> None:
+    parent = {"PATH": "/bin", "PI_FORK": "0", "PI_OFFLINE": "0", "PI_MATRIX_KEY": "worker-x", "TMUX": "t"}
+    overrides = {"PI_SUBAGENT_DISABLE_SCHEDULER": "0", "PI_OBSERVATIONAL_MEMORY_PASSIVE": "0", "MINE": "1"}
+    env = child_env(parent, overrides, {"PI_FORK_RUN_ID": "run-1"})
+    assert {k: env[k] for k in FORCED_ENV} == dict(FORCED_ENV)
+    assert env["MINE"] == "1" and env["PATH"] == "/bin" and env["PI_FORK_RUN_ID"] == "run-1"
+    assert "PI_MATRIX_KEY" not in env and "TMUX" not in env  # the child never speaks for its parent
+
+
+def test_the_exit_marker_is_found_only_for_its_own_run_on_a_line_of_its_own() -> None:
+    script = launch_script("run-1", ["pi", "--session", "/s", "it's a task; rm -rf /"])
+    assert "'it'\"'\"'s a task; rm -rf /'" in script  # one quoted word, never shell syntax
+    assert find_exit_code("x\n__PI_FORK_EXIT_run-1__:7\r\n", "run-1") == 7
+    assert find_exit_code("say __PI_FORK_EXIT_run-1__:0 inline\n", "run-1") is None
+    assert find_exit_code("__PI_FORK_EXIT_run-2__:0\n", "run-1") is None
+
+
+# --- with tmux and the stand-in ------------------------------------------------------------------------
+def test_fork_wait_runs_the_child_beside_the_caller_and_prints_its_result(caller: Caller) -> None:
+    before = caller.session.read_bytes()
+    done = caller.fork("--json", "--", "check", "the", "parser")
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert shown["status"] == "completed" and shown["text"] == "done: check the parser"
+    assert shown["windowId"] == caller.window  # split off the caller's own window
+    assert shown["usage"]["totalTokens"] == 15
+    (run,) = caller.runs()
+    folder = caller.state / "runs" / run.id
+    assert caller.session.read_bytes() == before  # the parent's file is never touched
+    snapshot = (folder / "session.jsonl").read_text()
+    assert snapshot.startswith(before.decode()) and "check the parser" in snapshot  # the child wrote there
+    assert find_exit_code((folder / "pane.log").read_text(), run.id) == 0
+    assert run.argv[-1] == "check the parser" and "--extension" in run.argv
+    wait_for("the fork pane to close", lambda: run.pane_id not in caller.panes())
+    assert caller.pane in caller.panes()  # the caller's own pane is left alone
+
+
+def test_background_forks_fill_a_2x2_grid_the_cap_refuses_a_fourth_and_reaping_frees_a_slot(
+    caller: Caller,
+) -> None:
+    slow = dict(caller.env, STANDIN_STEPS="2000")
+    ids = []
+    for n in range(3):
+        done = caller.fork("--background", "--json", "--", f"task {n}", env=slow)
+        assert done.returncode == 0, done.stderr
+        ids.append(json.loads(done.stdout)["id"])
+    panes = caller.panes()
+    mine = [p for p, (window, tag) in panes.items() if tag in ids]
+    assert len(mine) == 3 and all(panes[p][0] == caller.window for p in mine)
+    geometry = subprocess.run(
+        ["tmux", "-L", caller.socket, "list-panes", "-t", caller.window, "-F", "#{pane_left},#{pane_top}"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert len(set(geometry)) == 4 and len({g.split(",")[0] for g in geometry}) == 2  # 2 columns x 2 rows
+
+    refused = caller.fork("--background", "--", "one too many", env=slow)
+    assert refused.returncode == 1 and "maxConcurrentForks=3" in refused.stderr
+    assert len(caller.runs()) == 3  # nothing was recorded for the refused fork
+
+    victim = RunStore(caller.store).get(ids[0])
+    assert victim.process is not None
+    procs.signal_group(victim.process, signal.SIGKILL)  # the fork's process dies without a word
+    assert procs.wait_for_exit(victim.process, 10)
+    accepted = caller.fork("--background", "--json", "--", "now there is room", env=slow)
+    assert accepted.returncode == 0, accepted.stderr
+    reaped = RunStore(caller.store).get(ids[0])
+    assert reaped.status is RunStatus.FAILED
+    assert reaped.error == "fork process ended without a result artifact or exit marker"
+
+
+def test_a_finished_background_fork_is_recorded_by_its_finisher_and_its_pane_stays(caller: Caller) -> None:
+    done = caller.fork("--background", "--json", "--", "quick one")
+    run_id = json.loads(done.stdout)["id"]
+    store = RunStore(caller.store)
+    run = wait_for("the finisher to record the end", lambda: (r := store.get(run_id)).ended_at_ms and r)
+    assert run.status is RunStatus.COMPLETED and run.text == "done: quick one"
+    assert run.pane_id in caller.panes()  # left for the user to read
+    listed = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "runs", "--json"],
+        env=caller.env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    body = json.loads(listed.stdout)
+    assert [r["id"] for r in body["runs"]] == [run_id]
+    assert body["total"] == {
+        "runs": 1, "input": 10, "output": 5, "cacheRead": 0, "cacheWrite": 0, "totalTokens": 15,
+        "cost": 0.001,
+    }  # fmt: skip
+    text = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "runs"],
+        env=caller.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert run_id in text and "1 run(s); tokens 15" in text and "cost $0.0010" in text
+
+
+def test_a_child_that_leaves_no_result_gets_a_synthetic_failure_with_its_exit_code(caller: Caller) -> None:
+    env = dict(caller.env, PI_MATRIX_PI_COMMAND=json.dumps(["/bin/sh", "-c", "exit 7", "pi"]))
+    done = caller.fork("--json", "--", "anything", env=env)
+    assert done.returncode == 1
+    shown = json.loads(done.stdout)
+    assert shown["status"] == "failed" and shown["exitCode"] == 7
+    assert shown["error"] == "fork exited with code 7 without a result artifact"
+
+
+def test_the_child_gets_the_forced_env_over_the_settings_and_the_parents(caller: Caller) -> None:
+    agent_dir = Path(caller.env["PI_CODING_AGENT_DIR"])
+    agent_dir.mkdir(parents=True, exist_ok=True)
+    settings = {
+        "processMatrix": {"forkEnvironment": {"PI_OFFLINE": "0", "PI_FORK": "0", "FROM_SETTINGS": "yes"}}
+    }
+    (agent_dir / "settings.json").write_text(json.dumps(settings))
+    dump = 'env > "$PI_FORK_RESULT_PATH.env"'
+    env = dict(
+        caller.env,
+        PI_MATRIX_PI_COMMAND=json.dumps(["/bin/sh", "-c", dump, "pi"]),
+        PI_OBSERVATIONAL_MEMORY_PASSIVE="0",
+        PI_MATRIX_KEY="worker-somebody",
+    )
+    done = caller.fork("--json", "--", "show me", env=env)
+    run_id = json.loads(done.stdout)["id"]
+    seen = (caller.state / "runs" / run_id / "result.json.env").read_text().splitlines()
+    got = dict(line.split("=", 1) for line in seen if "=" in line)
+    assert {k: got.get(k) for k in FORCED_ENV} == dict(FORCED_ENV)
+    assert got["FROM_SETTINGS"] == "yes" and got["PI_FORK_RUN_ID"] == run_id
+    assert "PI_MATRIX_KEY" not in got
+
+
+def test_a_fork_child_cannot_fork_and_bad_input_writes_nothing(caller: Caller) -> None:
+    nested = caller.fork("--", "again", env=dict(caller.env, PI_FORK="1"))
+    assert nested.returncode == 2 and "PI_FORK" in nested.stderr
+    caller.session.write_text("not json\n")
+    bad = caller.fork("--", "task")
+    assert bad.returncode == 2 and "--session" in bad.stderr and "session header" in bad.stderr
+    dash = caller.fork("--session", str(caller.session), "--", "-rf")
+    assert dash.returncode == 2
+    assert caller.runs() == []
+
+
+def test_a_masters_shutdown_stops_its_forks_and_fails_them_with_the_seed_message(caller: Caller) -> None:
+    """The master's agent (a script) forks in the background with inherited flags, then exits:
+    its host stops the fork and records why."""
+    flags = ["--model", "fake/big", "--thinking", "high", "--tools", "read"]
+    master = caller.master_that_forks("HANG forever", *flags)
+    try:
+        run = RunStore(caller.store).get(caller.forked_run_id())
+        assert run.parent_key == "master-boss"
+        assert run.argv[run.argv.index("--model") + 1] == "fake/big"  # inherited from the master's pi
+        assert run.argv[run.argv.index("--thinking") + 1] == "high"
+        assert "--tools" not in run.argv
+        assert run.process is not None and procs.is_alive(run.process)
+        caller.go()
+        assert master.wait(timeout=30) == 0
+        ended = RunStore(caller.store).get(run.id)
+        assert ended.status is RunStatus.FAILED and ended.error == PARENT_ABORTED
+        assert procs.wait_for_exit(run.process, 10)
+        assert run.pane_id not in caller.panes()
+    finally:
+        if master.poll() is None:
+            master.kill()
+            master.wait()
+
+
+def test_a_background_forks_result_is_sent_to_its_parent_agent_through_its_host(caller: Caller) -> None:
+    master = caller.master_that_forks("quick look")
+    try:
+        run_id = caller.forked_run_id()
+        events = EventLog(caller.store, "master-boss")
+
+        def delivered() -> dict[str, object] | None:
+            found = [e for e in events.tail(50) if e.get("event") == "message" and e.get("kind") == "prompt"]
+            return found[0] if found else None
+
+        message = wait_for("the finisher's report to reach the master's host", delivered)
+        assert message["sender"] == "pi-matrix fork"
+        assert RunStore(caller.store).get(run_id).status is RunStatus.COMPLETED
+        caller.go()
+        assert master.wait(timeout=30) == 0
+    finally:
+        if master.poll() is None:
+            master.kill()
+            master.wait()
+
+
+def test_a_run_with_no_update_for_30_minutes_is_reaped_as_stale(caller: Caller) -> None:
+    store = RunStore(caller.store)
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)  # alive, but silent
+    try:
+        alive = procs.identify(sleeper.pid)
+        old = now_ms() - 31 * 60 * 1000
+        run = ForkRun(
+            id="run-20260101-000000-abcdef", cwd=str(caller.work), task="t", mode=RunMode.BACKGROUND,
+            created_at_ms=old, updated_at_ms=old, process=alive,
+        )  # fmt: skip
+        store.put(run, exclusive=True)
+        (reaped,) = reap(store)
+        assert reaped.status is RunStatus.FAILED and reaped.error is not None and "stale" in reaped.error
+        assert store.get(run.id) == reaped  # recorded, not only reported
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_corrupt_run_record_is_reported_not_deleted(caller: Caller) -> None:
+    folder = caller.state / "runs"
+    folder.mkdir(parents=True)
+    for made in (caller.state, folder):
+        made.chmod(0o700)  # the store refuses a state dir others can enter
+    bad = folder / "run-20260101-000000-000000.json"
+    bad.write_text("{torn")
+    listed = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "runs", "--json"],
+        env=caller.env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert listed.returncode == 0 and json.loads(listed.stdout)["runs"] == []
+    assert str(bad) in listed.stderr and "left in place" in listed.stderr
+    assert bad.exists()

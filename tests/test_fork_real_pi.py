@@ -1,0 +1,88 @@
+"""Fork runs with the real pi CLI (pinned, from npm) against the fake LLM on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fake_llm import FakeLLM, Reply, write_pi_agent_dir
+from pi_support import pi_bin
+from test_dispatch import wait_for
+from test_fork import Caller
+
+from pi_tmux_matrix import procs
+from pi_tmux_matrix.runs import PARENT_ABORTED, RunStatus, RunStore
+
+
+@pytest.fixture
+def picaller(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Caller, FakeLLM]]:
+    binary = pi_bin()
+    with FakeLLM() as llm:
+        world = Caller(tmp_path, tmux_socket)
+        write_pi_agent_dir(Path(world.env["PI_CODING_AGENT_DIR"]), llm.base_url)
+        tmp = tmp_path / "tmp"
+        tmp.mkdir()
+        world.env.update(
+            PI_MATRIX_PI_COMMAND=json.dumps([binary]),
+            NO_PROXY="127.0.0.1,localhost",
+            TMPDIR=str(tmp),
+        )
+        try:
+            yield world, llm
+        finally:
+            world.cleanup()
+
+
+def _system_prompt(request: dict[str, object]) -> str:
+    messages = request.get("messages")
+    assert isinstance(messages, list)
+    first = messages[0]
+    assert isinstance(first, dict) and first.get("role") == "system"
+    return str(first.get("content"))
+
+
+def test_a_real_pi_fork_answers_once_writes_its_result_and_exits(picaller: tuple[Caller, FakeLLM]) -> None:
+    caller, llm = picaller
+    llm.script(Reply(text="The fork checked it: all good."))
+    before = caller.session.read_bytes()
+    done = caller.fork("--wait", "--model", "fake/fake-model", "--json", "--", "Check the parser.")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = json.loads(done.stdout)
+    assert run["status"] == "completed" and run["exitCode"] == 0
+    assert run["text"] == "The fork checked it: all good."
+    assert run["stopReason"] == "stop" and run["model"] == "fake-model"
+    assert run["usage"]["input"] == 10 and run["usage"]["output"] == 5
+    assert run["argv"][run["argv"].index("--model") + 1] == "fake/fake-model"
+    (request,) = llm.requests  # one run, then the child exited by itself
+    assert "Check the parser." in llm.user_texts()
+    assert "You are a fork" in _system_prompt(request)  # the bridge's fork-child prompt
+    folder = caller.state / "runs" / run["id"]
+    result = json.loads((folder / "result.json").read_text())  # written by the bridge on agent_end
+    assert result["runId"] == run["id"] and result["sessionFile"] == str(folder / "session.jsonl")
+    snapshot = (folder / "session.jsonl").read_text().splitlines()
+    assert json.loads(snapshot[0])["id"] == "parent-1"  # pi appended to the snapshot, same header
+    assert any("all good" in line for line in snapshot[1:])
+    assert caller.session.read_bytes() == before
+    wait_for("the fork pane to close", lambda: run["paneId"] not in caller.panes())
+
+
+def test_a_running_real_pi_fork_is_stopped_and_failed_when_its_parent_shuts_down(
+    picaller: tuple[Caller, FakeLLM],
+) -> None:
+    caller, llm = picaller
+    llm.script(Reply(text="too late", delay_s=60))
+    done = caller.fork("--background", "--json", "--", "Take your time.")
+    assert done.returncode == 0, done.stderr
+    run_id = json.loads(done.stdout)["id"]
+    wait_for("the fork's turn to reach the LLM", lambda: llm.requests, timeout=60)
+    run = RunStore(caller.store).get(run_id)
+    assert run.status is RunStatus.RUNNING and run.process is not None
+
+    aborted = caller.runs_cli("--abort", "--parent-session", str(caller.session))
+    assert aborted.returncode == 0 and "stopped 1 fork(s)" in aborted.stdout
+    ended = RunStore(caller.store).get(run_id)
+    assert ended.status is RunStatus.FAILED and ended.error == PARENT_ABORTED
+    assert procs.wait_for_exit(run.process, 10)
+    assert run.pane_id not in caller.panes()
