@@ -116,6 +116,11 @@ class Caller:
         return {row[0]: (row[1], row[2]) for row in rows}
 
     def cleanup(self) -> None:
+        # Hosts and their agents (a print-mode agent has its own session: it outlives a killed host).
+        for entry in self.store.list().entries:
+            for identity in (entry.process, entry.child_process):
+                if identity is not None:
+                    procs.send_signal(identity, signal.SIGKILL)
         for run in self.runs():
             if run.process is not None:
                 procs.signal_group(run.process, signal.SIGKILL)

@@ -176,6 +176,12 @@ def test_a_new_master_of_the_same_session_and_task_relaunches_dead_pi_into_the_s
     before = session_file.read_text().splitlines()
     header = json.loads(before[0])
 
+    # The master's own agent runs in its own session: it outlives its killed host unless stopped.
+    running = wait_for(
+        "the master's agent", lambda: e if (e := lab.store.find(master.key)) and e.child_process else None
+    )
+    assert running.child_process is not None
+    lab.started.append(running.child_process)
     procs.send_signal(master.process, 9)  # type: ignore[arg-type]
     lost = wait_for(
         "resumable",
