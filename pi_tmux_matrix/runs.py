@@ -98,7 +98,7 @@ _NOT_INHERITED: Final = frozenset(
         ENV_PARENT_PID, ENV_PARENT_SESSION, ENV_AGENT_ID, ENV_TASK_REF, ENV_ALLOWED_PATHS,
         "PI_WORKTREE_LANE", "PI_MATRIX_KEY", "PI_MATRIX_MAILBOX", "PI_MATRIX_HOST_PID",
         "PI_MATRIX_DONE_MARKER", "PI_MATRIX_BLOCKED_MARKER", "TMUX", "TMUX_PANE",
-        "PI_FORK_RESULT_PATH", "PI_FORK_RUN_ID", "PI_FORK_TASK",
+        "PI_FORK_RESULT_PATH", "PI_FORK_RUN_ID", "PI_FORK_TASK", "PI_MATRIX_PROFILE",
     }
 )  # fmt: skip
 # The parent's pi flags a child inherits (seed 003's runner-cli): flag -> canonical spelling.

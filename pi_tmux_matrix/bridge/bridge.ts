@@ -15,7 +15,7 @@ import * as path from "node:path";
 import { KEY, MAILBOX, STATE, atomicWrite, lastAssistant, post, textOf, underHost } from "./common.ts";
 import { installEnvelope } from "./envelope.ts";
 import { installFork } from "./fork.ts";
-import { installMaster } from "./master.ts";
+import { handoffDelivery, installMaster } from "./master.ts";
 
 export default function (pi: any) {
   // A fork child (PI_FORK=1) writes its result.json and exits after its one run, host or not.
@@ -38,6 +38,8 @@ export default function (pi: any) {
         ctx.shutdown();
       } else if (kind === "abort") {
         if (typeof ctx.abort === "function") ctx.abort();
+      } else if (kind === "handoff") {
+        if (handoffDelivery.deliver !== null) handoffDelivery.deliver(notice);
       } else if (kind === "steer" || kind === "prompt") {
         const body = `[pi-matrix ${kind}] ${text}`;
         if (ctx.isIdle()) pi.sendUserMessage(body);

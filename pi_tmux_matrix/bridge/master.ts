@@ -1,2 +1,259 @@
-// Master mode: the tmux_agent_manager tool and handoff injection: see issue 8.
-export function installMaster(_pi: any): void {}
+// Master mode (issue 8): the master's own pi drives the dispatcher.
+//
+//   * the `tmux_agent_manager` tool: each action runs the pi-matrix CLI with an argv list and
+//     --json (never a shell string) and returns a bounded summary; a CLI error comes back as a
+//     tool error carrying the CLI's one-line message;
+//   * launches carry this master's registration: the host's pid (PI_MATRIX_HOST_PID) and the
+//     session id the host is registered under (pi's own session id), never a guess from the
+//     process tree;
+//   * terminal handoffs: the host posts each undelivered handoff as a "handoff" notice; it is
+//     injected once as a labelled, untrusted user message (a turn when idle, a follow-up when
+//     busy) and acknowledged to the host only after pi accepted it. A handoff addressed to
+//     another session (after /new, /resume, /fork) is left for that session;
+//   * at session start in interactive pi, the foreign orphans of seed 000 are asked about in pi's
+//     own UI (resume / adopt / clean up / leave) and the answer is carried out through the CLI;
+//     without a UI (print, rpc) they are only reported.
+import { spawnSync } from "node:child_process";
+import { Type } from "typebox";
+import { STATE, env, post, role } from "./common.ts";
+
+const MAX_RESULT = 6000; // characters of CLI output returned to the model
+const CLI_TIMEOUT_MS = 120_000;
+const STOP_WORD = "yes-tmux-stop";
+const ACTIONS = [
+  "status",
+  "list_profiles",
+  "fire_task",
+  "job_status",
+  "list_jobs",
+  "send_followup",
+  "dismiss",
+  "stop_job",
+] as const;
+
+type Cli = { code: number; out: string; err: string };
+
+function cliPrefix(): string[] {
+  try {
+    const value = JSON.parse(env.PI_MATRIX_CLI || "");
+    if (Array.isArray(value) && value.length > 0 && value.every((v) => typeof v === "string" && v)) return value;
+  } catch {
+    // fall through to the installed command
+  }
+  return ["pi-matrix"];
+}
+
+/** Run `pi-matrix --state-dir <state> ARGS…` (an argv list: no shell ever sees the words). */
+export function runCli(args: string[], cwd?: string): Cli {
+  const [command, ...rest] = cliPrefix();
+  const done = spawnSync(command, [...rest, "--state-dir", STATE, ...args], {
+    encoding: "utf8",
+    timeout: CLI_TIMEOUT_MS,
+    maxBuffer: 16 * 1024 * 1024,
+    cwd,
+    env: process.env,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  if (done.error) return { code: 127, out: "", err: `pi-matrix: error: cannot run ${command}: ${done.error.message}` };
+  return { code: done.status === null ? 128 : done.status, out: done.stdout || "", err: done.stderr || "" };
+}
+
+function bounded(text: string, limit: number = MAX_RESULT): string {
+  return text.length <= limit ? text : `${text.slice(0, limit - 40)}\n…[truncated: ${text.length} characters]`;
+}
+
+/** The CLI's own one-line error (its last "pi-matrix: error:" line), for a tool error. */
+function cliError(result: Cli): Error {
+  const lines = result.err.split("\n").map((l) => l.trim()).filter(Boolean);
+  const line = [...lines].reverse().find((l) => l.startsWith("pi-matrix: error:")) || lines[lines.length - 1];
+  return new Error(line || `pi-matrix exited with code ${result.code}`);
+}
+
+function compact(out: string): string {
+  try {
+    return JSON.stringify(JSON.parse(out));
+  } catch {
+    return out.trim();
+  }
+}
+
+function text(value: string): any {
+  return { content: [{ type: "text", text: bounded(value) }], details: {} };
+}
+
+function need(params: any, name: string): string {
+  const value = params[name];
+  if (typeof value !== "string" || value.trim() === "") {
+    throw new Error(`tmux_agent_manager: ${params.action} needs "${name}"`);
+  }
+  return value;
+}
+
+export function installMaster(pi: any): void {
+  if (role() !== "master") return;
+  const hostPid = env.PI_MATRIX_HOST_PID || "";
+  let ctxRef: any = null;
+  const injected = new Set<string>();
+
+  function sessionId(): string {
+    // The host follows pi's session id (a switch re-registers it), so this is its registration.
+    return String(ctxRef?.sessionManager?.getSessionId?.() || env.PI_MATRIX_KEY?.slice("master-".length) || "");
+  }
+
+  function call(args: string[], cwd?: string): string {
+    const result = runCli(args, cwd);
+    if (result.code !== 0) throw cliError(result);
+    return compact(result.out);
+  }
+
+  async function execute(_id: string, params: any, _signal: any, _update: any, ctx: any): Promise<any> {
+    ctxRef = ctx || ctxRef;
+    const action = String(params.action || "");
+    const cwd = ctx?.cwd;
+    switch (action) {
+      case "status":
+        return text(call(["tree", "--json"], cwd));
+      case "list_profiles":
+        return text(call(["profiles", "--json"], cwd));
+      case "list_jobs":
+        return text(call(["jobs", "--json"], cwd));
+      case "job_status":
+        return text(call(["job", need(params, "job_id"), "--json"], cwd));
+      case "dismiss":
+        return text(call(["dismiss", need(params, "job_id"), "--json"], cwd));
+      case "send_followup": {
+        const args = ["followup", need(params, "job_id"), "--json"];
+        if (params.agent) args.push("--agent", String(params.agent));
+        return text(call([...args, "--", need(params, "text")], cwd));
+      }
+      case "fire_task": {
+        const args = ["fire"];
+        if (params.team) args.push("--team", String(params.team));
+        else args.push("--profile", need(params, "profile"));
+        if (params.lane) args.push("--lane", String(params.lane));
+        if (params.goal_id) args.push("--goal-id", String(params.goal_id));
+        if (params.path) args.push("--path", String(params.path));
+        if (typeof params.deadline === "number") args.push("--deadline", String(params.deadline));
+        if (params.dry_run === true) args.push("--dry-run");
+        args.push("--json", "--parent-pid", hostPid, "--parent-session", sessionId());
+        // The task is one argv word after "--": it reaches the worker exactly as the model wrote it.
+        return text(call([...args, "--", need(params, "task")], cwd));
+      }
+      case "stop_job": {
+        const job = need(params, "job_id");
+        if (params.confirm !== STOP_WORD) {
+          const preview = runCli(["stop", job], cwd);
+          if (preview.code !== 0 && preview.code !== 2) throw cliError(preview);
+          return text(
+            `PREVIEW ONLY, nothing was stopped.\n${preview.out.trim()}\n` +
+              `To stop it, call stop_job again with confirm: "${STOP_WORD}".`,
+          );
+        }
+        return text(call(["stop", job, "--confirm", STOP_WORD, "--json"], cwd));
+      }
+      default:
+        throw new Error(`tmux_agent_manager: unknown action "${action}"; use one of ${ACTIONS.join(", ")}`);
+    }
+  }
+
+  pi.registerTool({
+    name: "tmux_agent_manager",
+    label: "Agent manager",
+    description:
+      "Launch and manage worker agents in tmux through pi-matrix. Actions: status (the matrix tree), " +
+      "list_profiles, fire_task (profile or team, task; optional lane, goal_id, path, deadline seconds, dry_run), " +
+      "job_status (job_id), list_jobs, send_followup (job_id, text, optional agent), dismiss (job_id), " +
+      `stop_job (job_id; previews unless confirm is "${STOP_WORD}").`,
+    promptSnippet: "Launch and manage worker agents (pi-matrix dispatcher)",
+    parameters: Type.Object({
+      action: Type.String({ description: ACTIONS.join(" | ") }),
+      profile: Type.Optional(Type.String({ description: "fire_task: a launch profile" })),
+      team: Type.Optional(Type.String({ description: "fire_task: a team template instead of a profile" })),
+      task: Type.Optional(Type.String({ description: "fire_task: the task text, passed verbatim" })),
+      lane: Type.Optional(Type.String({ description: "fire_task: a git worktree lane" })),
+      goal_id: Type.Optional(Type.String({ description: "fire_task: goal id (PI_TASK_REF)" })),
+      path: Type.Optional(Type.String({ description: "fire_task: the agents' working directory" })),
+      deadline: Type.Optional(Type.Number({ description: "fire_task: seconds per agent" })),
+      dry_run: Type.Optional(Type.Boolean({ description: "fire_task: show what would run" })),
+      job_id: Type.Optional(Type.String({ description: "the job (job-…)" })),
+      agent: Type.Optional(Type.String({ description: "send_followup: only this agent" })),
+      text: Type.Optional(Type.String({ description: "send_followup: the follow-up text" })),
+      confirm: Type.Optional(Type.String({ description: `stop_job: "${STOP_WORD}" to really stop` })),
+    }),
+    execute,
+  });
+
+  pi.on("session_start", async (_event: any, ctx: any) => {
+    ctxRef = ctx;
+    // Not awaited: the questions need pi's UI running, which starts after session_start.
+    setTimeout(() => {
+      askAboutOrphans(ctx).catch(() => undefined);
+    }, 300);
+  });
+
+  async function askAboutOrphans(ctx: any): Promise<void> {
+    const scan = runCli(["scan", "--json"], ctx?.cwd);
+    if (scan.code !== 0) return;
+    let rows: any[] = [];
+    try {
+      rows = JSON.parse(scan.out);
+    } catch {
+      return;
+    }
+    const mine = sessionId();
+    // Exact orphans (this session and task) were already recovered by the master without asking.
+    const foreign = rows.filter((r) => r && r.parentSessionId !== mine);
+    if (foreign.length === 0) return;
+    // rpc mode has a UI sub-protocol, but its client (the host) answers no dialogs: report only.
+    if (!ctx?.hasUI || !process.stdin.isTTY) {
+      post("bridge", JSON.stringify({ event: "orphans_reported", keys: foreign.map((r) => String(r.key)) }));
+      return;
+    }
+    for (const row of foreign) {
+      const name = `worker ${row.agentId} (lane ${row.lane || "-"}, ${row.alive ? "alive" : "dead"})`;
+      const options = row.alive
+        ? ["adopt", "clean up", "leave"]
+        : row.resumable
+          ? ["resume", "leave"]
+          : ["leave"];
+      if (options.length === 1) continue;
+      const choice = await ctx.ui.select(`pi-matrix: orphan ${name}`, options);
+      const who = ["--parent-pid", hostPid, "--parent-session", mine];
+      let result: Cli | null = null;
+      if (choice === "adopt") result = runCli(["adopt", String(row.key), ...who], ctx.cwd);
+      else if (choice === "clean up") result = runCli(["cleanup", String(row.key)], ctx.cwd);
+      else if (choice === "resume") result = runCli(["resume", String(row.key), ...who], ctx.cwd);
+      if (result !== null) {
+        const ok = result.code === 0;
+        ctx.ui.notify(ok ? `${choice}: ${row.key}` : cliError(result).message, ok ? "info" : "error");
+      }
+      post("bridge", JSON.stringify({ event: "orphan_answered", key: String(row.key), choice: choice || "leave" }));
+    }
+  }
+
+  /** A "handoff" notice from the host: inject once, then acknowledge. */
+  function deliverHandoff(notice: any): void {
+    let handoff: any;
+    try {
+      handoff = JSON.parse(String(notice.message || ""));
+    } catch {
+      return;
+    }
+    const id = String(handoff?.id || "");
+    const ctx = ctxRef;
+    if (!id || !ctx) return; // not ready: the host posts it again
+    if (handoff.parentSessionId && handoff.parentSessionId !== sessionId()) return; // another session's
+    if (!injected.has(id)) {
+      const body = String(handoff.text || "");
+      if (ctx.isIdle()) pi.sendUserMessage(body);
+      else pi.sendUserMessage(body, { deliverAs: "followUp" });
+      injected.add(id);
+    }
+    post("bridge", JSON.stringify({ event: "handoff_accepted", id, sessionId: sessionId() }));
+  }
+
+  handoffDelivery.deliver = deliverHandoff;
+}
+
+/** Set by installMaster: how bridge.ts hands a "handoff" notice over. */
+export const handoffDelivery: { deliver: ((notice: any) => void) | null } = { deliver: null };

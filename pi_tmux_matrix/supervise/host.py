@@ -47,6 +47,7 @@ ENV_KEY: Final = "PI_MATRIX_KEY"
 ENV_STATE_DIR: Final = "PI_MATRIX_STATE_DIR"
 ENV_MAILBOX: Final = "PI_MATRIX_MAILBOX"
 ENV_HOST_PID: Final = "PI_MATRIX_HOST_PID"
+ENV_CLI: Final = "PI_MATRIX_CLI"
 # With inotify the inbox wakes the host at once; without it, this is how often it looks.
 INBOX_POLL_S: Final = 1.0
 ENVELOPE_TEXT_CHARS: Final = 1000  # of a tool_blocked report's tool, path or reason
@@ -123,6 +124,7 @@ class AgentHost:
         self.result_pointer: str | None = None  # the bridge's latest result artifact
         self.bridge_expected_by: float | None = None
         self.bridge_seen = False
+        self.handoffs_accepted: set[str] = set()  # handoff ids the bridge injected into the session
         self._parent_fd: int | None = None
         self._inbox_watch: DirWatch | None = None
         self._selector: selectors.BaseSelector | None = None
@@ -185,6 +187,8 @@ class AgentHost:
                 ENV_STATE_DIR: str(self.store.root),
                 ENV_MAILBOX: str(self.notices.ensure()),
                 ENV_HOST_PID: str(self.me.pid),
+                # How the bridge runs this same pi-matrix (a master's tmux_agent_manager tool).
+                ENV_CLI: json.dumps([sys.executable, "-m", "pi_tmux_matrix"]),
             }
         )
         return env
@@ -508,6 +512,10 @@ class AgentHost:
             self.events.write(
                 "agent_result", path=pointer, run=report.get("run"), stop_reason=report.get("stopReason")
             )
+        elif report.get("event") == "handoff_accepted" and isinstance(report.get("id"), str):
+            # pi took the message: only now may the master mark the handoff delivered.
+            self.handoffs_accepted.add(report["id"])
+            self.events.write("handoff_accepted", id=report["id"][:200])
         elif report.get("event") in ("tool_blocked", "envelope_refused"):
             self._envelope_report(report)
         else:
