@@ -803,7 +803,9 @@ def wait_run(
     try:
         while True:
             if caught:
-                return abort_run(runs, run_id, PARENT_ABORTED)
+                # SIGTERM/SIGHUP: the caller (the parent session) is going away; SIGINT: a person.
+                why = "interrupted (Ctrl-C): fork aborted" if caught[0] == signal.SIGINT else PARENT_ABORTED
+                return abort_run(runs, run_id, why)
             run = refresh(runs, run_id, settle=True)
             if run.status is not RunStatus.RUNNING:
                 break

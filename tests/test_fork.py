@@ -377,3 +377,22 @@ def test_a_corrupt_run_record_is_reported_not_deleted(caller: Caller) -> None:
     assert listed.returncode == 0 and json.loads(listed.stdout)["runs"] == []
     assert str(bad) in listed.stderr and "left in place" in listed.stderr
     assert bad.exists()
+
+
+def test_a_waiter_told_to_stop_stops_its_fork_and_fails_it_with_the_seed_message(caller: Caller) -> None:
+    argv = [sys.executable, "-m", "pi_tmux_matrix", "fork", "--session", str(caller.session), "--", "HANG on"]
+    waiter = subprocess.Popen(
+        argv, env=caller.env, cwd=caller.work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        run = wait_for("the fork's pane", lambda: (runs := caller.runs()) and runs[0].process and runs[0])
+        waiter.send_signal(signal.SIGTERM)  # what the parent session's shutdown sends its tool call
+        assert waiter.wait(timeout=30) == 1
+        ended = RunStore(caller.store).get(run.id)
+        assert ended.status is RunStatus.FAILED and ended.error == PARENT_ABORTED
+        assert run.process is not None and procs.wait_for_exit(run.process, 10)
+        assert run.pane_id not in caller.panes()
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
