@@ -25,6 +25,7 @@ __all__ = [
     "boot_id",
     "cpu_seconds",
     "current",
+    "group_members",
     "identify",
     "is_alive",
     "open_pidfd",
@@ -32,6 +33,7 @@ __all__ = [
     "rss_bytes",
     "send_signal",
     "signal_group",
+    "stop_group",
     "wait_for_exit",
     "with_argument",
 ]
@@ -220,6 +222,80 @@ def signal_group(identity: ProcessIdentity, sig: int | signal.Signals) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def _scan() -> dict[int, tuple[int, int, int, int]]:
+    """``{pid: (ppid, pgrp, session, start ticks)}`` of this user's live (non-zombie) processes."""
+    found: dict[int, tuple[int, int, int, int]] = {}
+    me = os.geteuid()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{name}").st_uid != me:
+                continue
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                data = handle.read()
+        except OSError:
+            continue
+        tail = data[data.rfind(b")") + 2 :].split()
+        try:
+            if tail[0] in (b"Z", b"X", b"x"):
+                continue
+            found[int(name)] = (int(tail[1]), int(tail[2]), int(tail[3]), int(tail[19]))
+        except (IndexError, ValueError):
+            continue
+    return found
+
+
+def group_members(leader: ProcessIdentity) -> list[ProcessIdentity]:
+    """Every live process that belongs to what ``leader`` started: its process group and session
+    (a tmux pane's process leads both) and every descendant of those, even one that made its own
+    session (node's ``detached`` children do). ``leader`` itself is included while it lives.
+
+    The leader may already be dead: Linux never gives its pid to a new process while a group or
+    session still carries it, and members must have started after the leader (same boot), so
+    nothing unrelated is ever named."""
+    if leader.boot_id != boot_id():
+        return []
+    table = _scan()
+    chosen = {
+        pid
+        for pid, (_ppid, pgrp, session, ticks) in table.items()
+        if leader.pid in (pid, pgrp, session) and ticks >= leader.start_ticks
+    }
+    grew = True
+    while grew:
+        grew = False
+        for pid, (ppid, _pgrp, _session, ticks) in table.items():
+            if pid not in chosen and ppid in chosen and ticks >= leader.start_ticks:
+                chosen.add(pid)
+                grew = True
+    chosen.discard(os.getpid())  # never this process, whatever it belongs to
+    return [ProcessIdentity(pid, table[pid][3], leader.boot_id) for pid in sorted(chosen)]
+
+
+def stop_group(leader: ProcessIdentity, grace_s: float = 5.0) -> bool:
+    """Stop everything ``leader`` started (:func:`group_members`): SIGTERM to each, up to
+    ``grace_s`` to leave, then SIGKILL to whatever is left. Members found once are kept: a
+    process whose parent died is re-parented and would no longer be found through it, and a
+    dying process may have started another. True when nothing is left."""
+    known = set(group_members(leader))
+    for member in known:
+        send_signal(member, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(is_alive(member) for member in known):
+        time.sleep(0.05)
+    for _round in range(3):
+        known |= set(group_members(leader))
+        left = [member for member in known if is_alive(member)]
+        if not left:
+            return True
+        for member in left:
+            send_signal(member, signal.SIGKILL)
+        for member in left:
+            wait_for_exit(member, 2.0)
+    return not any(is_alive(member) for member in known | set(group_members(leader)))
 
 
 def ancestors(pid: int | None = None) -> list[ProcessIdentity]:

@@ -6,12 +6,15 @@ a 2x2 grid beside the caller, and either waits for the result (``--wait``) or le
 (``--background``). The run's folder ``<state dir>/runs/<run id>/`` holds::
 
     session.jsonl   the snapshot the child appends to (the parent's file is never touched)
-    fork.sh         the launch script: runs pi, then prints the exit marker
+    fork.sh         the launch script: sets the child's env, waits for ``go``, runs pi, then
+                    prints the exit marker
+    go              written once the run recorded its pane and process: pi starts after it
     pane.log        the pane's output (tmux pipe-pane): where the exit marker is looked for
     exit.code       the child's exit code, also kept by the script (a child that ends before
                     the pipe is attached leaves no marker in the log)
     result.json     written by the bridge on the child's agent_end (text, stop reason, usage)
-    finisher.log    a background run's finisher output
+    finisher.log    the run's finisher's output (it records the end; for a waited run it also
+                    watches the waiter)
 
 and its record ``runs/<run id>.json`` (status running -> completed | failed) goes through the
 record store: locked, durable, strict. The end of a run is learned from, in order: the bridge's
@@ -35,7 +38,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import suppress
+from contextlib import nullcontext, suppress
 from enum import Enum
 from pathlib import Path
 from typing import Any, Final
@@ -49,7 +52,7 @@ from .errors import RunNotFound as NotFound
 from .identity import ProcessIdentity, validate_id
 from .matrix.codec import DecodeError, converter, register_enum, structure
 from .matrix.model import bounded
-from .matrix.store import MatrixStore, Problem, RecordStore, durable_write, now_ms, read_bounded
+from .matrix.store import MatrixStore, Problem, RecordStore, durable_write, now_ms, read_bounded, read_tail
 from .settings import MatrixSettings
 
 __all__ = [
@@ -110,7 +113,11 @@ _INHERITED: Final[Mapping[str, str]] = {
     "--thinking": "--thinking",
     "--provider": "--provider",
 }
-_RUN_ID: Final = re.compile(r"run-[0-9]{8}-[0-9]{6}-[0-9a-f]{6}")
+GO_WAIT_S: Final = 10  # how long a fork pane waits for its launcher's go before giving up
+LOG_TAIL_BYTES: Final = 64 * 1024  # the exit marker is the pane log's last line: read only the tail
+# Left to the pane's own tmux (the caller's may describe another terminal).
+_PANE_OWN: Final = frozenset({"TERM", "COLUMNS", "LINES"})
+_ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class ForkCapReached(PiMatrixError):
@@ -248,16 +255,48 @@ def child_env(
     return env
 
 
-def launch_script(run_id: str, argv: Sequence[str], exit_file: str | None = None) -> str:
-    """The pane's script: pi, then the exit marker on a line of its own (and the code in
-    ``exit_file``: a child that ends before the pane's pipe is attached leaves no marker in the
-    log), then wait for Enter (a finished background fork stays on screen; the waiter closes a
-    wait-mode pane itself)."""
+def launch_script(
+    run_id: str,
+    argv: Sequence[str],
+    exit_file: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    go_file: str | None = None,
+) -> str:
+    """The pane's script: its environment, the wait for the launcher's go, pi, then the exit
+    marker on a line of its own (and the code in ``exit_file``: a child that ends before the
+    pane's pipe is attached leaves no marker in the log), then wait for Enter (a finished
+    background fork stays on screen; the waiter closes a wait-mode pane itself).
+
+    ``env`` is set here, not on tmux's command line, where any user's ``ps`` would show its
+    values; the names a child must never inherit are unset (the caller's tmux server may hold
+    them in its global environment). pi starts only once ``go_file`` exists: a launcher that
+    died between making the pane and recording it leaves a pane that gives up after
+    :data:`GO_WAIT_S` seconds, never an unrecorded pi."""
     marker = EXIT_MARKER.format(run_id=run_id)
     keep = f"printf '%s\\n' \"$code\" > {shlex.quote(exit_file)}\n" if exit_file else ""
+    lines = ["#!/bin/sh", f"# pi-matrix fork run {run_id}"]
+    if env is not None:
+        lines += [f"unset {name}" for name in sorted(_NOT_INHERITED - {"TMUX", "TMUX_PANE"} - set(env))]
+        lines += [
+            f"export {name}={shlex.quote(value)}"
+            for name, value in env.items()
+            if name not in _PANE_OWN and _ENV_NAME.fullmatch(name) and "\0" not in value
+        ]
+    if go_file is not None:
+        go = shlex.quote(go_file)
+        lines += [
+            "tries=0",
+            f"while [ ! -e {go} ]; do",
+            f'  tries=$((tries + 1)); if [ "$tries" -gt {GO_WAIT_S * 20} ]; then',
+            "    echo '[pi-matrix] the fork was never confirmed by its launcher: nothing was started.'",
+            "    exit 125",
+            "  fi",
+            "  sleep 0.05",
+            "done",
+        ]
     return (
-        "#!/bin/sh\n"
-        f"# pi-matrix fork run {run_id}\n"
+        "\n".join(lines) + "\n"
         f"{shlex.join(argv)}\n"
         "code=$?\n"
         f"{keep}"
@@ -325,6 +364,10 @@ def finished(run: ForkRun, result: Mapping[str, Any] | None, exit_code: int | No
         error = bounded(
             str(message) if isinstance(message, str) and message else f"stop reason {stop_reason}", 400
         )
+    elif not (isinstance(text, str) and text.strip()):
+        # Nothing to hand back: the parent asked for an answer, and an empty one is no answer.
+        failed = True
+        error = "the fork ended without a final answer (no assistant text in its result)"
     model = result.get("model")
     return attrs.evolve(
         run,
@@ -442,14 +485,19 @@ class RunStore:
         return self.records.locked(f"cap-{digest}")
 
     # -- reading a run's files ----------------------------------------------------------------------
-    def read_text(self, run_id: str, name: str, max_bytes: int = MAX_RESULT_BYTES) -> str | None:
+    def read_text(
+        self, run_id: str, name: str, max_bytes: int = MAX_RESULT_BYTES, *, tail: bool = False
+    ) -> str | None:
+        """The file's text (None if absent or unreadable); with ``tail`` its last ``max_bytes``
+        whatever its size, else all of it if it is at most ``max_bytes``."""
         folder = self.records.root / run_id
         try:
             fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             return None
         try:
-            data = read_bounded(fd, name, str(folder / name), max_bytes)
+            read = read_tail if tail else read_bounded
+            data = read(fd, name, str(folder / name), max_bytes)
         except (OSError, PiMatrixError):
             return None
         finally:
@@ -468,27 +516,30 @@ class RunStore:
         return value if isinstance(value, dict) else None
 
     def exit_code(self, run_id: str) -> int | None:
-        """The child's exit code: the marker in the pane log, else the script's exit file."""
-        log = self.read_text(run_id, "pane.log", max_bytes=64 * 1024 * 1024)
-        code = None if log is None else find_exit_code(log, run_id)
-        if code is None:
-            kept = (self.read_text(run_id, "exit.code", max_bytes=64) or "").strip()
-            code = int(kept) if re.fullmatch(r"-?[0-9]{1,4}", kept) else None
-        return code
+        """The child's exit code: the script's exit file (a few bytes), else the marker in the
+        last :data:`LOG_TAIL_BYTES` of the pane log (a long session's log is large; it is polled)."""
+        kept = (self.read_text(run_id, "exit.code", max_bytes=64) or "").strip()
+        if re.fullmatch(r"-?[0-9]{1,4}", kept):
+            return int(kept)
+        log = self.read_text(run_id, "pane.log", max_bytes=LOG_TAIL_BYTES, tail=True)
+        return None if log is None else find_exit_code(log, run_id)
 
-    def write_file(self, run_id: str, name: str, data: bytes, mode: int = 0o600) -> Path:
+    def write_file(self, run_id: str, name: str, data: bytes) -> Path:
+        """``name`` in the run's folder, written durably (0600; the launch script is run by
+        ``/bin/sh``, never executed itself)."""
         folder = self.folder(run_id)
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             durable_write(fd, name, data, exclusive=False, path=str(folder / name))
-            if mode != 0o600:
-                os.chmod(name, mode, dir_fd=fd)
         finally:
             os.close(fd)
         return folder / name
 
 
 # --- I/O: tmux, processes ----------------------------------------------------------------------------
+STALE_ERROR: Final = "no update for 30 minutes: reaped as stale"
+
+
 def _server(run: ForkRun) -> Any:
     from .dispatch.tmux import TmuxServer
 
@@ -497,28 +548,64 @@ def _server(run: ForkRun) -> Any:
     return TmuxServer(run.socket or "pi-matrix")
 
 
-def stop_run_process(run: ForkRun) -> None:
-    """Close the run's pane, then make sure its process group is gone (SIGTERM, then SIGKILL)."""
+def _run_pane(run: ForkRun) -> tuple[Any, Any]:
+    """(server, the run's pane) — the pane only while it still is the run's: tagged with the
+    run's id, with the recorded pane id and process once they are recorded. A tmux server that
+    restarted reuses pane ids: an id alone would name somebody else's pane."""
     from .errors import TmuxUnavailable
 
-    if run.pane_id:
+    if not (run.socket or run.socket_path):
+        return None, None
+    server = _server(run)
+    try:
+        panes = server.panes()
+    except (TmuxUnavailable, DispatchError, ContractError):
+        return server, None
+    for pane in panes:
+        if pane.tag(FORK_TAG) != run.id:
+            continue
+        if run.pane_id is not None and pane.pane_id != run.pane_id:
+            continue
+        if run.process is not None and pane.pane_pid != run.process.pid:
+            continue
+        return server, pane
+    return server, None
+
+
+def _stop_pane(server: Any, pane: Any, leader: ProcessIdentity | None) -> None:
+    """Stop everything the pane's script started, then close the pane. The processes go first:
+    killing a pane only hangs up its terminal, which pi or a tool's child may ignore."""
+    from .errors import TmuxUnavailable
+
+    if leader is None and pane is not None:
+        leader = procs.identify(pane.pane_pid)
+    if leader is not None:
+        procs.stop_group(leader)
+    if pane is not None:
         with suppress(TmuxUnavailable, DispatchError, ContractError):
-            _server(run).kill_pane(run.pane_id)
-    if run.process is not None and procs.is_alive(run.process):
-        procs.signal_group(run.process, signal.SIGTERM)
-        if not procs.wait_for_exit(run.process, 3.0):
-            procs.signal_group(run.process, signal.SIGKILL)
+            server.kill_pane(pane.pane_id)
+
+
+def stop_run_process(run: ForkRun) -> None:
+    """Stop the run's processes (its pane's process group and their descendants: SIGTERM, then
+    SIGKILL) and close its pane, if that pane is still the run's."""
+    server, pane = _run_pane(run)
+    _stop_pane(server, pane, run.process)
 
 
 def _refresh(runs: RunStore, run: ForkRun, now: int, *, settle: bool) -> ForkRun | None:
     """A running run's next state if it ended (or went stale), else None. ``settle`` gives the
-    bridge's result up to 2 s to appear after the exit marker (a waiter), else none (a listing)."""
+    bridge's result up to 2 s to appear after the exit marker and the exit up to 2 s to follow
+    the result (a waiter); without it (a listing) a run with a result whose process still runs
+    stays running: its exit code lands in a moment, and its waiter records it."""
     if run.status is not RunStatus.RUNNING:
         return None
     result = runs.result(run.id)
     code = runs.exit_code(run.id)
     alive = run.process is not None and procs.is_alive(run.process)
     if result is not None:
+        if code is None and alive and not settle:
+            return None
         # The bridge writes the result just before pi exits: a waiter gives the exit a moment.
         deadline = time.monotonic() + (RESULT_GRACE_S if settle else 0.0)
         while code is None and time.monotonic() < deadline:
@@ -534,11 +621,7 @@ def _refresh(runs: RunStore, run: ForkRun, now: int, *, settle: bool) -> ForkRun
         return finished(run, result, code, now_ms())
     if now - run.updated_at_ms > STALE_MS:
         return attrs.evolve(
-            run,
-            status=RunStatus.FAILED,
-            error="no update for 30 minutes: reaped as stale",
-            updated_at_ms=now,
-            ended_at_ms=now,
+            run, status=RunStatus.FAILED, error=STALE_ERROR, updated_at_ms=now, ended_at_ms=now
         )
     return None
 
@@ -550,7 +633,8 @@ def refresh(runs: RunStore, run_id: str, *, settle: bool = False) -> ForkRun:
 
 
 def reap(runs: RunStore, cwd: str | None = None) -> list[ForkRun]:
-    """Refresh every running run (of ``cwd``); every run (of ``cwd``) as it now stands."""
+    """Refresh every running run (of ``cwd``); every run (of ``cwd``) as it now stands. A run
+    reaped as stale is stopped too: it no longer counts, so it must not keep running unseen."""
     listed, _problems = runs.list()
     found: list[ForkRun] = []
     for run in listed:
@@ -560,17 +644,21 @@ def reap(runs: RunStore, cwd: str | None = None) -> list[ForkRun]:
         if run.status is RunStatus.RUNNING:
             with suppress(NotFound, CorruptEntry):
                 current = refresh(runs, run.id)
+            if current.status is RunStatus.FAILED and current.error == STALE_ERROR:
+                stop_run_process(current)
         found.append(current)
     return found
 
 
 def abort_run(runs: RunStore, run_id: str, reason: str) -> ForkRun:
-    """Stop a running run and record it failed with ``reason`` (nothing if it already ended)."""
-    run = runs.get(run_id)
+    """Record a running run failed with ``reason``, then stop it; a run that already ended (or
+    just did) keeps the end it had. The record goes first: a waiter that sees the process die
+    must find the abort, not guess "ended without a result"."""
+    run = refresh(runs, run_id)
     if run.status is not RunStatus.RUNNING:
         return run
-    stop_run_process(run)
     now = now_ms()
+    ours: list[ForkRun] = []
 
     def fail(current: ForkRun) -> ForkRun | None:
         if current.status is not RunStatus.RUNNING:
@@ -578,12 +666,18 @@ def abort_run(runs: RunStore, run_id: str, reason: str) -> ForkRun:
         # The child may have finished just before it was stopped: its result still counts.
         result = runs.result(current.id)
         if result is not None:
-            return finished(current, result, runs.exit_code(current.id), now)
-        return attrs.evolve(
-            current, status=RunStatus.FAILED, error=reason, updated_at_ms=now, ended_at_ms=now
-        )
+            ended = finished(current, result, runs.exit_code(current.id), now)
+        else:
+            ended = attrs.evolve(
+                current, status=RunStatus.FAILED, error=reason, updated_at_ms=now, ended_at_ms=now
+            )
+        ours.append(ended)
+        return ended
 
-    return runs.update(run_id, fail)
+    ended = runs.update(run_id, fail)
+    if ours:
+        stop_run_process(ended)
+    return ended
 
 
 def abort_runs(
@@ -630,6 +724,33 @@ def parent_argv_from_host(env: Mapping[str, str]) -> list[str] | None:
     return None
 
 
+_PANE_ID: Final = re.compile(r"%[0-9]{1,9}")
+
+
+def _stale_pane(pane: str, where: str) -> ContractError:
+    return ContractError(
+        "TMUX_PANE",
+        f"{pane} is not a pane of the tmux server in $TMUX ({where}): a value left from another tmux?",
+        "run pi-matrix fork from a pane of that tmux server, or unset TMUX and TMUX_PANE to get a "
+        "window on --socket instead",
+    )
+
+
+def _fork_server(request: ForkRequest) -> Any:
+    """The tmux server the fork goes to, checked before anything is written: the caller's (its
+    pane must be there) or, outside tmux, the ``--socket`` one."""
+    from .dispatch.tmux import TmuxServer
+
+    if request.tmux_env and request.tmux_pane:
+        if _PANE_ID.fullmatch(request.tmux_pane) is None:
+            raise ContractError("TMUX_PANE", f"{request.tmux_pane!r} is not a tmux pane id", "unset it")
+        server = TmuxServer.of_client(request.tmux_env)
+        if server.pane(request.tmux_pane) is None:
+            raise _stale_pane(request.tmux_pane, server.socket_path or server.socket)
+        return server
+    return TmuxServer(request.socket or "pi-matrix", scrub_env=sorted(_NOT_INHERITED))
+
+
 def _grid_slot(server: Any, caller: str) -> tuple[str, bool]:
     """Where the next fork pane goes in the caller's window: (pane to split, vertically?).
 
@@ -639,9 +760,7 @@ def _grid_slot(server: Any, caller: str) -> tuple[str, bool]:
     panes = server.panes()
     mine = next((p for p in panes if p.pane_id == caller), None)
     if mine is None:
-        raise ContractError(
-            "TMUX_PANE", f"{caller} is not a pane of the caller's tmux server", "run inside tmux"
-        )
+        raise _stale_pane(caller, server.socket_path or server.socket)
     forks = [p for p in panes if p.window_id == mine.window_id and p.tag(FORK_TAG)]
     forks.sort(key=lambda p: int(p.pane_id[1:]))
     if not forks:
@@ -653,6 +772,12 @@ def _grid_slot(server: Any, caller: str) -> tuple[str, bool]:
     return forks[0].pane_id, True
 
 
+def _whole_lines(data: bytes) -> bytes:
+    """The session up to its last complete line: the parent may be writing one right now."""
+    cut = data.rfind(b"\n")
+    return data[: cut + 1] if cut >= 0 else b""
+
+
 def start_fork(
     store: MatrixStore,
     settings: MatrixSettings,
@@ -661,14 +786,23 @@ def start_fork(
     env: Mapping[str, str] | None = None,
     pi_argv: Sequence[str] = ("pi",),
     bridge: str | None = None,
+    on_started: Callable[[ForkRun], None] | None = None,
 ) -> ForkRun:
-    """Snapshot the session, check the cap, and start the child in its pane; the run (running)."""
-    from .dispatch.tmux import TmuxServer
+    """Snapshot the session, check the cap, and start the child in its pane; the run (running,
+    or failed if it was aborted while it was being launched).
 
+    ``on_started`` runs once the run records its pane and process and before pi starts (the pane
+    waits for the go): where the caller starts the run's finisher, so no pi ever runs unwatched."""
     source = dict(os.environ if env is None else env)
     if source.get("PI_FORK") == "1":
         raise ContractError(
             "PI_FORK", "this is a fork child; forks do not fork", "fork from the parent session"
+        )
+    if source.get(ENV_ALLOWED_PATHS):
+        raise ContractError(
+            ENV_ALLOWED_PATHS,
+            "set: this is a worker confined to its allowed paths, and a fork would run outside them",
+            "ask your master for another worker (tmux_agent_manager fire), or do the task yourself",
         )
     task = request.task
     if not task.strip():
@@ -685,6 +819,7 @@ def start_fork(
         raise ContractError(
             "--session", f"the session's folder {cwd} no longer exists", "restore it or fork another session"
         )
+    server = _fork_server(request)
     if request.parent_argv is not None:
         parent_argv: list[str] = list(request.parent_argv)
     else:
@@ -707,7 +842,7 @@ def start_fork(
         folder = runs.folder(run_id)
         snapshot = folder / "session.jsonl"
         with open(session_file, "rb") as handle:
-            runs.write_file(run_id, "session.jsonl", handle.read())
+            runs.write_file(run_id, "session.jsonl", _whole_lines(handle.read()))
         argv = [*pi_argv, "--session", str(snapshot), *flags, task]
         run = ForkRun(
             id=run_id,
@@ -719,12 +854,14 @@ def start_fork(
             created_at_ms=now,
             updated_at_ms=now,
             argv=tuple(argv),
+            # Recorded before the pane exists: an abort during the launch finds it by its tag.
+            socket=server.socket,
+            socket_path=server.socket_path,
         )
         runs.put(run, exclusive=True)
 
+    pane: Any = None
     try:
-        body = launch_script(run_id, argv, str(folder / "exit.code"))
-        script = runs.write_file(run_id, "fork.sh", body.encode(), mode=0o700)
         child = child_env(
             source,
             settings.fork_environment,
@@ -734,46 +871,104 @@ def start_fork(
                 "PI_FORK_TASK": bounded(task, 2000),
             },
         )
+        body = launch_script(run_id, argv, str(folder / "exit.code"), env=child, go_file=str(folder / "go"))
+        script = runs.write_file(run_id, "fork.sh", body.encode())
         tags = {FORK_TAG: run_id}
         if request.tmux_env and request.tmux_pane:
-            server = TmuxServer.of_client(request.tmux_env)
             target, vertical = _grid_slot(server, request.tmux_pane)
             pane = server.split(
-                target, ["/bin/sh", str(script)], vertical=vertical, cwd=cwd, env=child, tags=tags
+                target, ["/bin/sh", str(script)], vertical=vertical, cwd=cwd, env={}, tags=tags
             )
         else:
-            server = TmuxServer(request.socket or "pi-matrix", scrub_env=sorted(_NOT_INHERITED))
             pane = server.launch(
                 ["/bin/sh", str(script)],
                 session="pi-matrix",
                 window_name=f"fork-{run_id[-6:]}",
                 cwd=cwd,
-                env=child,
+                env={},
                 tags=tags,
             )
         server.pipe_pane(pane.pane_id, ["tee", "-a", str(folder / "pane.log")])
         identity = procs.identify(pane.pane_pid)
+        if identity is None:
+            raise DispatchError(f"the fork's pane {pane.pane_id} ended as soon as it started")
+
+        def attach(current: ForkRun) -> ForkRun | None:
+            if current.status is not RunStatus.RUNNING:
+                return None  # aborted while it was being launched: nothing to attach it to
+            return attrs.evolve(
+                current,
+                pane_id=pane.pane_id,
+                window_id=pane.window_id,
+                process=identity,
+                updated_at_ms=now_ms(),
+            )
+
+        run = runs.update(run_id, attach)
+        if run.status is not RunStatus.RUNNING:
+            _stop_pane(server, pane, identity)
+            return run
+        if on_started is not None:
+            on_started(run)
+        runs.write_file(run_id, "go", b"")
     except BaseException as exc:
-        message = bounded(f"launch failed: {exc}", 400)
-        runs.update(
-            run_id,
-            lambda r: attrs.evolve(
-                r, status=RunStatus.FAILED, error=message, updated_at_ms=now_ms(), ended_at_ms=now_ms()
-            ),
-        )
+        message = bounded(f"launch failed: {exc or type(exc).__name__}", 400)
+
+        ended_elsewhere: list[ForkRun] = []
+
+        def fail(current: ForkRun) -> ForkRun | None:
+            if current.status is not RunStatus.RUNNING:
+                ended_elsewhere.append(current)
+                return None
+            at = now_ms()
+            return attrs.evolve(
+                current, status=RunStatus.FAILED, error=message, updated_at_ms=at, ended_at_ms=at
+            )
+
+        with suppress(PiMatrixError):
+            failed = runs.update(run_id, fail)
+            if pane is not None:
+                _stop_pane(server, pane, None)
+            else:
+                stop_run_process(failed)  # a pane made before the failure is found by its tag
+        if ended_elsewhere and isinstance(exc, PiMatrixError):
+            # Aborted while it was being launched (its pane went with the abort): that is the
+            # run's end, and the failure it caused here is no news.
+            return ended_elsewhere[0]
         raise
-    return runs.update(
-        run_id,
-        lambda r: attrs.evolve(
-            r,
-            socket=server.socket,
-            socket_path=server.socket_path,
-            pane_id=pane.pane_id,
-            window_id=pane.window_id,
-            process=identity,
-            updated_at_ms=now_ms(),
-        ),
-    )
+    return run
+
+
+class StopSignals:
+    """While active (main thread only), SIGTERM, SIGHUP and SIGINT are recorded in
+    :attr:`caught` instead of ending the process: a waiter must stop its fork before it goes,
+    and a launch must not be cut between making the pane and recording it."""
+
+    SIGNALS: Final = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.caught: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        if _main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        self.caught.append(signum)
+
+    def reason(self) -> str | None:
+        """Why the fork must stop, or None: SIGTERM/SIGHUP mean the caller (the parent session)
+        is going away, SIGINT a person."""
+        if not self.caught:
+            return None
+        return "interrupted (Ctrl-C): fork aborted" if self.caught[0] == signal.SIGINT else PARENT_ABORTED
+
+    def __exit__(self, *_exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
 
 
 def wait_run(
@@ -783,32 +978,29 @@ def wait_run(
     timeout_s: float | None = None,
     close_pane: bool = True,
     poll_s: float = 0.2,
+    watch: ProcessIdentity | None = None,
+    signals: StopSignals | None = None,
 ) -> ForkRun:
-    """Wait until the run ends and record how; close its pane (``close_pane``). A signal that
-    ends the waiter (its parent shutting down) stops the fork and fails it with
-    :data:`PARENT_ABORTED`; a ``timeout_s`` that passes stops and fails it too."""
+    """Wait until the run ends and record how; close its pane (``close_pane``) if this wait saw
+    it end. A signal that ends the waiter (its parent shutting down) stops the fork and fails it
+    with :data:`PARENT_ABORTED`, and so does the death of ``watch`` (the ``fork --wait`` process
+    a finisher watches: pi's bash tool kills a tool's whole process group with SIGKILL, which no
+    handler sees); a ``timeout_s`` that passes stops and fails it too."""
     runs = RunStore(store)
     started = time.monotonic()
     beat = started
-    caught: list[int] = []
-
-    def on_signal(signum: int, _frame: object) -> None:
-        caught.append(signum)
-
-    previous = {
-        sig: signal.signal(sig, on_signal)
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
-        if _main_thread()
-    }
-    try:
+    saw_running = False
+    with StopSignals() if signals is None else nullcontext(signals) as stops:
         while True:
-            if caught:
-                # SIGTERM/SIGHUP: the caller (the parent session) is going away; SIGINT: a person.
-                why = "interrupted (Ctrl-C): fork aborted" if caught[0] == signal.SIGINT else PARENT_ABORTED
+            why = stops.reason()
+            if why is not None:
                 return abort_run(runs, run_id, why)
             run = refresh(runs, run_id, settle=True)
             if run.status is not RunStatus.RUNNING:
                 break
+            saw_running = True
+            if watch is not None and not procs.is_alive(watch):
+                return abort_run(runs, run_id, PARENT_ABORTED)
             if timeout_s is not None and time.monotonic() - started > timeout_s:
                 return abort_run(runs, run_id, f"timed out after {timeout_s:g}s")
             if time.monotonic() - beat > HEARTBEAT_S:
@@ -820,12 +1012,9 @@ def wait_run(
                     ),
                 )
             time.sleep(poll_s)
-        if close_pane:
-            stop_run_process(run)
-        return run
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    if close_pane and saw_running:
+        stop_run_process(run)
+    return run
 
 
 def _main_thread() -> bool:
@@ -834,12 +1023,26 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def finisher_argv(state_dir: Path, run_id: str, *, python: str = sys.executable) -> list[str]:
-    """A background run's finisher: waits for the end, records it, tells the parent."""
-    return [
+def finisher_argv(
+    state_dir: Path,
+    run_id: str,
+    *,
+    watch: ProcessIdentity | None = None,
+    notify: bool = True,
+    python: str = sys.executable,
+) -> list[str]:
+    """A run's finisher, in its own session: waits for the end and records it; for a background
+    run it tells the parent, for a waited one it watches the waiter (``watch``) and stops the
+    fork if the waiter dies first."""
+    argv = [
         python, "-m", "pi_tmux_matrix", "--state-dir", str(state_dir),
-        "runs", run_id, "--wait", "--keep-pane", "--notify",
+        "runs", run_id, "--wait", "--keep-pane",
     ]  # fmt: skip
+    if notify:
+        argv.append("--notify")
+    if watch is not None:
+        argv += ["--watch", f"{watch.pid}:{watch.start_ticks}"]
+    return argv
 
 
 def summary(run: ForkRun) -> str:

@@ -296,16 +296,19 @@ def main(argv: list[str] | None = None) -> int:
     else:
         path = _default_session_path()
     session = Session(path)
-    if any(Path(e).name == "bridge.ts" for e in args.extension):
+    bridged = any(Path(e).name == "bridge.ts" for e in args.extension)
+    if bridged:
         _report_like_the_bridge(session)
     agent = Agent(session, emit_rpc=mode == "rpc")
     task = " ".join(args.message) or None
     if mode == "rpc":
         return _rpc(agent)
     if _fork_child() and task and mode == "interactive":
-        # Like the bridge in a fork child: one run, its result.json, then exit.
+        # Like pi with the bridge in a fork child: one run, its result.json, then exit (without
+        # the bridge pi would leave no result: the parent records a synthetic failure).
         code = agent.turn(task)
-        _write_fork_result(agent, session, code)
+        if bridged:
+            _write_fork_result(agent, session, code)
         return code
     if mode == "print":
         if not task:

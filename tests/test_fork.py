@@ -54,13 +54,13 @@ class Caller:
              "#{socket_path}\t#{pane_id}\t#{window_id}"],
             check=True, capture_output=True, text=True,
         ).stdout.strip()  # fmt: skip
-        socket_path, self.pane, self.window = shown.split("\t")
+        self.socket_path, self.pane, self.window = shown.split("\t")
         self.env = dict(
             os.environ,
             PI_MATRIX_STATE_DIR=str(self.state),
             PI_MATRIX_PI_COMMAND=json.dumps(STANDIN),
             STANDIN_STEP_S="0.05",
-            TMUX=f"{socket_path},1,0",
+            TMUX=f"{self.socket_path},1,0",
             TMUX_PANE=self.pane,
         )
 
@@ -355,6 +355,7 @@ def test_a_run_with_no_update_for_30_minutes_is_reaped_as_stale(caller: Caller) 
         (reaped,) = reap(store)
         assert reaped.status is RunStatus.FAILED and reaped.error is not None and "stale" in reaped.error
         assert store.get(run.id) == reaped  # recorded, not only reported
+        assert alive is not None and procs.wait_for_exit(alive, 10)  # and stopped: it no longer counts
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -396,3 +397,224 @@ def test_a_waiter_told_to_stop_stops_its_fork_and_fails_it_with_the_seed_message
         if waiter.poll() is None:
             waiter.kill()
             waiter.wait()
+
+
+# --- stopping exactly the run's own processes and pane -------------------------------------------------
+def _running(caller: Caller) -> ForkRun:
+    return wait_for(
+        "the fork to run", lambda: (runs := caller.runs()) and runs[0].process and runs[0], timeout=30
+    )
+
+
+def test_an_abort_never_closes_a_pane_that_is_not_the_runs(caller: Caller) -> None:
+    """A record naming a pane id the run no longer owns (tmux restarted and reused the id):
+    the pane is left alone."""
+    now = now_ms()
+    run = ForkRun(
+        id="run-20260101-000000-abcdef", cwd=str(caller.work), task="t", mode=RunMode.BACKGROUND,
+        created_at_ms=now, updated_at_ms=now, socket="client", socket_path=caller.socket_path,
+        pane_id=caller.pane,  # the caller's own pane, which carries no fork tag
+    )  # fmt: skip
+    RunStore(caller.store).put(run, exclusive=True)
+    aborted = caller.runs_cli(run.id, "--abort")
+    assert aborted.returncode == 1 and "aborted by pi-matrix runs --abort" in aborted.stdout
+    assert caller.pane in caller.panes()
+
+
+def test_an_abort_stops_the_childs_own_children_even_those_that_ignore_hangups(caller: Caller) -> None:
+    pidfile = caller.work / "grandchild.pid"
+    stubborn = (
+        f"setsid sh -c 'trap \"\" HUP TERM; echo $$ > {pidfile}; while :; do sleep 0.2; done' & "
+        "while :; do sleep 0.2; done"
+    )
+    env = dict(caller.env, PI_MATRIX_PI_COMMAND=json.dumps(["/bin/sh", "-c", stubborn, "pi"]))
+    done = caller.fork("--background", "--json", "--", "spawn one", env=env)
+    assert done.returncode == 0, done.stderr
+    run = _running(caller)
+    pid = int(wait_for("the grandchild's pid", lambda: pidfile.exists() and pidfile.read_text().strip()))
+    grandchild = procs.identify(pid)
+    assert grandchild is not None
+    try:
+        aborted = caller.runs_cli(run.id, "--abort")
+        assert aborted.returncode == 1
+        assert procs.wait_for_exit(grandchild, 15), "the fork's grandchild outlived the abort"
+    finally:
+        procs.send_signal(grandchild, signal.SIGKILL)  # it left the pane's session: not the fixture's
+    assert run.process is not None and not procs.is_alive(run.process)
+    wait_for("the fork pane to close", lambda: run.pane_id not in caller.panes())
+
+
+def test_a_waiter_killed_with_its_whole_group_still_gets_its_fork_stopped(caller: Caller) -> None:
+    """pi's bash tool ends a tool call by SIGKILLing its process group: no handler runs. The
+    run's finisher watches the waiter and stops the fork."""
+    argv = [sys.executable, "-m", "pi_tmux_matrix", "fork", "--session", str(caller.session), "--", "HANG on"]
+    waiter = subprocess.Popen(
+        argv, env=caller.env, cwd=caller.work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        run = _running(caller)
+        os.killpg(waiter.pid, signal.SIGKILL)
+        waiter.wait(timeout=10)
+        store = RunStore(caller.store)
+        ended = wait_for("the finisher to stop the fork", lambda: (r := store.get(run.id)).ended_at_ms and r)
+        assert ended.status is RunStatus.FAILED and ended.error == PARENT_ABORTED
+        assert run.process is not None and procs.wait_for_exit(run.process, 10)
+        wait_for("the fork pane to close", lambda: run.pane_id not in caller.panes())
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait()
+
+
+# --- launches that go wrong half-way ---------------------------------------------------------------------
+def _start(caller: Caller) -> ForkRun:
+    """start_fork in this process (so a test can break one of its seams), beside the caller."""
+    from pi_tmux_matrix.runs import ForkRequest, start_fork
+    from pi_tmux_matrix.settings import load_settings
+
+    request = ForkRequest(
+        session_file=str(caller.session), task="HANG here", mode=RunMode.BACKGROUND,
+        tmux_env=caller.env["TMUX"], tmux_pane=caller.pane,
+    )  # fmt: skip
+    env = dict(caller.env)
+    return start_fork(caller.store, load_settings(env=env), request, env=env, pi_argv=STANDIN)
+
+
+def test_a_launch_that_fails_after_making_the_pane_leaves_no_pane_and_starts_nothing(
+    caller: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pi_tmux_matrix.dispatch.tmux import TmuxServer
+    from pi_tmux_matrix.errors import DispatchError
+
+    def broken(self: TmuxServer, pane_id: str, command: object) -> None:
+        raise DispatchError("pipe-pane failed (forced)")
+
+    monkeypatch.setattr(TmuxServer, "pipe_pane", broken)
+    before = set(caller.panes())
+    with pytest.raises(DispatchError):
+        _start(caller)
+    (run,) = caller.runs()
+    assert run.status is RunStatus.FAILED and run.error is not None and "pipe-pane failed" in run.error
+    wait_for("the half-made pane to go", lambda: set(caller.panes()) == before)
+    folder = caller.state / "runs" / run.id
+    assert not (folder / "go").exists()
+    assert (folder / "session.jsonl").read_bytes() == caller.session.read_bytes()  # pi never ran
+
+
+def test_an_abort_during_the_launch_wins_and_the_pane_is_not_attached(
+    caller: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pi_tmux_matrix.dispatch.tmux import TmuxServer
+    from pi_tmux_matrix.runs import abort_runs
+
+    real = TmuxServer.pipe_pane
+
+    def abort_first(self: TmuxServer, pane_id: str, command: list[str]) -> None:
+        abort_runs(caller.store, parent_session_file=str(caller.session))  # the parent shuts down now
+        real(self, pane_id, command)
+
+    monkeypatch.setattr(TmuxServer, "pipe_pane", abort_first)
+    before = set(caller.panes())
+    run = _start(caller)
+    assert run.status is RunStatus.FAILED and run.error == PARENT_ABORTED
+    assert run.pane_id is None and RunStore(caller.store).get(run.id) == run
+    wait_for("the pane to go", lambda: set(caller.panes()) == before)
+    assert not (caller.state / "runs" / run.id / "go").exists()
+
+
+# --- refusals that write nothing -------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("extra", "env", "field"),
+    [
+        ((), {"PI_WORKER_ALLOWED_PATHS": "/somewhere"}, "PI_WORKER_ALLOWED_PATHS"),
+        ((), {"TMUX_PANE": "%999"}, "TMUX_PANE"),
+        (("--timeout", "nan"), {}, "--timeout"),
+        (("--timeout", "-1"), {}, "--timeout"),
+    ],
+)
+def test_forks_that_cannot_run_are_refused_before_anything_is_written(
+    caller: Caller, extra: tuple[str, ...], env: dict[str, str], field: str
+) -> None:
+    refused = caller.fork(*extra, "--", "task", env=dict(caller.env, **env))
+    assert refused.returncode == 2, refused.stderr
+    assert field in refused.stderr
+    assert caller.runs() == []
+    assert [tag for _window, tag in caller.panes().values() if tag] == []
+
+
+# --- what a listing and the files say -------------------------------------------------------------------
+def test_a_listing_leaves_a_run_with_a_result_running_until_its_process_ends(caller: Caller) -> None:
+    store = RunStore(caller.store)
+    sleeper = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        now = now_ms()
+        run = ForkRun(
+            id="run-20260101-000000-abcdef", cwd=str(caller.work), task="t", mode=RunMode.BACKGROUND,
+            created_at_ms=now, updated_at_ms=now, process=procs.identify(sleeper.pid),
+        )  # fmt: skip
+        store.put(run, exclusive=True)
+        store.write_file(run.id, "result.json", json.dumps({"text": "hi", "stopReason": "stop"}).encode())
+        (listed,) = reap(store)
+        assert listed.status is RunStatus.RUNNING  # pi is still leaving: its exit code comes next
+        store.write_file(run.id, "exit.code", b"0\n")
+        (listed,) = reap(store)
+        assert listed.status is RunStatus.COMPLETED and listed.exit_code == 0 and listed.text == "hi"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_the_exit_code_is_found_at_the_end_of_a_long_pane_log(caller: Caller) -> None:
+    store = RunStore(caller.store)
+    now = now_ms()
+    run = ForkRun(
+        id="run-20260101-000000-abcdef", cwd=str(caller.work), task="t", mode=RunMode.BACKGROUND,
+        created_at_ms=now, updated_at_ms=now,
+    )  # fmt: skip
+    store.put(run, exclusive=True)
+    log = b"x" * (70 * 1024 * 1024) + f"\n__PI_FORK_EXIT_{run.id}__:4\n".encode()
+    (store.folder(run.id) / "pane.log").write_bytes(log)
+    assert store.exit_code(run.id) == 4
+    store.write_file(run.id, "exit.code", b"5\n")
+    assert store.exit_code(run.id) == 5  # the script's own file first
+
+
+def test_a_result_without_an_answer_is_a_failure() -> None:
+    from pi_tmux_matrix.runs import finished
+
+    now = now_ms()
+    run = ForkRun(id="run-1", cwd="/", task="t", mode=RunMode.WAIT, created_at_ms=now, updated_at_ms=now)
+    ended = finished(run, {"text": "  ", "stopReason": "stop"}, 0, now)
+    assert (
+        ended.status is RunStatus.FAILED
+        and ended.error is not None
+        and "without a final answer" in ended.error
+    )
+
+
+def test_the_snapshot_stops_at_the_last_whole_line_and_secrets_stay_off_the_command_line(
+    caller: Caller,
+) -> None:
+    with caller.session.open("a") as handle:
+        handle.write('{"type":"message","half')  # the parent is writing a line right now
+    subprocess.run(
+        ["tmux", "-L", caller.socket, "set-environment", "-g", "PI_MATRIX_KEY", "worker-leaked"], check=True
+    )
+    dump = 'env > "$PI_FORK_RESULT_PATH.env"'
+    env = dict(
+        caller.env,
+        PI_MATRIX_PI_COMMAND=json.dumps(["/bin/sh", "-c", dump, "pi"]),
+        MY_API_TOKEN="sekret-123",
+    )
+    done = caller.fork("--json", "--", "show me", env=env)
+    run_id = json.loads(done.stdout)["id"]
+    folder = caller.state / "runs" / run_id
+    assert (folder / "session.jsonl").read_text() == caller.session.read_text().rsplit("\n", 1)[0] + "\n"
+    got = dict(
+        line.split("=", 1) for line in (folder / "result.json.env").read_text().splitlines() if "=" in line
+    )
+    assert got["MY_API_TOKEN"] == "sekret-123"
+    assert "PI_MATRIX_KEY" not in got  # not from the tmux server's global environment either
+    assert "sekret-123" not in " ".join(RunStore(caller.store).get(run_id).argv)
+    assert (folder / "fork.sh").stat().st_mode & 0o077 == 0

@@ -12,6 +12,24 @@ const FORK_CHILD_SYSTEM_PROMPT = [
   "Do not start other agents or forks.",
 ].join("\n");
 
+/** The usage of the whole run: agent_end carries only this run's new messages, and every
+ * assistant message (each tool-call round) was paid for, not only the last. */
+function runUsage(event: any): any {
+  const messages: any[] = (event && event.messages) || [];
+  const keys = ["input", "output", "cacheRead", "cacheWrite", "totalTokens"];
+  let seen = false;
+  const total: any = { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, totalTokens: 0, cost: { total: 0 } };
+  for (const m of messages) {
+    const usage = m && m.role === "assistant" ? m.usage : null;
+    if (!usage || typeof usage !== "object") continue;
+    seen = true;
+    for (const key of keys) if (typeof usage[key] === "number") total[key] += usage[key];
+    const cost = usage.cost && typeof usage.cost === "object" ? usage.cost.total : usage.cost;
+    if (typeof cost === "number") total.cost.total += cost;
+  }
+  return seen ? total : null;
+}
+
 export function installFork(pi: any): void {
   const resultPath = env.PI_FORK_RESULT_PATH || "";
   if (env.PI_FORK !== "1" || !resultPath) return;
@@ -31,7 +49,7 @@ export function installFork(pi: any): void {
       text: textOf(last).slice(0, 64000),
       stopReason: last ? last.stopReason || null : null,
       errorMessage: last ? last.errorMessage || null : null,
-      usage: last ? last.usage || null : null,
+      usage: runUsage(event),
       model: last ? last.model || null : null,
       provider: last ? last.provider || null : null,
       sessionId: ctx.sessionManager.getSessionId(),

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ContractError
+from ..identity import ProcessIdentity
 from ..matrix.store import MatrixStore
 from ..settings import load_settings, resolve_state_dir
 
@@ -56,7 +58,26 @@ def register(sub: Any, epilog: str) -> None:
     runs.add_argument("--abort", action="store_true", help="stop RUN (or --parent-session's forks)")
     runs.add_argument("--parent-session", metavar="FILE", help="only forks of this session file")
     runs.add_argument("--json", action="store_true")
+    # A waited fork's finisher watches its waiter (PID:START_TICKS): internal, not for people.
+    runs.add_argument("--watch", metavar="PID:TICKS", help=argparse.SUPPRESS)
     runs.set_defaults(handler=cmd_runs)
+
+
+def _timeout(value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ContractError("--timeout", f"{value:g} is not a number of seconds", "give a positive number")
+    return value
+
+
+def _watched(value: str | None) -> ProcessIdentity | None:
+    from .. import procs
+
+    if value is None:
+        return None
+    pid, _, ticks = value.partition(":")
+    if not (pid.isdigit() and ticks.isdigit()):
+        raise ContractError("--watch", f"{value!r} is not PID:START_TICKS", "leave --watch to pi-matrix fork")
+    return ProcessIdentity(int(pid), int(ticks), procs.boot_id())
 
 
 def _store(args: argparse.Namespace) -> MatrixStore:
@@ -99,8 +120,18 @@ def _report(io: Io, run: ForkRun, as_json: bool) -> int:
 
 
 def cmd_fork(args: argparse.Namespace, io: Io) -> int:
+    from .. import procs
     from ..bridge import bridge_path
-    from ..runs import ForkRequest, RunMode, finisher_argv, start_fork, wait_run
+    from ..runs import (
+        ForkRequest,
+        RunMode,
+        RunStore,
+        StopSignals,
+        abort_run,
+        finisher_argv,
+        start_fork,
+        wait_run,
+    )
     from ..supervise.relaunch import pi_command, spawn_detached
 
     if not args.argv:
@@ -120,6 +151,7 @@ def cmd_fork(args: argparse.Namespace, io: Io) -> int:
     for skill in args.skill:
         flags += ["--skill", skill]
     mode = RunMode.BACKGROUND if args.background else RunMode.WAIT
+    timeout = _timeout(args.timeout)
     request = ForkRequest(
         session_file=args.session,
         task=" ".join(args.argv),
@@ -131,18 +163,29 @@ def cmd_fork(args: argparse.Namespace, io: Io) -> int:
     )
     store = _store(args)
     settings = load_settings()
-    run = start_fork(store, settings, request, pi_argv=pi_command(), bridge=str(bridge_path()))
-    if mode is RunMode.BACKGROUND:
-        from ..runs import RunStore
+    waiter = procs.current()
 
-        log = RunStore(store).folder(run.id) / "finisher.log"
-        spawn_detached(finisher_argv(store.root, run.id), log, cwd=run.cwd)
-        return _report(io, run, args.json)
-    return _report(io, wait_run(store, run.id, timeout_s=args.timeout), args.json)
+    def started(run: ForkRun) -> None:
+        # Before pi starts: a background run's finisher records its end and tells the parent; a
+        # waited run's watches this waiter, which pi's bash tool may SIGKILL with its group.
+        background = mode is RunMode.BACKGROUND
+        argv = finisher_argv(store.root, run.id, watch=None if background else waiter, notify=background)
+        spawn_detached(argv, RunStore(store).folder(run.id) / "finisher.log", cwd=run.cwd)
+
+    with StopSignals() as signals:
+        run = start_fork(
+            store, settings, request, pi_argv=pi_command(), bridge=str(bridge_path()), on_started=started
+        )
+        if mode is RunMode.BACKGROUND:
+            why = signals.reason()
+            if why is not None:  # told to stop while it was being launched
+                run = abort_run(RunStore(store), run.id, why)
+            return _report(io, run, args.json)
+        return _report(io, wait_run(store, run.id, timeout_s=timeout, signals=signals), args.json)
 
 
 def cmd_runs(args: argparse.Namespace, io: Io) -> int:
-    from ..runs import RunStore, abort_run, abort_runs, reap, summary, usage_total, wait_run
+    from ..runs import RunStore, abort_run, abort_runs, reap, refresh, summary, usage_total, wait_run
 
     store = _store(args)
     runs = RunStore(store)
@@ -186,14 +229,20 @@ def cmd_runs(args: argparse.Namespace, io: Io) -> int:
     if args.abort:
         return _report(io, abort_run(runs, args.run_id, "aborted by pi-matrix runs --abort"), args.json)
     if args.wait:
-        run = wait_run(store, args.run_id, timeout_s=args.timeout, close_pane=not args.keep_pane)
+        run = wait_run(
+            store,
+            args.run_id,
+            timeout_s=_timeout(args.timeout),
+            close_pane=not args.keep_pane,
+            watch=_watched(args.watch),
+        )
         if args.notify and run.parent_key:
             _notify(store, run.parent_key, summary(run))
         return _report(io, run, args.json)
-    if args.keep_pane or args.notify or args.timeout is not None:
+    if args.keep_pane or args.notify or args.timeout is not None or args.watch is not None:
         io.err.write("pi-matrix: error: --keep-pane, --notify and --timeout go with --wait\n")
         return EXIT_USAGE
-    run = runs.get(args.run_id)
+    run = refresh(runs, args.run_id)  # as it stands now, not as last recorded
     if args.json:
         io.out.write(json.dumps(run.to_json(), indent=2) + "\n")
         return EXIT_OK

@@ -429,6 +429,7 @@ def cmd_master(args: argparse.Namespace, io: Io) -> int:
             return False  # pi and its bridge are still starting
         _print_handoff(io, entry.key, handoff)  # the bridge never reported: printed instead
         return True
+
     if args.once:
         me = procs.current()
         store.register(

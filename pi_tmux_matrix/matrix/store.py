@@ -55,6 +55,7 @@ __all__ = [
     "new_token",
     "now_ms",
     "read_bounded",
+    "read_tail",
 ]
 
 SUFFIX: Final = ".json"
@@ -151,6 +152,26 @@ def read_bounded(dir_fd: int, name: str, path: str, max_bytes: int) -> bytes:
         if info.st_size > max_bytes:
             raise CorruptEntry(path, f"is {info.st_size} bytes, over the {max_bytes} byte cap")
         return os.read(fd, info.st_size + 1)  # not the cap: a 1 MiB buffer per read costs
+    except OSError as exc:
+        raise CorruptEntry(path, f"cannot read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+
+
+def read_tail(dir_fd: int, name: str, path: str, max_bytes: int) -> bytes:
+    """The last ``max_bytes`` of a regular file (a growing log read while it is written), with
+    :func:`read_bounded`'s rules: never a symlink, never a FIFO."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise CorruptEntry(path, f"cannot open ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CorruptEntry(path, f"is not a regular file ({_kind(info.st_mode)})")
+        return os.pread(fd, max_bytes, max(0, info.st_size - max_bytes))
     except OSError as exc:
         raise CorruptEntry(path, f"cannot read ({exc.strerror})") from None
     finally:
