@@ -86,3 +86,16 @@ def test_a_running_real_pi_fork_is_stopped_and_failed_when_its_parent_shuts_down
     assert ended.status is RunStatus.FAILED and ended.error == PARENT_ABORTED
     assert procs.wait_for_exit(run.process, 10)
     assert run.pane_id not in caller.panes()
+
+
+def test_a_real_pi_forks_usage_counts_every_assistant_message_of_its_run(
+    picaller: tuple[Caller, FakeLLM],
+) -> None:
+    """A tool-call round and the final answer are two paid requests: the run's usage is both."""
+    caller, llm = picaller
+    llm.script(Reply(tool="bash", arguments={"command": "echo checked"}), Reply(text="Checked twice."))
+    done = caller.fork("--wait", "--model", "fake/fake-model", "--json", "--", "Check it with a command.")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = json.loads(done.stdout)
+    assert run["text"] == "Checked twice." and len(llm.requests) == 2
+    assert run["usage"]["input"] == 20 and run["usage"]["output"] == 10 and run["usage"]["totalTokens"] == 30
