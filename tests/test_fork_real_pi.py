@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import shlex
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fake_llm import FakeLLM, Reply, write_pi_agent_dir
@@ -41,6 +45,10 @@ def _system_prompt(request: dict[str, object]) -> str:
     first = messages[0]
     assert isinstance(first, dict) and first.get("role") == "system"
     return str(first.get("content"))
+
+
+def _is_fork(request: dict[str, Any]) -> bool:
+    return "You are a fork" in _system_prompt(request)
 
 
 def test_a_real_pi_fork_answers_once_writes_its_result_and_exits(picaller: tuple[Caller, FakeLLM]) -> None:
@@ -99,3 +107,45 @@ def test_a_real_pi_forks_usage_counts_every_assistant_message_of_its_run(
     run = json.loads(done.stdout)
     assert run["text"] == "Checked twice." and len(llm.requests) == 2
     assert run["usage"]["input"] == 20 and run["usage"]["output"] == 10 and run["usage"]["totalTokens"] == 30
+
+
+def test_a_real_pi_masters_end_stops_the_fork_its_bash_tool_started(picaller: tuple[Caller, FakeLLM]) -> None:
+    """The whole path with real pi on both sides: a print-mode pi master under its host runs
+    ``pi-matrix fork --background`` through its bash tool and ends its turn; its host stops the
+    still-running real-pi fork and fails it with the seed message."""
+    caller, llm = picaller
+    fork = shlex.join(
+        [sys.executable, "-m", "pi_tmux_matrix", "fork", "--background", "--json",
+         "--session", str(caller.session), "--", "Take your time."]
+    )  # fmt: skip
+
+    def respond(request: dict[str, Any]) -> Reply:
+        if _is_fork(request):
+            return Reply(text="too late", delay_s=60)  # the fork is still working when the master ends
+        roles = [m.get("role") for m in request.get("messages", []) if isinstance(m, dict)]
+        if "tool" in roles:
+            # The master ends its turn once the fork is working (its own request is in).
+            wait_for("the fork's request", lambda: any(_is_fork(r) for r in list(llm.requests)), timeout=30)
+            return Reply(text="Forked a helper; my part is done.")
+        return Reply(tool="bash", arguments={"command": fork})
+
+    llm.responder = respond
+    argv = [
+        sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", "boss", "--headless", "--mode",
+        "print", "--", pi_bin(), "-p", "Fork a helper to look around.",
+    ]  # fmt: skip
+    master = subprocess.Popen(
+        argv, env=caller.env, cwd=caller.work, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert master.wait(timeout=90) == 0
+        (run,) = caller.runs()
+        assert run.parent_key == "master-boss"
+        assert run.status is RunStatus.FAILED and run.error == PARENT_ABORTED
+        assert run.process is not None and procs.wait_for_exit(run.process, 10)
+        wait_for("the fork pane to close", lambda: run.pane_id not in caller.panes())
+    finally:
+        if master.poll() is None:
+            master.kill()
+            master.wait()
