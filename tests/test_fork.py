@@ -8,7 +8,9 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import kill_tmux_server
@@ -89,6 +91,22 @@ class Caller:
             argv, env=self.env, cwd=self.work, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
+
+    @contextmanager
+    def process(self, argv: list[str], **options: Any) -> Iterator[subprocess.Popen[bytes]]:
+        """``argv`` started in the caller's env and cwd, in a session of its own (as pi's bash tool
+        starts commands), killed on the way out if it is still running."""
+        defaults: dict[str, Any] = {
+            "stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL,
+            "start_new_session": True,
+        }  # fmt: skip
+        proc = subprocess.Popen(argv, env=self.env, cwd=self.work, **{**defaults, **options})
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
     def forked_run_id(self) -> str:
         out = self.work / "fork.out"
@@ -382,10 +400,7 @@ def test_a_corrupt_run_record_is_reported_not_deleted(caller: Caller) -> None:
 
 def test_a_waiter_told_to_stop_stops_its_fork_and_fails_it_with_the_seed_message(caller: Caller) -> None:
     argv = [sys.executable, "-m", "pi_tmux_matrix", "fork", "--session", str(caller.session), "--", "HANG on"]
-    waiter = subprocess.Popen(
-        argv, env=caller.env, cwd=caller.work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    try:
+    with caller.process(argv, start_new_session=False) as waiter:
         run = wait_for("the fork's pane", lambda: (runs := caller.runs()) and runs[0].process and runs[0])
         waiter.send_signal(signal.SIGTERM)  # what the parent session's shutdown sends its tool call
         assert waiter.wait(timeout=30) == 1
@@ -393,10 +408,6 @@ def test_a_waiter_told_to_stop_stops_its_fork_and_fails_it_with_the_seed_message
         assert ended.status is RunStatus.FAILED and ended.error == PARENT_ABORTED
         assert run.process is not None and procs.wait_for_exit(run.process, 10)
         assert run.pane_id not in caller.panes()
-    finally:
-        if waiter.poll() is None:
-            waiter.kill()
-            waiter.wait()
 
 
 # --- stopping exactly the run's own processes and pane -------------------------------------------------
@@ -448,11 +459,7 @@ def test_a_waiter_killed_with_its_whole_group_still_gets_its_fork_stopped(caller
     """pi's bash tool ends a tool call by SIGKILLing its process group: no handler runs. The
     run's finisher watches the waiter and stops the fork."""
     argv = [sys.executable, "-m", "pi_tmux_matrix", "fork", "--session", str(caller.session), "--", "HANG on"]
-    waiter = subprocess.Popen(
-        argv, env=caller.env, cwd=caller.work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
+    with caller.process(argv) as waiter:
         run = _running(caller)
         os.killpg(waiter.pid, signal.SIGKILL)
         waiter.wait(timeout=10)
@@ -461,10 +468,6 @@ def test_a_waiter_killed_with_its_whole_group_still_gets_its_fork_stopped(caller
         assert ended.status is RunStatus.FAILED and ended.error == PARENT_ABORTED
         assert run.process is not None and procs.wait_for_exit(run.process, 10)
         wait_for("the fork pane to close", lambda: run.pane_id not in caller.panes())
-    finally:
-        if waiter.poll() is None:
-            waiter.kill()
-            waiter.wait()
 
 
 # --- launches that go wrong half-way ---------------------------------------------------------------------

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -134,18 +133,10 @@ def test_a_real_pi_masters_end_stops_the_fork_its_bash_tool_started(picaller: tu
         sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", "boss", "--headless", "--mode",
         "print", "--", pi_bin(), "-p", "Fork a helper to look around.",
     ]  # fmt: skip
-    master = subprocess.Popen(
-        argv, env=caller.env, cwd=caller.work, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    try:
+    with caller.process(argv) as master:
         assert master.wait(timeout=90) == 0
         (run,) = caller.runs()
         assert run.parent_key == "master-boss"
         assert run.status is RunStatus.FAILED and run.error == PARENT_ABORTED
         assert run.process is not None and procs.wait_for_exit(run.process, 10)
         wait_for("the fork pane to close", lambda: run.pane_id not in caller.panes())
-    finally:
-        if master.poll() is None:
-            master.kill()
-            master.wait()
