@@ -141,7 +141,7 @@ register_enum(RunMode)
 
 @attrs.frozen(kw_only=True)
 class ForkUsage:
-    """Token and cost totals of a run (pi's ``usage`` of the final assistant message)."""
+    """Token and cost totals of a run (pi's ``usage``, summed over the run's assistant messages)."""
 
     input: int = 0
     output: int = 0
