@@ -87,20 +87,21 @@ class Caller:
             sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", "boss", "--headless", "--mode",
             "print", "--", sys.executable, "-c", code, *agent_flags,
         ]  # fmt: skip
-        return subprocess.Popen(
-            argv, env=self.env, cwd=self.work, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
+        return self.spawn(argv)
 
-    @contextmanager
-    def process(self, argv: list[str], **options: Any) -> Iterator[subprocess.Popen[bytes]]:
-        """``argv`` started in the caller's env and cwd, in a session of its own (as pi's bash tool
-        starts commands), killed on the way out if it is still running."""
+    def spawn(self, argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
+        """``argv`` started in the caller's env and cwd, silent, in a session of its own (as pi's
+        bash tool starts commands); ``options`` override those for :class:`subprocess.Popen`."""
         defaults: dict[str, Any] = {
             "stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL,
             "start_new_session": True,
         }  # fmt: skip
-        proc = subprocess.Popen(argv, env=self.env, cwd=self.work, **{**defaults, **options})
+        return subprocess.Popen(argv, env=self.env, cwd=self.work, **{**defaults, **options})
+
+    @contextmanager
+    def process(self, argv: list[str], **options: Any) -> Iterator[subprocess.Popen[bytes]]:
+        """:meth:`spawn`, killed on the way out if it is still running."""
+        proc = self.spawn(argv, **options)
         try:
             yield proc
         finally:
