@@ -270,7 +270,9 @@ class Lab:
         path = self.state / "events" / f"{key}.jsonl"
         if not path.exists():
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        # Only whole lines: a poll can land in the middle of the host's append.
+        whole = path.read_text().rpartition("\n")[0]
+        return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
     # -- dead workers written with the store --------------------------------------------------
     def dead_resumable(
@@ -407,7 +409,12 @@ def test_exact_live_orphan_is_readopted_without_a_prompt(lab: Lab) -> None:
     assert "orphan worker-w1 (exact, alive, agent agent-w1, lane -): re-adopted" in out.read_text()
     assert worker.poll() is None
     assert procs.is_alive(adopted.child_process)
-    assert any(e["event"] == "adopted" and e["parent_pid"] == master.pid for e in lab.events("worker-w1"))
+    # The host logs "adopted" just after its CAS lands, so the entry can be seen first: wait for it.
+    wait_for(
+        lambda: any(e["event"] == "adopted" and e["parent_pid"] == master.pid for e in lab.events("worker-w1")),
+        10,
+        "the host's adopted event",
+    )
 
 
 def test_exact_dead_orphan_is_relaunched_into_the_same_session_and_key(lab: Lab) -> None:
@@ -540,7 +547,7 @@ def test_foreign_live_orphans_are_adopted_cleaned_up_or_left_as_the_owner_answer
         "worker-a to re-parent",
     )
     assert adopted.parent_session_id == "other"
-    assert any(e["event"] == "adopted" for e in lab.events("worker-a"))
+    wait_for(lambda: any(e["event"] == "adopted" for e in lab.events("worker-a")), 10, "worker-a's adopted event")
     assert orphans["a"][0].poll() is None
 
     # cleanup: the worker stops its own agent and exits; its record is closed.
