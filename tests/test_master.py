@@ -390,6 +390,11 @@ def several_orphans(
     return out
 
 
+def adopted_by(lab: Lab, key: str, parent_pid: int) -> bool:
+    """Whether the worker's host logged that it re-parented to ``parent_pid``."""
+    return any(e["event"] == "adopted" and e["parent_pid"] == parent_pid for e in lab.events(key))
+
+
 # --- exact orphans: recovered without a prompt ------------------------------------------------------
 def test_exact_live_orphan_is_readopted_without_a_prompt(lab: Lab) -> None:
     worker, before = orphaned_worker(lab, "w1", "boss", "goal-1")
@@ -410,11 +415,7 @@ def test_exact_live_orphan_is_readopted_without_a_prompt(lab: Lab) -> None:
     assert worker.poll() is None
     assert procs.is_alive(adopted.child_process)
     # The host logs "adopted" just after its CAS lands, so the entry can be seen first: wait for it.
-    wait_for(
-        lambda: any(e["event"] == "adopted" and e["parent_pid"] == master.pid for e in lab.events("worker-w1")),
-        10,
-        "the host's adopted event",
-    )
+    wait_for(lambda: adopted_by(lab, "worker-w1", master.pid), 10, "the host's adopted event")
 
 
 def test_exact_dead_orphan_is_relaunched_into_the_same_session_and_key(lab: Lab) -> None:
@@ -547,7 +548,7 @@ def test_foreign_live_orphans_are_adopted_cleaned_up_or_left_as_the_owner_answer
         "worker-a to re-parent",
     )
     assert adopted.parent_session_id == "other"
-    wait_for(lambda: any(e["event"] == "adopted" for e in lab.events("worker-a")), 10, "worker-a's adopted event")
+    wait_for(lambda: adopted_by(lab, "worker-a", term.proc.pid), 10, "worker-a's adopted event")
     assert orphans["a"][0].poll() is None
 
     # cleanup: the worker stops its own agent and exits; its record is closed.
