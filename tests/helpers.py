@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from pi_tmux_matrix import procs
@@ -75,3 +77,14 @@ def dir_digest(root: str) -> dict[str, tuple[int, int, int, str]]:
                 digest,
             )
     return out
+
+
+def read_events(state: Path, key: str, name: str | None = None) -> list[dict[str, Any]]:
+    """The events a host logged for ``key`` under the matrix root ``state`` (only ``name`` ones if
+    given). Only whole lines count: tests poll this while the host appends."""
+    try:
+        text = (state / "events" / f"{key}.jsonl").read_text()
+    except FileNotFoundError:
+        return []
+    events = [json.loads(line) for line in text.rpartition("\n")[0].splitlines() if line.strip()]
+    return [e for e in events if name is None or e.get("event") == name]

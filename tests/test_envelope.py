@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from fake_llm import FakeLLM, Reply, write_pi_agent_dir
+from helpers import read_events
 from pi_support import pi_bin
 from test_dispatch import Lab, wait_for
 
@@ -53,14 +54,6 @@ def _profile(lab: Lab, name: str, *, tools: list[str], write_paths: list[str]) -
         f'name = "{name}"\nprovider = "pi"\ncommand = ["pi"]\nmode = "print"\ndeadline = 120\n'
         f"tools = {json.dumps(tools)}\nwrite_paths = {json.dumps(write_paths)}\n"
     )
-
-
-def _events(lab: Lab, key: str, name: str) -> list[dict[str, Any]]:
-    try:
-        lines = (lab.state / "events" / f"{key}.jsonl").read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    return [r for r in (json.loads(line) for line in lines) if r.get("event") == name]
 
 
 def _tool_results(llm: FakeLLM) -> list[str]:
@@ -130,8 +123,8 @@ def test_a_worker_scoped_to_its_worktree_writes_inside_and_every_escape_is_block
     assert "Do not start other agents" in prompt
 
     # Every block is in the worker's own events, and `pi-matrix show` lists them.
-    wait_for("4 tool_blocked events", lambda: len(_events(lab, agent.key, "tool_blocked")) == 4)
-    records = _events(lab, agent.key, "tool_blocked")
+    wait_for("4 tool_blocked events", lambda: len(read_events(lab.state, agent.key, "tool_blocked")) == 4)
+    records = read_events(lab.state, agent.key, "tool_blocked")
     assert [r["path"] for r in records] == [str(sibling), str(evil), "escape/c.txt", "../x.txt"]
     assert all(r["tool"] == "write" and "allowed paths" in r["reason"] for r in records)
     show = [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(lab.state), "show", agent.key]
@@ -182,8 +175,9 @@ def test_a_full_scope_worker_still_cannot_touch_pi_secrets_the_state_dir_or_othe
     assert "Successfully wrote" in results[4]
     own = results[5]  # the transcript itself (which quotes the blocks above), not a block
     assert not own.startswith("pi-matrix envelope") and own.replace(" ", "").startswith('{"type":"session"')
-    wait_for("4 tool_blocked events", lambda: len(_events(lab, agent.key, "tool_blocked")) == 4)
-    assert [r["tool"] for r in _events(lab, agent.key, "tool_blocked")] == ["write", "write", "read", "grep"]
+    wait_for("4 tool_blocked events", lambda: len(read_events(lab.state, agent.key, "tool_blocked")) == 4)
+    blocked = read_events(lab.state, agent.key, "tool_blocked")
+    assert [r["tool"] for r in blocked] == ["write", "write", "read", "grep"]
 
 
 def test_the_host_refuses_a_malformed_allowed_paths_value_before_starting_pi(tmp_path: Path) -> None:
@@ -245,10 +239,10 @@ def test_the_profile_tool_ceiling_makes_pi_itself_refuse_bash(envlab: PiLab) -> 
     (result,) = _tool_results(llm)
     assert "Tool bash not found" in result  # pi's own refusal: bash was never given to this worker
     assert not pwned.exists()
-    started = _events(lab, agent.key, "child_started")
+    started = read_events(lab.state, agent.key, "child_started")
     argv = started[0]["argv"]
     assert argv[argv.index("--tools") + 1] == "read,write"
-    assert _events(lab, agent.key, "tool_blocked") == []  # not the envelope: pi had no such tool
+    assert read_events(lab.state, agent.key, "tool_blocked") == []  # not the envelope: pi had no such tool
 
 
 @pytest.mark.parametrize("tool", ["tmux_agent_manager", "fork", "subagent"])

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from helpers import dir_digest, spawn_sleeper
+from helpers import dir_digest, read_events, spawn_sleeper
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.cli import main
@@ -199,20 +199,7 @@ class Host:
         return self.store.find(self.key)
 
     def events(self, name: str | None = None) -> list[dict[str, Any]]:
-        path = self.store.root / "events" / f"{self.key}.jsonl"
-        try:
-            lines = path.read_bytes().splitlines()
-        except FileNotFoundError:
-            return []
-        found = []
-        for line in lines:
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if name is None or value.get("event") == name:
-                found.append(value)
-        return found
+        return read_events(self.store.root, self.key, name)
 
     def statuses(self) -> list[tuple[str, str | None]]:
         return [(e["status"], e.get("reason")) for e in self.events("status")]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from helpers import dir_digest, make_entry, make_identity, spawn_sleeper
+from helpers import dir_digest, make_entry, make_identity, read_events, spawn_sleeper
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.identity import ProcessIdentity, Role
@@ -267,12 +267,7 @@ class Lab:
         return (self.state / f"{key}.json").read_bytes()
 
     def events(self, key: str) -> list[dict[str, Any]]:
-        path = self.state / "events" / f"{key}.jsonl"
-        if not path.exists():
-            return []
-        # Only whole lines: a poll can land in the middle of the host's append.
-        whole = path.read_text().rpartition("\n")[0]
-        return [json.loads(line) for line in whole.splitlines() if line.strip()]
+        return read_events(self.state, key)
 
     # -- dead workers written with the store --------------------------------------------------
     def dead_resumable(

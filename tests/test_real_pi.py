@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from fake_llm import FakeLLM, write_pi_agent_dir
+from helpers import read_events
 from pi_support import pi_bin
 from test_dispatch import Lab, wait_for
 
@@ -65,15 +66,6 @@ def test_a_fired_pi_worker_answers_through_the_fake_llm_and_its_job_completes_on
     print(f"real pi worker: DONE after {time.monotonic() - started:.1f}s")
 
 
-def _events(lab: Lab, key: str, name: str) -> list[dict[str, object]]:
-    path = lab.state / "events" / f"{key}.jsonl"
-    try:
-        lines = path.read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    return [r for r in (json.loads(line) for line in lines) if r.get("event") == name]
-
-
 def test_the_bridge_reports_pi_identity_writes_the_result_artifact_and_delivers_the_parent_lost_notice(
     pilab: tuple[Lab, FakeLLM],
 ) -> None:
@@ -84,7 +76,7 @@ def test_the_bridge_reports_pi_identity_writes_the_result_artifact_and_delivers_
     entry = lab.worker(agent.key)
 
     ready = wait_for(
-        "the bridge's identity report", lambda: _events(lab, agent.key, "bridge_ready"), timeout=30
+        "the bridge's identity report", lambda: read_events(lab.state, agent.key, "bridge_ready"), timeout=30
     )
     assert ready[0]["session_id"] == agent.session_id  # pi's own id is the matrix's
     assert ready[0]["session_file"] == agent.session_file
@@ -92,7 +84,9 @@ def test_the_bridge_reports_pi_identity_writes_the_result_artifact_and_delivers_
     assert header["id"] == agent.session_id
 
     wait_for("the DONE result", lambda: lab.result(fired.job.id, agent.agent_id), timeout=60)
-    results = wait_for("the result artifact", lambda: _events(lab, agent.key, "agent_result"), timeout=30)
+    results = wait_for(
+        "the result artifact", lambda: read_events(lab.state, agent.key, "agent_result"), timeout=30
+    )
     artifact = json.loads(Path(str(results[0]["path"])).read_text())
     assert "DONE:" in artifact["text"] and artifact["stopReason"] == "stop"
     assert artifact["usage"] is not None
@@ -120,7 +114,7 @@ def test_a_cleanup_directive_shuts_pi_down_gracefully_and_closes_the_entry(
     fired = lab.fire("Say hello.", profile="pi-worker")
     (agent,) = fired.job.agents
     entry = lab.worker(agent.key)
-    wait_for("the bridge", lambda: _events(lab, agent.key, "bridge_ready"), timeout=30)
+    wait_for("the bridge", lambda: read_events(lab.state, agent.key, "bridge_ready"), timeout=30)
     procs.send_signal(master.process, 9)  # type: ignore[arg-type]
     wait_for(
         "resumable",
@@ -135,9 +129,9 @@ def test_a_cleanup_directive_shuts_pi_down_gracefully_and_closes_the_entry(
     wait_for("the host to end", lambda: not procs.is_alive(entry.process), timeout=20)
     final = lab.store.get(agent.key)
     assert (final.status, final.reason) == (Status.CLOSED, "cleanup")
-    hooks = [e["what"] for e in _events(lab, agent.key, "bridge")]
+    hooks = [e["what"] for e in read_events(lab.state, agent.key, "bridge")]
     assert "session_shutdown" in hooks, "pi's session_shutdown hook ran (the bridge reports it)"
-    exited = _events(lab, agent.key, "child_exited")
+    exited = read_events(lab.state, agent.key, "child_exited")
     assert exited and exited[-1]["code"] == 0  # a clean exit, not a signal
 
 
@@ -156,7 +150,7 @@ def test_print_mode_one_shot_job_exits_zero_with_the_reply_in_its_result(pilab: 
     wait_for("the entry to end", lambda: lab.store.get(agent.key).exit is not None, timeout=30)
     final = lab.store.get(agent.key)
     assert final.exit is not None and final.exit.kind.value == "exited" and final.exit.code == 0
-    artifacts = _events(lab, agent.key, "agent_result")
+    artifacts = read_events(lab.state, agent.key, "agent_result")
     assert artifacts
     assert "DONE:" in json.loads(Path(str(artifacts[0]["path"])).read_text())["text"]
     (handoff,) = final.handoffs
@@ -244,7 +238,7 @@ def test_an_rpc_worker_takes_prompt_steer_and_abort_through_its_host(pilab: tupl
     def rpc_types() -> list[str]:
         return [
             str(e["data"].get("type"))
-            for e in _events(lab, agent.key, "rpc")
+            for e in read_events(lab.state, agent.key, "rpc")
             if isinstance(e.get("data"), dict)
         ]
 
