@@ -68,6 +68,27 @@ def _kill_server(socket: str) -> None:
     subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False, timeout=10)
 
 
+def _wait_watchers(state: Path, timeout: float = 15.0) -> None:
+    """The jobs' watchers (``pi-matrix --state-dir STATE watch``) write their result after the
+    hosts die and then exit by themselves; wait for them, so removing the folder never races a
+    last write (it did: "Directory not empty")."""
+    marker = str(state).encode()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        busy = False
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                words = cmdline.read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if marker in words and b"watch" in words:
+                busy = True
+                break
+        if not busy:
+            return
+        time.sleep(0.05)
+
+
 def run(agents: int, root: Path) -> dict[str, Any]:
     agent_dir = root / "agent"
     agent_dir.mkdir()
@@ -115,6 +136,7 @@ def run(agents: int, root: Path) -> dict[str, Any]:
         figures["ours_up_s"] = up - t0
         _stop_all(store, [])
         _kill_server(ours_socket)
+        _wait_watchers(store.root)
 
         # -- baseline: the same argv and env, raw tmux calls ----------------------------------------
         base_socket = f"pm-bench-fire-{tag}-base"
@@ -136,6 +158,7 @@ def run(agents: int, root: Path) -> dict[str, Any]:
         figures["base_up_s"] = up - t0
         _stop_all(base_store, [])
         _kill_server(base_socket)
+        _wait_watchers(base_store.root)
     finally:
         procs.send_signal(master_id, signal.SIGKILL)
         master.wait(timeout=10)

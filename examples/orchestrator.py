@@ -21,9 +21,9 @@ from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.manager import Dispatcher, FireRequest
 from pi_tmux_matrix.dispatch.tmux import TmuxServer
 from pi_tmux_matrix.identity import AgentIdentityContract, Role
+from pi_tmux_matrix.matrix import lifecycle
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
 from pi_tmux_matrix.settings import load_settings
-from pi_tmux_matrix.supervise import lifecycle
 
 
 def main() -> int:

@@ -21,17 +21,36 @@ from typing import Final
 
 import attrs
 
+from . import settings as _settings
 from . import strictjson
 from .errors import ContractError
 from .identity import Role, validate_id, validate_task_ref
 
 __all__ = [
+    "CONTRACT_ENV",
+    "ENV_AGENT_DIR",
     "ENV_AGENT_ID",
     "ENV_ALLOWED_PATHS",
+    "ENV_BLOCKED_MARKER",
+    "ENV_CLI",
+    "ENV_DONE_MARKER",
+    "ENV_FORK",
+    "ENV_HOST_PID",
+    "ENV_KEY",
+    "ENV_MAILBOX",
     "ENV_PARENT_PID",
     "ENV_PARENT_SESSION",
+    "ENV_PI_COMMAND",
+    "ENV_PROFILE",
+    "ENV_STATE_DIR",
     "ENV_TASK_REF",
+    "ENV_TMUX_SOCKET",
     "ENV_WORKTREE_LANE",
+    "FORK_FORCED_ENV",
+    "FORK_RUN_ENV",
+    "NEVER_INHERITED",
+    "PASS_ENV",
+    "RESERVED_ENV_PREFIX",
     "LaunchContract",
     "add_contract_arguments",
     "contract_from_args",
@@ -49,6 +68,49 @@ ENV_AGENT_ID: Final = "PI_ORCHESTRATION_AGENT_ID"
 ENV_TASK_REF: Final = "PI_TASK_REF"
 ENV_ALLOWED_PATHS: Final = "PI_WORKER_ALLOWED_PATHS"
 ENV_WORKTREE_LANE: Final = "PI_WORKTREE_LANE"
+# The seed's contract: authority the launcher grants per launch, never taken from a profile.
+CONTRACT_ENV: Final = frozenset(
+    {ENV_PARENT_PID, ENV_PARENT_SESSION, ENV_AGENT_ID, ENV_TASK_REF, ENV_ALLOWED_PATHS, ENV_WORKTREE_LANE}
+)
+
+# What a host tells its own agent (the bridge and the stand-in read them).
+ENV_KEY: Final = "PI_MATRIX_KEY"
+ENV_MAILBOX: Final = "PI_MATRIX_MAILBOX"
+ENV_HOST_PID: Final = "PI_MATRIX_HOST_PID"
+ENV_CLI: Final = "PI_MATRIX_CLI"
+ENV_DONE_MARKER: Final = "PI_MATRIX_DONE_MARKER"
+ENV_BLOCKED_MARKER: Final = "PI_MATRIX_BLOCKED_MARKER"
+ENV_PROFILE: Final = "PI_MATRIX_PROFILE"
+# Where the product's own programs are found and run.
+ENV_STATE_DIR: Final = _settings.ENV_STATE_DIR
+ENV_AGENT_DIR: Final = _settings.ENV_AGENT_DIR
+ENV_PI_COMMAND: Final = "PI_MATRIX_PI_COMMAND"
+ENV_TMUX_SOCKET: Final = "PI_MATRIX_TMUX_SOCKET"
+# Every PI_MATRIX_* name is the product's: a profile may not set one (it would forge a marker,
+# a mailbox or a host).
+RESERVED_ENV_PREFIX: Final = "PI_MATRIX_"
+
+# A fork run's own names, and what a fork child is always given (seed 003).
+ENV_FORK: Final = "PI_FORK"
+FORK_RUN_ENV: Final = frozenset({"PI_FORK_RESULT_PATH", "PI_FORK_RUN_ID", "PI_FORK_TASK"})
+FORK_FORCED_ENV: Final = {
+    ENV_FORK: "1",
+    "PI_OFFLINE": "1",
+    "PI_SUBAGENT_DISABLE_SCHEDULER": "1",
+    "PI_OBSERVATIONAL_MEMORY_PASSIVE": "1",
+}
+
+# Never inherited by a launched agent from whoever launched it (the dispatcher, a tmux server
+# started long ago, a fork's parent): each launch sets its own, or the child would speak for its
+# parent (its host, its contract, its markers).
+NEVER_INHERITED: Final = CONTRACT_ENV | frozenset(
+    {ENV_KEY, ENV_MAILBOX, ENV_HOST_PID, ENV_DONE_MARKER, ENV_BLOCKED_MARKER, ENV_PROFILE}
+)
+# Passed explicitly on every tmux launch: a long-lived tmux server keeps the env of its first client.
+PASS_ENV: Final = (
+    "PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", ENV_AGENT_DIR,
+    "PI_OFFLINE", "NO_PROXY", "no_proxy", ENV_PI_COMMAND, "STANDIN_STEPS", "STANDIN_STEP_S",
+)  # fmt: skip
 
 # Linux caps pid_max at 2^22; anything above cannot be a pid on any Linux machine.
 PID_LIMIT: Final = 1 << 22

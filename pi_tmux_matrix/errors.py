@@ -26,6 +26,7 @@ __all__ = [
     "PiMatrixError",
     "ProfileError",
     "ProfileNotFound",
+    "ResumeRefused",
     "RunNotFound",
     "StateDirError",
     "StoreError",
@@ -191,3 +192,7 @@ class RunNotFound(PiMatrixError):
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         super().__init__(f"no fork run {run_id!r}; 'pi-matrix runs' lists them")
+
+
+class ResumeRefused(PiMatrixError):
+    """The entry cannot be resumed as it stands; the message says why and what to do."""

@@ -12,7 +12,7 @@ from .contract import LaunchContract
 from .dispatch.hookspecs import hookimpl
 from .dispatch.model import AgentLaunch, Relaunch
 
-__all__ = ["MatrixPlugin"]
+__all__ = ["MatrixPlugin", "matrix_plugin"]
 
 
 class MatrixPlugin:
@@ -45,3 +45,8 @@ class MatrixPlugin:
         from .resume import relaunch
 
         return relaunch(request)
+
+
+# What the ``matrix`` entry point names (pyproject.toml): the dispatcher registers it like any other
+# plugin, so dispatch/ never imports this layer above it.
+matrix_plugin = MatrixPlugin()

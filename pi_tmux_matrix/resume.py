@@ -20,12 +20,14 @@ from typing import Any
 import attrs
 
 from . import procs
-from .errors import Conflict, PiMatrixError, ProfileNotFound, TmuxUnavailable
+from .contract import ENV_BLOCKED_MARKER, ENV_DONE_MARKER, NEVER_INHERITED
+from .errors import Conflict, PiMatrixError, ProfileNotFound, ResumeRefused, TmuxUnavailable
 from .identity import Mode, ProcessIdentity
 from .matrix.model import Entry, Status
 from .matrix.store import MatrixStore
+from .programs import host_argv, spawn_detached
 from .settings import MatrixSettings, load_settings
-from .supervise.relaunch import ResumeRefused, check_resumable, host_argv, spawn_detached, wake_prompt
+from .supervise.relaunch import check_resumable, wake_prompt
 
 __all__ = ["ResumePlan", "plan_resume", "relaunch", "session_header_cwd"]
 
@@ -127,7 +129,7 @@ def plan_resume(
         rpc_prompt=command.rpc_prompt, agent_argv=command.argv,
     )  # fmt: skip
     launch_env = dispatcher._launch_env(launch, profile)
-    for name in ("PI_MATRIX_DONE_MARKER", "PI_MATRIX_BLOCKED_MARKER"):
+    for name in (ENV_DONE_MARKER, ENV_BLOCKED_MARKER):
         launch_env.pop(name, None)  # a resumed session answers its wake prompt, not a job's marker
     return ResumePlan(entry.key, tuple(argv), launch_env, identity.cwd, identity.agent_id[:40])
 
@@ -140,7 +142,7 @@ def relaunch(
 ) -> int:
     """Launch the plan (tmux on ``request.socket`` when tmux answers, else a detached host) and
     publish the new pid as ``launching``; returns the new host pid."""
-    from .dispatch.manager import DEFAULT_SOCKET, SCRUB_ENV, TMUX_SESSION
+    from .dispatch.manager import DEFAULT_SOCKET, TMUX_SESSION
 
     store = MatrixStore(request.state_dir)
     entry: Entry = request.entry
@@ -171,7 +173,7 @@ def relaunch(
             from .dispatch.tmux import TmuxServer
 
             try:
-                pane = TmuxServer(request.socket or DEFAULT_SOCKET, scrub_env=SCRUB_ENV).launch(
+                pane = TmuxServer(request.socket or DEFAULT_SOCKET, scrub_env=sorted(NEVER_INHERITED)).launch(
                     plan.argv, session=TMUX_SESSION, window_name=plan.window, cwd=plan.cwd, env=plan.env,
                     tags={"@pi_matrix_key": entry.key, "@pi_matrix_job": "resume"},
                 )  # fmt: skip
@@ -218,9 +220,8 @@ def relaunch(
 
 
 def _spawn_detached(store: MatrixStore, plan: ResumePlan, base_env: dict[str, str] | None = None) -> int:
-    from .dispatch.manager import SCRUB_ENV
-
-    env = {k: v for k, v in (os.environ if base_env is None else base_env).items() if k not in SCRUB_ENV}
+    source = os.environ if base_env is None else base_env
+    env = {k: v for k, v in source.items() if k not in NEVER_INHERITED}
     env.update(plan.env)
     child = spawn_detached(plan.argv, store.side_dir("logs") / f"{plan.key}.log", cwd=plan.cwd, env=env)
     return child.pid

@@ -487,6 +487,67 @@ def test_a_plugin_adds_env_and_two_plugins_disagreeing_fail_the_launch(sublab: L
         dispatcher.fire(request)
 
 
+def test_hooks_go_through_pluggy_so_a_wrapper_plugin_wraps_launch_env_and_on_launched(
+    sublab: Lab, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``wrapper=True`` hookimpl (pluggy allows it) wraps the call instead of being called as a
+    plain function; a failing notification names its plugin and never undoes the launch."""
+    from pi_tmux_matrix.dispatch.hookspecs import hookimpl
+    from pi_tmux_matrix.dispatch.plugins import plugin_manager
+
+    seen: list[str] = []
+
+    class Wraps:
+        @hookimpl(wrapper=True)
+        def launch_env(self, launch: Any) -> Any:
+            results = yield
+            seen.append(f"launch_env:{len(results)}")
+            return [*results, {"WRAPPED_BY": "wraps"}]
+
+        @hookimpl(wrapper=True)
+        def on_launched(self, job: Any, launch: Any, pane: Any) -> Any:
+            seen.append("wrapper:before")
+            try:
+                return (yield)
+            finally:
+                seen.append("wrapper:after")
+
+    class Breaks:
+        @hookimpl
+        def on_launched(self, job: Any, launch: Any, pane: Any) -> None:
+            raise RuntimeError("boom")
+
+    class Hears:
+        @hookimpl
+        def on_launched(self, job: Any, launch: Any, pane: Any) -> None:
+            seen.append("hears")
+
+    sublab.start_master()
+    pm = plugin_manager(entry_points=False)
+    pm.register(Wraps(), name="wraps")
+    pm.register(Hears(), name="hears")
+    pm.register(Breaks(), name="breaks")
+    dispatcher = Dispatcher(sublab.store, load_settings(sublab.work, sublab.env), env=sublab.env, plugins=pm)
+    assert sublab.master is not None
+    request = FireRequest(
+        task="HANG wrapped", profile="stand-in", path=str(sublab.work), backend="subprocess",
+        parent_pid=sublab.master.pid, parent_session="boss",
+    )  # fmt: skip
+    fired = dispatcher.fire(request)
+    (agent,) = fired.job.agents
+    assert agent.host is not None
+    sublab.started.append(agent.host)
+    (planned,) = fired.planned
+    assert planned.env["WRAPPED_BY"] == "wraps"
+    assert planned.env[ENV_PARENT_PID] == str(sublab.master.pid)  # the matrix plugin, wrapped
+    # Each notified plugin alone, wrapped; the one that raised kept no one else from hearing.
+    assert seen == [
+        "launch_env:1", "wrapper:before", "wrapper:after", "wrapper:before", "hears", "wrapper:after"
+    ]
+    assert procs.is_alive(agent.host)  # the failing notification undid nothing
+    assert "plugin 'breaks' failed in on_launched: boom" in caplog.text
+
+
 def test_with_the_matrix_off_the_dispatcher_launches_without_the_contract_and_writes_no_entry(
     sublab: Lab,
 ) -> None:

@@ -32,7 +32,7 @@ from pi_tmux_matrix.runs import (
     merge_flags,
     reap,
 )
-from pi_tmux_matrix.supervise.mailbox import EventLog
+from pi_tmux_matrix.matrix.mailbox import EventLog
 
 
 class Caller:

@@ -1,6 +1,6 @@
 """A Hypothesis state machine over one worker entry's lifecycle, on the real store.
 
-No processes: every rule applies the pure steps of ``supervise/lifecycle.py`` through
+No processes: every rule applies the pure steps of ``matrix/lifecycle.py`` through
 ``MatrixStore.update`` exactly the way their real callers do -- the host's own writes fenced by
 its ``registration=`` (``AgentHost.write``), a master's handshakes fenced by the generation it
 observed (``expected=``, ``Master._adopt`` / ``_cleanup``, the relauncher's publish, the
@@ -53,7 +53,7 @@ from pi_tmux_matrix.matrix.model import (
 )
 from pi_tmux_matrix.matrix.reconcile import ActionKind, Facts, reconcile
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
-from pi_tmux_matrix.supervise import lifecycle
+from pi_tmux_matrix.matrix import lifecycle
 from pi_tmux_matrix.supervise.master import apply_plan
 
 SESSION: Final = "w1"

@@ -36,7 +36,7 @@ from pi_tmux_matrix.matrix.model import (
     Status,
 )
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
-from pi_tmux_matrix.supervise import lifecycle
+from pi_tmux_matrix.matrix import lifecycle
 
 SETTINGS = {"processMatrix": {"adoptionGraceMs": 5000, "watcherPollMs": 1000, "heartbeatMs": 1000}}
 STANDIN = [sys.executable, "-m", "pi_tmux_matrix.standin"]

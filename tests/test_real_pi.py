@@ -258,7 +258,7 @@ def test_an_rpc_worker_takes_prompt_steer_and_abort_through_its_host(pilab: tupl
 def test_a_terminal_handoff_is_delivered_once_and_replayed_after_a_session_switch(
     pilab: tuple[Lab, FakeLLM],
 ) -> None:
-    from pi_tmux_matrix.supervise.mailbox import Inbox
+    from pi_tmux_matrix.matrix.mailbox import Inbox
 
     lab, _llm = pilab
     profile_dir = lab.agent_dir / "launch_profiles"

@@ -6,46 +6,18 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import IO, Final
-
-import attrs
+from typing import IO
 
 from .. import __version__
-from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, PiMatrixError
-from . import completion, demo, dispatch, doctor, entries, runs, supervise, top
+from ..errors import EXIT_FAILED, EXIT_USAGE, PiMatrixError
+from . import completion, demo, dispatch, doctor, entries, runs, supervise, top, watch
+from .base import EPILOG, Io, Parser
 
 __all__ = ["Io", "build_parser", "main", "run"]
 
-EPILOG: Final = f"""\
-exit codes:
-  {EXIT_OK}  success
-  {EXIT_FAILED}  the operation failed (a conflict, a refused stop, a failed launch)
-  {EXIT_USAGE}  bad input or usage: the message names the field and the fix; nothing was written
-  {EXIT_NOT_FOUND}  the thing named does not exist (no such entry, job or profile)
-
-state dir: --state-dir, else $PI_MATRIX_STATE_DIR, else
-$PI_CODING_AGENT_DIR/state/process-matrix, else ~/.pi/agent/state/process-matrix
-"""
-
-
-@attrs.frozen
-class Io:
-    """Where a command writes: injected so tests render to strings at a fixed width."""
-
-    out: IO[str]
-    err: IO[str]
-    width: int | None = None
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        # argparse's own usage errors are exit 2 with one line, like every other bad input.
-        self.exit(EXIT_USAGE, f"pi-matrix: error: {message}\n(see '{self.prog} --help')\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line (also the source of the generated CLI reference)."""
-    parser = _Parser(
+    parser = Parser(
         prog="pi-matrix",
         description="The durable process matrix for pi coding agents in tmux.",
         epilog=EPILOG,
@@ -57,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="the matrix state dir (default: see below)",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     entries.register(sub, EPILOG)
     supervise.register(sub, EPILOG)
@@ -67,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.register(sub, EPILOG)
     completion.register(sub, EPILOG)
     top.register(sub, EPILOG)
+    watch.register(sub, EPILOG)
     return parser
 
 
@@ -103,6 +76,7 @@ def main(argv: Sequence[str] | None = None, *, io: Io | None = None) -> int:
         io.err.write(f"pi-matrix: error: '{args.command}' takes no arguments after --\n")
         return EXIT_USAGE
     args.argv = trailing or []
+    args.parser = parser  # completion walks the parser it was parsed with
     package_log = logging.getLogger("pi_tmux_matrix")
     handler = _StderrHandler(io.err)
     package_log.addHandler(handler)

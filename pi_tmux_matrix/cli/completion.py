@@ -7,9 +7,10 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EXIT_OK
+from .base import public_verbs
 
 if TYPE_CHECKING:
-    from .app import Io
+    from .base import Io
 
 __all__ = ["register", "verbs_and_options"]
 
@@ -26,22 +27,15 @@ def register(sub: Any, epilog: str) -> None:
     completion.set_defaults(handler=cmd_completion)
 
 
-def verbs_and_options() -> tuple[list[str], dict[str, list[str]]]:
+def verbs_and_options(parser: argparse.ArgumentParser) -> tuple[list[str], dict[str, list[str]]]:
     """Every verb and, per verb, its long options (the global ones under ``""``)."""
-    from .app import build_parser
-
-    parser = build_parser()
     options: dict[str, list[str]] = {
         "": [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
     }
     verbs: list[str] = []
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                verbs.append(name)
-                options[name] = sorted(
-                    o for a in sub._actions for o in a.option_strings if o.startswith("--")
-                )
+    for name, sub in public_verbs(parser):
+        verbs.append(name)
+        options[name] = sorted(o for a in sub._actions for o in a.option_strings if o.startswith("--"))
     return verbs, options
 
 
@@ -83,7 +77,7 @@ def _fish(verbs: list[str], options: dict[str, list[str]]) -> str:
 
 
 def cmd_completion(args: argparse.Namespace, io: Io) -> int:
-    verbs, options = verbs_and_options()
+    verbs, options = verbs_and_options(args.parser)
     if args.shell == "fish":
         io.out.write(_fish(verbs, options))
     elif args.shell == "zsh":

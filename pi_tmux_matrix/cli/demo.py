@@ -31,7 +31,7 @@ from ..matrix.store import MatrixStore
 from ..settings import load_settings
 
 if TYPE_CHECKING:
-    from .app import Io
+    from .base import Io
 
 __all__ = ["register"]
 
@@ -75,9 +75,9 @@ class Demo:
         self.started: list[ProcessIdentity] = []
         self.tmux = shutil.which("tmux") is not None
         self.env = dict(os.environ)
-        from ..dispatch.manager import SCRUB_ENV
+        from ..contract import NEVER_INHERITED
 
-        for name in SCRUB_ENV:  # the demo's processes never inherit this shell's own contract
+        for name in NEVER_INHERITED:  # the demo's processes never inherit this shell's own contract
             self.env.pop(name, None)
         self.env.update(
             PI_CODING_AGENT_DIR=str(self.agent_dir),
@@ -93,9 +93,9 @@ class Demo:
         self.io.out.flush()
 
     def tree(self) -> None:
-        from .app import main
+        from .supervise import cmd_tree
 
-        main(["--state-dir", str(self.state), "tree"], io=self.io)
+        cmd_tree(argparse.Namespace(state_dir=str(self.state), json=False, ndjson=False), self.io)
         self.io.out.flush()
 
     # -- set-up ---------------------------------------------------------------------------------------

@@ -5,18 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from typing import TYPE_CHECKING, Any
 
 from .. import procs
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ContractError
 from ..identity import parse_key, validate_id
-from ..matrix.store import MatrixStore
-from ..settings import load_settings, resolve_state_dir
+from ..settings import load_settings
+from .base import age, store_of
 
 if TYPE_CHECKING:
     from ..dispatch.manager import Dispatcher
-    from .app import Io
+    from .base import Io
 
 __all__ = ["STOP_WORD", "default_socket", "register", "stop_job"]
 
@@ -117,14 +116,11 @@ def register(sub: Any, epilog: str) -> None:
     profiles.set_defaults(handler=cmd_profiles)
 
 
-def _store(args: argparse.Namespace) -> MatrixStore:
-    return MatrixStore(resolve_state_dir(args.state_dir))
-
 
 def _dispatcher(args: argparse.Namespace, cwd: str | None = None) -> Dispatcher:
     from ..dispatch.manager import Dispatcher
 
-    return Dispatcher(_store(args), load_settings(cwd))
+    return Dispatcher(store_of(args), load_settings(cwd))
 
 
 def _dump(io: Io, value: Any) -> None:
@@ -162,14 +158,6 @@ def cmd_fire(args: argparse.Namespace, io: Io) -> int:
     return EXIT_OK
 
 
-def _age(ms: int) -> str:
-    seconds = max(0, int(time.time() - ms / 1000))
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h"
-
 
 def _print_job(io: Io, view: dict[str, Any]) -> None:
     if view["state"] == "corrupt":
@@ -184,7 +172,7 @@ def _print_job(io: Io, view: dict[str, Any]) -> None:
         return
     io.out.write(
         f"{view['jobId']}  {view['state']}  {view['team'] or view['profile']}  task {view['taskRef']}  "
-        f"age {_age(view['createdAt'])}\n"
+        f"age {age(view['createdAt'])}\n"
     )
     for agent in view["agents"]:
         result = agent["result"]
@@ -277,10 +265,10 @@ def stop_job(args: argparse.Namespace, io: Io) -> int:
 
 def cmd_resume(args: argparse.Namespace, io: Io) -> int:
     from ..dispatch.model import Relaunch
+    from ..matrix.owners import owning_master, require_master
     from ..resume import plan_resume
-    from ..supervise.master import owning_master, require_master
 
-    store = _store(args)
+    store = store_of(args)
     parse_key(args.key)
     entry = store.get(args.key)
     parent, session = require_master(owning_master(store, args.parent_pid, args.parent_session))

@@ -15,7 +15,7 @@ from ..errors import EXIT_FAILED, EXIT_OK
 from ..settings import FIELDS, agent_dir, load_settings, resolve_state_dir
 
 if TYPE_CHECKING:
-    from .app import Io
+    from .base import Io
 
 __all__ = ["register"]
 

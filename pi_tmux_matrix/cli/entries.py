@@ -13,10 +13,11 @@ from ..errors import EXIT_OK, EXIT_USAGE
 from ..identity import parse_key
 from ..matrix.model import Entry
 from ..matrix.store import MatrixStore, Problem, now_ms
-from ..settings import load_settings, resolve_state_dir
+from ..settings import load_settings
+from .base import age, store_of
 
 if TYPE_CHECKING:
-    from .app import Io
+    from .base import Io
 
 __all__ = ["register"]
 
@@ -50,9 +51,6 @@ def register(sub: Any, epilog: str) -> None:
     repair.set_defaults(handler=cmd_repair)
 
 
-def _store(args: argparse.Namespace) -> MatrixStore:
-    return MatrixStore(resolve_state_dir(args.state_dir))
-
 
 class _Liveness:
     """Cached identity checks: one /proc read per pid per command."""
@@ -75,15 +73,6 @@ def _report(problems: tuple[Problem, ...], io: Io) -> None:
         io.err.write(f"pi-matrix: warning: {problem.line()}\n")
 
 
-def _age(now: int, then: int | None) -> str:
-    if then is None:
-        return "-"
-    seconds = max(0, (now - then) // 1000)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:
     """Plain aligned columns: never truncated, so keys stay copy-pasteable at any width."""
@@ -97,7 +86,7 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
 
 def cmd_ls(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix ls [--json]``."""
-    result = _store(args).list()
+    result = store_of(args).list()
     alive = _Liveness()
     if args.json or args.ndjson:
         rows = [{**raw, "alive": alive(entry)} for entry, raw in zip(result.entries, result.raw, strict=True)]
@@ -118,8 +107,8 @@ def cmd_ls(args: argparse.Namespace, io: Io) -> int:
             str(entry.parent_pid or "-"),
             entry.identity.lane or "-",
             entry.task_ref or "-",
-            _age(now, entry.created_at),
-            _age(now, entry.heartbeat_at),
+            age(entry.created_at, now),
+            age(entry.heartbeat_at, now),
         ]
         for entry in result.entries
     ]
@@ -127,7 +116,7 @@ def cmd_ls(args: argparse.Namespace, io: Io) -> int:
         header = ["KEY", "ROLE", "STATUS", "ALIVE", "PID", "PARENT", "LANE", "TASK", "AGE", "BEAT"]
         io.out.write(format_table(header, table))
     else:
-        io.out.write(f"no entries in {_store(args).root}\n")
+        io.out.write(f"no entries in {store_of(args).root}\n")
     _report(result.problems, io)
     return EXIT_OK
 
@@ -135,7 +124,7 @@ def cmd_ls(args: argparse.Namespace, io: Io) -> int:
 def cmd_show(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix show KEY [--json]``."""
     parse_key(args.key)
-    store = _store(args)
+    store = store_of(args)
     entry = store.get(args.key)
     alive = _Liveness()(entry)
     from ..matrix.codec import unstructure_entry
@@ -154,8 +143,8 @@ def cmd_show(args: argparse.Namespace, io: Io) -> int:
         f"  alive        {'yes' if alive else 'no'} (pid {entry.pid}, start {entry.proc_start})",
         f"  generation   {entry.generation} (registered as {entry.registration})",
         (
-            f"  created      {_age(now, entry.created_at)} ago; updated {_age(now, entry.updated_at)} ago;"
-            f" heartbeat {_age(now, entry.heartbeat_at)} ago"
+            f"  created      {age(entry.created_at, now)} ago; updated {age(entry.updated_at, now)} ago;"
+            f" heartbeat {age(entry.heartbeat_at, now)} ago"
         ),
     ]
     if entry.parent_pid is not None:
@@ -173,7 +162,7 @@ def cmd_show(args: argparse.Namespace, io: Io) -> int:
         lines.append(f"  directive    {d.kind.value} by pid {d.parent_pid} session {d.parent_session_id}")
     if entry.resumable is not None:
         r = entry.resumable
-        lines.append(f"  resumable    {r.reason} {_age(now, r.at)} ago; task {r.task_ref or '-'}")
+        lines.append(f"  resumable    {r.reason} {age(r.at, now)} ago; task {r.task_ref or '-'}")
         if r.task_summary:
             lines.append(f"    summary    {r.task_summary[:200]}")
     for handoff in entry.handoffs:
@@ -183,7 +172,7 @@ def cmd_show(args: argparse.Namespace, io: Io) -> int:
         ended = entry.exit
         lines.append(f"  exit         {ended.kind.value} code {ended.code} signal {ended.signal}")
     for block in blocked:
-        lines.append(f"  blocked      {_age(now, block['at'])} ago {block['tool']} {block['path'] or '-'}")
+        lines.append(f"  blocked      {age(block['at'], now)} ago {block['tool']} {block['path'] or '-'}")
         lines.append(f"    reason     {str(block['reason'] or '-')[:300]}")
     io.out.write("\n".join(lines) + "\n")
     return EXIT_OK
@@ -194,7 +183,7 @@ SHOWN_BLOCKS = 5
 
 def _tool_blocks(store: MatrixStore, key: str) -> list[dict[str, Any]]:
     """The last few tool calls the worker's envelope blocked (its host records each one)."""
-    from ..supervise.mailbox import EventLog
+    from ..matrix.mailbox import EventLog
 
     found: list[dict[str, Any]] = []
     for event in EventLog(store, key).tail(2000):
@@ -221,7 +210,7 @@ def cmd_repair(args: argparse.Namespace, io: Io) -> int:
             "use --dry-run to see what repair would do, or enable the matrix in settings.json\n"
         )
         return EXIT_USAGE
-    actions = _store(args).repair(dry_run=args.dry_run)
+    actions = store_of(args).repair(dry_run=args.dry_run)
     if args.json:
         io.out.write(json.dumps([attrs.asdict(a) for a in actions], indent=2) + "\n")
         return EXIT_OK

@@ -5,7 +5,6 @@ cannot drift from the commands."""
 
 from __future__ import annotations
 
-import argparse
 import os
 
 __all__ = ["reference"]
@@ -13,6 +12,7 @@ __all__ = ["reference"]
 
 def reference() -> str:
     from .app import build_parser
+    from .base import public_verbs
 
     os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal: fix it for a stable file
     parser = build_parser()
@@ -24,10 +24,8 @@ def reference() -> str:
         parser.format_help().rstrip(),
         "```\n",
     ]
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                parts += [f"## pi-matrix {name}\n", "```text", sub.format_help().rstrip(), "```\n"]
+    for name, sub in public_verbs(parser):
+        parts += [f"## pi-matrix {name}\n", "```text", sub.format_help().rstrip(), "```\n"]
     return "\n".join(parts)
 
 

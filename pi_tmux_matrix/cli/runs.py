@@ -16,7 +16,7 @@ from ..settings import load_settings, resolve_state_dir
 
 if TYPE_CHECKING:
     from ..runs import ForkRun
-    from .app import Io
+    from .base import Io
 
 __all__ = ["register"]
 
@@ -264,7 +264,7 @@ def _total(total: Any) -> dict[str, Any]:
 def _notify(store: MatrixStore, key: str, text: str) -> None:
     """The finished fork's report, to the parent agent's session through its host (a prompt)."""
     from .. import procs
-    from ..supervise.mailbox import Inbox
+    from ..matrix.mailbox import Inbox
 
     entry = store.find(key)
     if entry is None or not procs.is_alive(entry.process):

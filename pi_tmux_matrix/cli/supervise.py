@@ -31,13 +31,13 @@ from ..identity import (
     validate_id,
     validate_task_ref,
 )
+from ..matrix import lifecycle
+from ..matrix.mailbox import Inbox
 from ..matrix.model import Entry, Handoff, Status
 from ..matrix.reconcile import reconcile
 from ..matrix.store import MatrixStore, now_ms
-from ..settings import load_settings, resolve_state_dir
-from ..supervise import lifecycle
+from ..settings import load_settings
 from ..supervise.host import AgentHost, HostHooks, HostSpec
-from ..supervise.mailbox import Inbox
 from ..supervise.master import (
     TASK_STATES,
     ActivationReport,
@@ -51,9 +51,10 @@ from ..supervise.master import (
     require_master,
 )
 from ..supervise.relaunch import DetachedHostRelauncher, Relauncher
+from .base import store_of
 
 if TYPE_CHECKING:
-    from .app import Io
+    from .base import Io
 
 __all__ = ["register"]
 
@@ -193,9 +194,6 @@ def _identity_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--task-summary", default="", metavar="TEXT", help="a bounded summary of the task")
 
 
-def _store(args: argparse.Namespace) -> MatrixStore:
-    return MatrixStore(resolve_state_dir(args.state_dir))
-
 
 def _abs(path: str | None) -> str | None:
     return os.path.abspath(path) if path else None
@@ -250,7 +248,23 @@ def cmd_host(args: argparse.Namespace, io: Io) -> int:
         stop_grace_s=args.stop_grace,
         rpc_prompt=args.rpc_prompt,
     )
-    return AgentHost(spec, _store(args), settings, out=io.out).run()
+    hooks = HostHooks(on_agent_end=abort_forks)
+    return AgentHost(spec, store_of(args), settings, hooks=hooks, out=io.out).run()
+
+
+def abort_forks(host: AgentHost) -> None:
+    """The agent's session shut down: its running fork runs are stopped and failed (seed 003)."""
+    from ..runs import abort_runs
+
+    entry = host.entry
+    session_file = entry.identity.session_file if entry is not None else None
+    try:
+        stopped = abort_runs(host.store, parent_session_file=session_file, parent_key=host.key)
+    except PiMatrixError as exc:
+        host.events.write("fork_abort_failed", error=str(exc))
+        return
+    for run in stopped:
+        host.events.write("fork_aborted", run=run.id, status=run.status.value)
 
 
 STATUS_COLOURS: dict[str, str] = {
@@ -380,7 +394,7 @@ def cmd_master(args: argparse.Namespace, io: Io) -> int:
                 io.err.write(f"pi-matrix: error: cannot start {argv[0]!r}: {exc.strerror}\n")
                 return 127
         return EXIT_OK
-    store = _store(args)
+    store = store_of(args)
     env_contract = parse_env()
     task_ref = args.task_ref or env_contract.task_ref
     contract = attrs.evolve(env_contract, parent_pid=None, parent_session=None, task_ref=task_ref)
@@ -472,7 +486,7 @@ def cmd_master(args: argparse.Namespace, io: Io) -> int:
             master.task_ref = host.spec.contract.task_ref
             _print_report(master.activate(), io)
 
-    hooks = HostHooks(on_registered, on_tick, on_switch)
+    hooks = HostHooks(on_registered, on_tick, on_switch, on_agent_end=abort_forks)
     return AgentHost(spec, store, settings, hooks=hooks, out=io.out).run()
 
 
@@ -502,7 +516,7 @@ def _orphan_rows(store: MatrixStore) -> tuple[list[dict[str, Any]], list[str]]:
 
 def cmd_scan(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix scan [--json]``: report only."""
-    rows, problems = _orphan_rows(_store(args))
+    rows, problems = _orphan_rows(store_of(args))
     for line in problems:
         io.err.write(f"pi-matrix: warning: {line}\n")
     if args.json:
@@ -521,7 +535,7 @@ def cmd_scan(args: argparse.Namespace, io: Io) -> int:
 
 def cmd_reconcile(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix reconcile [--dry-run] [--json]``."""
-    store = _store(args)
+    store = store_of(args)
     listing = store.list()
     plan = reconcile(listing.entries, gather_facts(listing.entries))
     if args.dry_run:
@@ -554,7 +568,7 @@ def _worker(store: MatrixStore, key: str) -> Entry:
 
 def cmd_adopt(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix adopt KEY [--parent-pid P --parent-session S]``."""
-    store = _store(args)
+    store = store_of(args)
     entry = _worker(store, args.key)
     master, session = require_master(owning_master(store, args.parent_pid, args.parent_session))
     if entry.status in (Status.TERMINAL, Status.CLOSED):
@@ -569,7 +583,7 @@ def cmd_adopt(args: argparse.Namespace, io: Io) -> int:
 
 def cmd_cleanup(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix cleanup KEY``."""
-    store = _store(args)
+    store = store_of(args)
     entry = _worker(store, args.key)
     found = calling_master(store)
     session = found[1] if found else None
@@ -590,7 +604,7 @@ def _live_host(store: MatrixStore, key: str) -> Entry:
 
 def cmd_send(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix send KEY (--steer T | --prompt T | --abort)``."""
-    store = _store(args)
+    store = store_of(args)
     _live_host(store, args.key)
     if args.abort:
         kind, text = "abort", ""
@@ -609,7 +623,7 @@ def cmd_stop(args: argparse.Namespace, io: Io) -> int:
         from .dispatch import stop_job
 
         return stop_job(args, io)
-    store = _store(args)
+    store = store_of(args)
     entry = _live_host(store, args.key)
     what = f"{args.key} (agent {entry.identity.agent_id}, host pid {entry.pid}, child pid {entry.child_pid})"
     if not args.confirm:
@@ -638,7 +652,7 @@ def _node(entry: Entry, now: int) -> dict[str, Any]:
 
 def cmd_tree(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix tree [--json]``."""
-    store = _store(args)
+    store = store_of(args)
     listing = store.list()
     now = now_ms()
     masters = [e for e in listing.entries if e.role is Role.MASTER]

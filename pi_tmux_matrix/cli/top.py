@@ -27,9 +27,10 @@ from ..inotify import available as inotify_available
 from ..matrix.model import Entry, Status
 from ..matrix.store import MatrixStore, now_ms
 from ..settings import resolve_state_dir
+from .base import age
 
 if TYPE_CHECKING:
-    from .app import Io
+    from .base import Io
 
 __all__ = ["register", "rows"]
 
@@ -50,14 +51,6 @@ def register(sub: Any, epilog: str) -> None:
     top.add_argument("--parent-session", metavar="ID", help="the adopting master's session id")
     top.set_defaults(handler=cmd_top)
 
-
-def _age(ms: int | None, now: int) -> str:
-    if ms is None:
-        return "-"
-    seconds = max(0, (now - ms) // 1000)
-    return (
-        f"{seconds}s" if seconds < 120 else (f"{seconds // 60}m" if seconds < 7200 else f"{seconds // 3600}h")
-    )
 
 
 def rows(store: MatrixStore) -> list[tuple[Entry | None, tuple[str, ...]]]:
@@ -85,7 +78,7 @@ def rows(store: MatrixStore) -> list[tuple[Entry | None, tuple[str, ...]]]:
         status = entry.status.value + (f" ({entry.reason})" if entry.reason else "")
         return entry, (
             indent + entry.key, status, alive, entry.identity.lane or "-", entry.task_ref or "-",
-            _age(entry.created_at, now), _age(entry.heartbeat_at, now), str(len(entry.undelivered)),
+            age(entry.created_at, now), age(entry.heartbeat_at, now), str(len(entry.undelivered)),
             targets.get(entry.key, "-"),
         )  # fmt: skip
 
@@ -165,8 +158,8 @@ class Top:
         self.io.out.flush()
 
     def act(self, key: str, entry: Entry | None, terminal: _Terminal) -> None:
-        from ..supervise import lifecycle
-        from ..supervise.mailbox import Inbox
+        from ..matrix import lifecycle
+        from ..matrix.mailbox import Inbox
         from ..supervise.master import handshake, require_master
 
         if entry is None or entry.role is not Role.WORKER:
@@ -210,7 +203,7 @@ class Top:
     def resume(self, entry: Entry, who: str, terminal: _Terminal) -> None:
         from ..dispatch.model import Relaunch
         from ..dispatch.plugins import plugin_manager
-        from ..supervise.master import require_master
+        from ..matrix.owners import require_master
         from .dispatch import default_socket
 
         master, session = require_master(self.owner)
@@ -258,7 +251,7 @@ class Top:
 
 def cmd_top(args: argparse.Namespace, io: Io) -> int:
     store = MatrixStore(resolve_state_dir(args.state_dir))
-    from ..supervise.master import owning_master
+    from ..matrix.owners import owning_master
 
     owner = owning_master(store, args.parent_pid, args.parent_session)
     interactive = not args.once and sys.stdin.isatty() and sys.stdout.isatty() and io.out is sys.stdout

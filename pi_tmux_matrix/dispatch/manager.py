@@ -19,19 +19,20 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import attrs
 import pluggy
 
 from .. import procs
 from ..contract import (
-    ENV_AGENT_ID,
-    ENV_ALLOWED_PATHS,
-    ENV_PARENT_PID,
-    ENV_PARENT_SESSION,
-    ENV_TASK_REF,
-    ENV_WORKTREE_LANE,
+    ENV_BLOCKED_MARKER,
+    ENV_DONE_MARKER,
+    ENV_PI_COMMAND,
+    ENV_PROFILE,
+    ENV_STATE_DIR,
+    NEVER_INHERITED,
+    PASS_ENV,
 )
 from ..errors import (
     ContractError,
@@ -42,16 +43,17 @@ from ..errors import (
     TmuxUnavailable,
 )
 from ..identity import AgentIdentityContract, ProcessIdentity, Role, validate_id, validate_task_ref
+from ..matrix import lifecycle
+from ..matrix.mailbox import Inbox
 from ..matrix.model import Entry, Status, bounded
+from ..matrix.owners import owning_master
 from ..matrix.store import MatrixStore, RecordStore, now_ms
-from ..settings import ENV_STATE_DIR, MatrixSettings, agent_dir
-from ..supervise import lifecycle
-from ..supervise.master import owning_master
-from ..supervise.relaunch import ENV_PI_COMMAND, host_argv, pi_command, spawn_detached
+from ..programs import host_argv, pi_command, spawn_detached, watch_argv
+from ..settings import MatrixSettings, agent_dir
 from .jobs import JobStore, new_job_id, new_nonce, result_now
 from .model import AgentLaunch, AgentResult, Job, JobAgent, ResultKind
 from .plugins import plugin_manager
-from .watch import stop_agents, watch_argv
+from .watch import stop_agents
 
 __all__ = [
     "DEFAULT_SOCKET",
@@ -72,17 +74,8 @@ LIVE: Final = frozenset(
     {Status.LAUNCHING, Status.RUNNING, Status.WINDING_DOWN, Status.ADOPTED, Status.RESUMABLE}
 )
 
-# Never inherited by a pane from whoever started the tmux server: each launch sets its own.
-SCRUB_ENV: Final = (
-    ENV_PARENT_PID, ENV_PARENT_SESSION, ENV_AGENT_ID, ENV_TASK_REF, ENV_ALLOWED_PATHS, ENV_WORKTREE_LANE,
-    "PI_MATRIX_KEY", "PI_MATRIX_MAILBOX", "PI_MATRIX_HOST_PID", "PI_MATRIX_DONE_MARKER",
-    "PI_MATRIX_BLOCKED_MARKER", "PI_MATRIX_PROFILE",
-)  # fmt: skip
-# Passed explicitly on every launch: a long-lived tmux server keeps the env of its first client.
-PASS_ENV: Final = (
-    "PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "PI_CODING_AGENT_DIR",
-    "PI_OFFLINE", "NO_PROXY", "no_proxy", "PI_MATRIX_PI_COMMAND", "STANDIN_STEPS", "STANDIN_STEP_S",
-)  # fmt: skip
+# Deprecated name: contract.NEVER_INHERITED is the one home of this list.
+SCRUB_ENV: Final = tuple(sorted(NEVER_INHERITED))
 
 
 @attrs.frozen
@@ -409,28 +402,47 @@ class Dispatcher:
         env: dict[str, str] = {k: self.env[k] for k in PASS_ENV if self.env.get(k)}
         env[ENV_STATE_DIR] = str(self.store.root)
         env.update(dict(profile.env))
-        env["PI_MATRIX_DONE_MARKER"] = f"DONE:{launch.nonce}"
-        env["PI_MATRIX_BLOCKED_MARKER"] = f"BLOCKED:{launch.nonce}"
+        env[ENV_DONE_MARKER] = f"DONE:{launch.nonce}"
+        env[ENV_BLOCKED_MARKER] = f"BLOCKED:{launch.nonce}"
         # The bridge names the worker's profile in its appended system prompt (its identity).
-        env["PI_MATRIX_PROFILE"] = profile.name
-        owners: dict[str, str] = {}
-        # Each plugin's contribution by name, so two plugins fighting over a variable are named.
-        for impl in reversed(self.plugins.hook.launch_env.get_hookimpls()):
-            try:
-                contributed = cast("dict[str, str] | None", impl.function(launch=launch)) or {}
-            except Exception as exc:  # a plugin's bug must name the plugin
-                raise DispatchError(
-                    f"fire: plugin {impl.plugin_name!r} failed in launch_env ({exc}); fix or uninstall it"
-                ) from exc
-            for key, value in contributed.items():
-                if key in owners and env.get(key) != value:
-                    raise DispatchError(
-                        f"fire: plugins {owners[key]!r} and {impl.plugin_name!r} both set {key} to "
-                        "different values; uninstall or fix one of them"
-                    )
-                env[key] = str(value)
-                owners[key] = impl.plugin_name
+        env[ENV_PROFILE] = profile.name
+        env.update(self._plugin_env(launch))
         return env
+
+    def _plugin_env(self, launch: AgentLaunch) -> dict[str, str]:
+        """Every plugin's ``launch_env``, called once through pluggy (so hook wrappers wrap it). No
+        plugin may override another's variable: a disagreement fails the launch naming both."""
+        try:
+            contributions = self.plugins.hook.launch_env(launch=launch)
+        except Exception as exc:  # a plugin's bug must name the plugin
+            culprit = _culprit(self.plugins, "launch_env", exc)
+            raise DispatchError(
+                f"fire: plugin {culprit!r} failed in launch_env ({exc}); fix or uninstall it"
+            ) from exc
+        merged: dict[str, str] = {}
+        for contributed in contributions:
+            for key, value in (contributed or {}).items():
+                if key in merged and merged[key] != str(value):
+                    first, second = self._env_owners(launch, key)
+                    raise DispatchError(
+                        f"fire: plugins {first!r} and {second!r} both set {key} to different values; "
+                        "uninstall or fix one of them"
+                    )
+                merged[key] = str(value)
+        return merged
+
+    def _env_owners(self, launch: AgentLaunch, key: str) -> tuple[str, str]:
+        """The two plugins that set ``key`` (only on a conflict): each plugin's hook asked alone,
+        still through pluggy, in registration order."""
+        impls = [i for i in self.plugins.hook.launch_env.get_hookimpls() if not (i.hookwrapper or i.wrapper)]
+        setters: list[str] = []
+        for impl in impls:
+            others = [i.plugin for i in impls if i is not impl]
+            alone = self.plugins.subset_hook_caller("launch_env", remove_plugins=others)
+            if any(key in (part or {}) for part in alone(launch=launch)):
+                setters.append(impl.plugin_name)
+        setters += ["unknown", "unknown"]
+        return setters[0], setters[1]
 
     # -- fire ----------------------------------------------------------------------------------------
     def fire(self, request: FireRequest) -> FireResult:
@@ -472,11 +484,15 @@ class Dispatcher:
         return FireResult(job, tuple(planned), False)
 
     def _notify(self, hook: str, **kwargs: Any) -> None:
-        """Call a notification hook plugin by plugin: one failing plugin is reported, never allowed
-        to undo a launch or a result, nor to keep the others from hearing of it."""
-        for impl in getattr(self.plugins.hook, hook).get_hookimpls():
+        """Call a notification hook through pluggy, one plugin at a time (each call wrapped by every
+        wrapper plugin): a failing plugin is reported by name, never allowed to undo a launch or a
+        result, nor to keep the plugins after it from hearing of it."""
+        caller = getattr(self.plugins.hook, hook)
+        plain = [i for i in caller.get_hookimpls() if not (i.hookwrapper or i.wrapper)]
+        for impl in reversed(plain):  # pluggy's own order: the last registered first
+            others = [i.plugin for i in plain if i is not impl]
             try:
-                impl.function(**{name: kwargs[name] for name in impl.argnames})
+                self.plugins.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
             except Exception as exc:  # noqa: BLE001 - a plugin's bug is reported, not propagated
                 log.warning("plugin %r failed in %s: %s", impl.plugin_name, hook, exc)
 
@@ -535,7 +551,9 @@ class Dispatcher:
             self.store.create(entry)
 
     def _start_watcher(self, job: Job, agent: JobAgent) -> None:
-        argv = watch_argv(self.store.root, job.id, agent, agent.round)
+        tmux = agent.backend == "tmux" and agent.socket is not None and agent.pane_id is not None
+        pane = (agent.socket or DEFAULT_SOCKET, agent.pane_id or "") if tmux else None
+        argv = watch_argv(self.store.root, job.id, agent.agent_id, agent.round, pane=pane, follow=agent.log)
         if agent.backend == "tmux" and agent.pane_id is not None:
             from .tmux import TmuxServer
 
@@ -752,8 +770,6 @@ class Dispatcher:
             return attrs.evolve(current, agents=tuple(agents))
 
         job = self.jobs.update(job_id, rearm)
-        from ..supervise.mailbox import Inbox
-
         for agent in job.agents:
             if agent.agent_id not in rearmed:
                 continue
@@ -797,6 +813,21 @@ class Dispatcher:
         if survivors:
             raise DispatchError(_survived("stop", job_id, survivors))
         return job, written
+
+
+def _culprit(plugins: pluggy.PluginManager, hook: str, exc: BaseException) -> str:
+    """The plugin whose hook implementation raised ``exc``: the innermost traceback frame that runs
+    one of the hook's implementations (pluggy keeps them on the traceback)."""
+    codes = {
+        getattr(impl.function, "__code__", None): impl.plugin_name
+        for impl in getattr(plugins.hook, hook).get_hookimpls()
+    }
+    name = "unknown"
+    tb = exc.__traceback__
+    while tb is not None:
+        name = codes.get(tb.tb_frame.f_code, name)
+        tb = tb.tb_next
+    return name
 
 
 def _survived(verb: str, job_id: str, survivors: Sequence[JobAgent]) -> str:

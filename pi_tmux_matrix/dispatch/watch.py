@@ -1,7 +1,7 @@
 """One agent's completion watcher: event-driven, one per agent and marker round.
 
-``python -m pi_tmux_matrix.dispatch.watch --state-dir D --job J --agent A --round N
-(--socket S --pane P | --follow LOG)``
+Run as the hidden verb ``pi-matrix --state-dir D watch --job J --agent A --round N
+(--socket S --pane P | --follow LOG)`` (:func:`pi_tmux_matrix.programs.watch_argv`).
 
 tmux backend: tmux ``pipe-pane`` feeds the pane's output to this process's stdin (no
 capture-pane polling; one capture of the history at start catches what the agent printed
@@ -17,7 +17,6 @@ and writes exactly one result for its round, for whichever comes first:
 
 from __future__ import annotations
 
-import argparse
 import codecs
 import contextlib
 import logging
@@ -25,24 +24,23 @@ import os
 import re
 import selectors
 import signal
-import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Final
 
 import attrs
+import pluggy
 
 from .. import procs
 from ..errors import PiMatrixError, TmuxUnavailable
 from ..inotify import DirWatch
 from ..inotify import available as inotify_available
+from ..matrix.mailbox import EventLog, Inbox
 from ..matrix.store import MatrixStore, now_ms
-from ..supervise.mailbox import EventLog, Inbox
 from .jobs import JobStore, result_now
 from .model import AgentResult, Job, JobAgent, ResultKind
 
-__all__ = ["MarkerScanner", "Watcher", "main", "watch_argv"]
+__all__ = ["MarkerScanner", "Watcher", "stop_agents"]
 
 log = logging.getLogger(__name__)
 
@@ -98,22 +96,6 @@ class MarkerScanner:
         return None
 
 
-def watch_argv(
-    state_dir: Path, job_id: str, agent: JobAgent, round_: int, *, python: str = sys.executable
-) -> list[str]:
-    """The watcher's argv for one agent round (tmux: the pipe-pane command)."""
-    argv = [
-        python, "-m", "pi_tmux_matrix.dispatch.watch", "--state-dir", str(state_dir),
-        "--job", job_id, "--agent", agent.agent_id, "--round", str(round_),
-    ]  # fmt: skip
-    if agent.backend == "tmux":
-        assert agent.socket is not None and agent.pane_id is not None
-        argv += ["--socket", agent.socket, "--pane", agent.pane_id]
-    elif agent.log is not None:
-        argv += ["--follow", agent.log]
-    return argv
-
-
 @attrs.define
 class Watcher:
     store: MatrixStore
@@ -123,6 +105,10 @@ class Watcher:
     follow: str | None = None
     socket: str | None = None
     pane: str | None = None
+    # Both come from where the program starts (the hidden ``pi-matrix watch`` verb): the plugin
+    # manager, and the fd tmux's ``pipe-pane`` writes the pane's output to (its stdin).
+    plugins: pluggy.PluginManager | None = None
+    pipe_fd: int | None = None
     jobs: JobStore = attrs.field(init=False)
     scanner: MarkerScanner = attrs.field(init=False)
     events: EventLog = attrs.field(init=False)
@@ -140,10 +126,9 @@ class Watcher:
         if not self.jobs.put_result(result):
             return None  # someone saw the end first (a stop, another watcher): theirs stands
         self.events.write("result", job=self.job.id, round=self.round, kind=kind.value, detail=detail[:200])
-        with contextlib.suppress(Exception):  # a plugin's failure never loses a written result
-            from .plugins import plugin_manager
-
-            plugin_manager().hook.on_terminal(job=self.job, result=result)
+        if self.plugins is not None:
+            with contextlib.suppress(Exception):  # a plugin's failure never loses a written result
+                self.plugins.hook.on_terminal(job=self.job, result=result)
         return result
 
     def superseded(self) -> bool:
@@ -187,58 +172,19 @@ class Watcher:
         pidfd = procs.open_pidfd(host) if host is not None else None
         if pidfd is None:
             self._scan_history()
-            if self._marker_found():
-                return 0
-            self.host_ended()
+            if not self._marker_found():
+                self.host_ended()
             return 0
         selector = selectors.DefaultSelector()
         selector.register(pidfd, selectors.EVENT_READ, "host")
-        source_fd: int | None = None
-        follow_fd: int | None = None
-        dir_watch: DirWatch | None = None
-        if self.follow is not None:
-            follow_fd = os.open(self.follow, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            if inotify_available():
-                dir_watch = DirWatch(self.follow, modify=True)
-                selector.register(dir_watch.fd, selectors.EVENT_READ, "follow")
-        else:
-            source_fd = sys.stdin.fileno()
-            os.set_blocking(source_fd, False)
-            selector.register(source_fd, selectors.EVENT_READ, "pipe")
+        follow_fd, dir_watch = self._open_sources(selector)
         try:
             self._scan_history()
             if self._marker_found() or (follow_fd is not None and self._read_follow(follow_fd)):
                 return 0
-            while True:
-                remaining = (self.agent.deadline_at - now_ms()) / 1000
-                if remaining <= 0:
-                    self.on_deadline()
-                    return 0
-                # The fallback poll covers a lost wake-up and a log written without inotify.
-                ready = selector.select(
-                    timeout=min(remaining, 1.0 if dir_watch is None and follow_fd else 30.0)
-                )
-                for key, _ in ready:
-                    if key.data == "host":
-                        self._drain(source_fd, follow_fd)
-                        if not self._marker_found():
-                            self.host_ended()
-                        return 0
-                    if key.data == "pipe":
-                        assert source_fd is not None
-                        if self._read_pipe(source_fd):
-                            return 0
-                        if self._pipe_closed:
-                            selector.unregister(source_fd)
-                            if self.superseded():
-                                return 0
-                    if key.data == "follow":
-                        assert dir_watch is not None
-                        dir_watch.drain()
-                if follow_fd is not None and self._read_follow(follow_fd):
-                    return 0
-                if self.superseded():
-                    return 0
+            while not self._step(selector, follow_fd, dir_watch):
+                pass
+            return 0
         finally:
             selector.close()
             os.close(pidfd)
@@ -246,6 +192,51 @@ class Watcher:
                 os.close(follow_fd)
             if dir_watch is not None:
                 dir_watch.close()
+
+    def _open_sources(self, selector: selectors.BaseSelector) -> tuple[int | None, DirWatch | None]:
+        """The agent's output: the host's log (followed, woken by inotify where there is one) or
+        the pane's pipe (``pipe_fd``, tmux ``pipe-pane`` writing to the watcher's stdin)."""
+        if self.follow is not None:
+            follow_fd = os.open(self.follow, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            dir_watch = DirWatch(self.follow, modify=True) if inotify_available() else None
+            if dir_watch is not None:
+                selector.register(dir_watch.fd, selectors.EVENT_READ, "follow")
+            return follow_fd, dir_watch
+        if self.pipe_fd is not None:
+            os.set_blocking(self.pipe_fd, False)
+            selector.register(self.pipe_fd, selectors.EVENT_READ, "pipe")
+        return None, None
+
+    def _step(
+        self, selector: selectors.BaseSelector, follow_fd: int | None, dir_watch: DirWatch | None
+    ) -> bool:
+        """One wait of the loop; True when this round's result is written (or someone else's is)."""
+        remaining = (self.agent.deadline_at - now_ms()) / 1000
+        if remaining <= 0:
+            self.on_deadline()
+            return True
+        # The fallback poll covers a lost wake-up and a log written without inotify.
+        ready = selector.select(timeout=min(remaining, 1.0 if dir_watch is None and follow_fd else 30.0))
+        for key, _ in ready:
+            if key.data == "host":
+                self._drain(self.pipe_fd if self.follow is None else None, follow_fd)
+                if not self._marker_found():
+                    self.host_ended()
+                return True
+            if key.data == "pipe":
+                assert self.pipe_fd is not None
+                if self._read_pipe(self.pipe_fd):
+                    return True
+                if self._pipe_closed:
+                    selector.unregister(self.pipe_fd)
+                    if self.superseded():
+                        return True
+            if key.data == "follow":
+                assert dir_watch is not None
+                dir_watch.drain()
+        if follow_fd is not None and self._read_follow(follow_fd):
+            return True
+        return self.superseded()
 
     _found: tuple[ResultKind, str] | None = None
     _pipe_closed: bool = False
@@ -367,37 +358,3 @@ def _close_pane(agent: JobAgent, host: procs.ProcessIdentity | None) -> None:
         if running is not None and host is not None and running != host:
             return
         server.kill_pane(agent.pane_id)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="pi-matrix-watch", description=__doc__.splitlines()[0])
-    parser.add_argument("--state-dir", required=True)
-    parser.add_argument("--job", required=True)
-    parser.add_argument("--agent", required=True)
-    parser.add_argument("--round", type=int, required=True)
-    parser.add_argument("--socket")
-    parser.add_argument("--pane")
-    parser.add_argument("--follow")
-    args = parser.parse_args(argv)
-    # tmux closes the pipe when the pane goes; a hang-up must not cost the result.
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    logging.basicConfig(level=logging.WARNING, format="pi-matrix-watch: %(message)s")
-    store = MatrixStore(args.state_dir)
-    try:
-        job = JobStore(store).get(args.job)
-        agent = job.agent(args.agent)
-        if agent is None:
-            log.error("job %s has no agent %s", args.job, args.agent)
-            return 2
-        watcher = Watcher(
-            store, job, agent, args.round, follow=args.follow, socket=args.socket, pane=args.pane
-        )
-        return watcher.run()
-    except PiMatrixError as exc:
-        log.error("%s", exc)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

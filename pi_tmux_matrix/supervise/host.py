@@ -32,11 +32,12 @@ from ..errors import Conflict, PiMatrixError
 from ..identity import AgentIdentityContract, Mode, ProcessIdentity, Role, validate_id, validate_task_ref
 from ..inotify import DirWatch
 from ..inotify import available as inotify_available
+from ..matrix import lifecycle
+from ..matrix.mailbox import AgentNotices, EventLog, Inbox, Message
 from ..matrix.model import DirectiveKind, Entry, ExitKind, ExitRecord, Status
 from ..matrix.store import MatrixStore, now_ms
+from ..programs import cli_argv
 from ..settings import MatrixSettings
-from . import lifecycle
-from .mailbox import AgentNotices, EventLog, Inbox, Message
 
 __all__ = ["AgentHost", "HostHooks", "HostSpec", "exit_code_of"]
 
@@ -77,6 +78,9 @@ class HostHooks:
     on_registered: Callable[[AgentHost], None] | None = None
     on_tick: Callable[[AgentHost], None] | None = None
     on_switch: Callable[[AgentHost, str], None] | None = None
+    # The agent's session shut down (its child ended): what depends on it is ended too, e.g. its
+    # running fork runs (seed 003); fork/ sits above supervise/, so the program wires it in.
+    on_agent_end: Callable[[AgentHost], None] | None = None
 
 
 def exit_code_of(returncode: int) -> int:
@@ -188,7 +192,7 @@ class AgentHost:
                 ENV_MAILBOX: str(self.notices.ensure()),
                 ENV_HOST_PID: str(self.me.pid),
                 # How the bridge runs this same pi-matrix (a master's tmux_agent_manager tool).
-                ENV_CLI: json.dumps([sys.executable, "-m", "pi_tmux_matrix"]),
+                ENV_CLI: json.dumps(cli_argv(None)),
             }
         )
         return env
@@ -654,7 +658,8 @@ class AgentHost:
     def _record_end(self, returncode: int) -> None:
         record = self._classify(returncode)
         self.events.write("child_exited", kind=record.kind.value, code=record.code, signal=record.signal)
-        self._abort_forks()
+        if self.hooks.on_agent_end is not None:
+            self.hooks.on_agent_end(self)
         now = now_ms()
         if self.stop_reason == "grace_expired":
             # Expiry leaves the entry resumable for a future session; only the exit is noted.
@@ -677,19 +682,6 @@ class AgentHost:
 
         self.write(finish)
 
-    def _abort_forks(self) -> None:
-        """The agent's session shut down: its running fork runs are stopped and failed (seed 003)."""
-        from ..runs import abort_runs
-
-        session_file = self.entry.identity.session_file if self.entry is not None else None
-        try:
-            stopped = abort_runs(self.store, parent_session_file=session_file, parent_key=self.key)
-        except PiMatrixError as exc:
-            self.events.write("fork_abort_failed", error=str(exc))
-            return
-        for run in stopped:
-            self.events.write("fork_aborted", run=run.id, status=run.status.value)
-
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> int:
         """Register, run the child (if any), supervise until it ends; returns its exit code."""
@@ -706,9 +698,7 @@ class AgentHost:
                 try:
                     self._spawn()
                 except OSError as exc:
-                    print(
-                        f"pi-matrix host: cannot start {self.spec.argv[0]!r}: {exc.strerror}", file=sys.stderr
-                    )
+                    log.error("host: cannot start %r: %s", self.spec.argv[0], exc.strerror)
                     self.events.write("spawn_failed", error=str(exc))
                     self._record_end(127)
                     return 127

@@ -16,13 +16,14 @@ from typing import IO, Final, Protocol
 import attrs
 
 from .. import procs
-from ..errors import Conflict, ContractError, NotFound, PiMatrixError
-from ..identity import ProcessIdentity, Role, validate_id
+from ..errors import Conflict, NotFound, PiMatrixError
+from ..identity import ProcessIdentity, Role
+from ..matrix import lifecycle
+from ..matrix.mailbox import Inbox
 from ..matrix.model import Entry, Handoff, Status
+from ..matrix.owners import calling_master, owning_master, require_master
 from ..matrix.reconcile import ActionKind, Facts, Plan, reconcile
 from ..matrix.store import MatrixStore, now_ms
-from . import lifecycle
-from .mailbox import Inbox
 from .relaunch import Relauncher, ResumeRefused
 
 __all__ = [
@@ -284,42 +285,3 @@ class Master:
             self.store.update(key, mark)
         except PiMatrixError as exc:
             log.warning("%s: handoff %s delivered but not yet acknowledged: %s", key, handoff_id, exc)
-
-
-def calling_master(store: MatrixStore) -> tuple[ProcessIdentity, str] | None:
-    """The nearest ancestor process registered as a live master, with its session id."""
-    masters = {
-        (e.pid, e.proc_start): e.identity.session_id
-        for e in store.list().entries
-        if e.role is Role.MASTER and e.pid is not None and e.status not in (Status.TERMINAL, Status.CLOSED)
-    }
-    for ancestor in procs.ancestors():
-        session = masters.get((ancestor.pid, ancestor.start_ticks))
-        if session is not None:
-            return ancestor, session
-    return None
-
-
-def owning_master(
-    store: MatrixStore, parent_pid: int | None, parent_session: str | None
-) -> tuple[ProcessIdentity, str] | None:
-    """The master an owner command acts for: ``--parent-pid``/``--parent-session`` when given
-    (both, a live pid), else the calling master; None when there is none."""
-    if parent_pid is None and parent_session is None:
-        return calling_master(store)
-    if parent_pid is None or parent_session is None:
-        raise ContractError("--parent-pid/--parent-session", "only one was given", "give both, or neither")
-    master = procs.identify(parent_pid)
-    if master is None:
-        raise ContractError("--parent-pid", f"no live process {parent_pid}", "name the live master process")
-    return master, validate_id(parent_session, "--parent-session")
-
-
-def require_master(found: tuple[ProcessIdentity, str] | None) -> tuple[ProcessIdentity, str]:
-    """``found``, or the error that says how to get a master."""
-    if found is None:
-        raise ContractError(
-            "parent", "no calling master found",
-            "run it under 'pi-matrix master', or pass --parent-pid and --parent-session",
-        )  # fmt: skip
-    return found

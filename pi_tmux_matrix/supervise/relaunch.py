@@ -8,23 +8,27 @@ generation it observed, so a relaunch that lost a race never overwrites a newer 
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import suppress
-from pathlib import Path
 from typing import Final, Protocol
 
 import attrs
 
 from .. import procs
-from ..contract import ENV_AGENT_ID, ENV_ALLOWED_PATHS, ENV_PARENT_PID, ENV_PARENT_SESSION, ENV_TASK_REF
-from ..errors import Conflict, PiMatrixError
-from ..identity import AgentIdentityContract, Mode, ProcessIdentity
+from ..contract import (
+    ENV_AGENT_ID,
+    ENV_ALLOWED_PATHS,
+    ENV_PI_COMMAND,
+    ENV_TASK_REF,
+    ENV_WORKTREE_LANE,
+    NEVER_INHERITED,
+)
+from ..errors import Conflict, ResumeRefused
+from ..identity import Mode, ProcessIdentity
 from ..matrix.model import Entry, ResumablePayload, Status, bounded
 from ..matrix.store import MatrixStore
+from ..programs import host_argv, pi_command, spawn_detached
 
 __all__ = [
     "ENV_PI_COMMAND",
@@ -37,92 +41,13 @@ __all__ = [
     "wake_prompt",
 ]
 
-ENV_PI_COMMAND: Final = "PI_MATRIX_PI_COMMAND"
 MAX_WAKE: Final = 2000
-
-
-class ResumeRefused(PiMatrixError):
-    """The entry cannot be resumed as it stands; the message says why and what to do."""
 
 
 class Relauncher(Protocol):
     """Relaunch ``entry`` (resumable, dead) under ``parent``; returns the new host pid."""
 
     def __call__(self, entry: Entry, parent: ProcessIdentity, parent_session: str) -> int: ...
-
-
-def pi_command(env: Mapping[str, str] | None = None) -> list[str]:
-    """The argv prefix that runs pi: ``$PI_MATRIX_PI_COMMAND`` (a JSON array) or ``["pi"]``."""
-    source = os.environ if env is None else env
-    raw = source.get(ENV_PI_COMMAND)
-    if not raw:
-        return ["pi"]
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        value = None
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-        raise ResumeRefused(
-            f'{ENV_PI_COMMAND}: not a JSON array of strings; set it like ["/usr/bin/pi"] or unset it'
-        )
-    return list(value)
-
-
-def host_argv(
-    state_dir: Path,
-    *,
-    identity: AgentIdentityContract,
-    task_summary: str,
-    task_ref: str | None,
-    lane: str | None,
-    rpc_prompt: str | None,
-    agent_argv: Sequence[str],
-    parent: tuple[int, str] | None = None,
-    python: str = sys.executable,
-) -> list[str]:
-    """``pi-matrix host …`` for one agent. The parent comes as flags when given, else through the
-    env contract (a tmux launch); the allowed-paths envelope always comes through the env."""
-    argv = [
-        python, "-m", "pi_tmux_matrix", "--state-dir", str(state_dir), "host",
-        "--session-id", identity.session_id, "--agent-id", identity.agent_id,
-        "--cwd", identity.cwd or os.getcwd(),
-        "--mode", identity.mode.value if identity.mode else "interactive",
-        "--task-summary", bounded(task_summary, 400),
-    ]  # fmt: skip
-    if identity.profile:
-        argv += ["--profile", identity.profile]
-    if identity.provider:
-        argv += ["--provider", identity.provider]
-    if identity.session_file:
-        argv += ["--session-file", identity.session_file]
-    if identity.worktree:
-        argv += ["--worktree", identity.worktree]
-    if lane:
-        argv += ["--worktree-lane", lane]
-    if task_ref:
-        argv += ["--task-ref", task_ref]
-    if rpc_prompt is not None:
-        argv += ["--rpc-prompt", rpc_prompt]
-    if parent is not None:
-        argv += ["--parent-pid", str(parent[0]), "--parent-session", parent[1]]
-    for pointer in identity.resource_pointers:
-        argv += ["--resource", pointer]
-    return [*argv, "--", *agent_argv]
-
-
-def spawn_detached(
-    argv: Sequence[str], log_path: Path, *, cwd: str | None = None, env: Mapping[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    """Start ``argv`` (a list, never a shell) in its own session with no stdin, its output appended
-    to ``log_path`` (0600, never through a symlink): a process that outlives whoever started it."""
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        return subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, cwd=cwd, env=env,
-            start_new_session=True, close_fds=True,
-        )  # fmt: skip
-    finally:
-        os.close(fd)
 
 
 def wake_prompt(payload: ResumablePayload) -> str:
@@ -196,13 +121,12 @@ class DetachedHostRelauncher:
             key: value
             for key, value in os.environ.items()
             # The launcher's own contract never passes on: this worker's comes from its payload.
-            if key not in (ENV_PARENT_PID, ENV_PARENT_SESSION, ENV_TASK_REF, ENV_AGENT_ID, ENV_ALLOWED_PATHS)
-            and key != "PI_WORKTREE_LANE"
+            if key not in NEVER_INHERITED
         }
         env[ENV_AGENT_ID] = identity.agent_id
         env[ENV_ALLOWED_PATHS] = "[]"
         if identity.lane:
-            env["PI_WORKTREE_LANE"] = identity.lane
+            env[ENV_WORKTREE_LANE] = identity.lane
         if payload.task_ref:
             env[ENV_TASK_REF] = payload.task_ref
         return host, env, identity.cwd

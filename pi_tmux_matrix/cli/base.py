@@ -1,0 +1,74 @@
+"""What every verb module shares: the output sink (``Io``), the parser class and the epilog.
+
+Kept apart from ``app`` so verb modules never import the module that imports them.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from typing import IO, Final
+
+import attrs
+
+from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
+from ..matrix.store import MatrixStore, now_ms
+from ..settings import resolve_state_dir
+
+__all__ = ["EPILOG", "Io", "Parser", "age", "public_verbs", "store_of"]
+
+EPILOG: Final = f"""\
+exit codes:
+  {EXIT_OK}  success
+  {EXIT_FAILED}  the operation failed (a conflict, a refused stop, a failed launch)
+  {EXIT_USAGE}  bad input or usage: the message names the field and the fix; nothing was written
+  {EXIT_NOT_FOUND}  the thing named does not exist (no such entry, job or profile)
+
+state dir: --state-dir, else $PI_MATRIX_STATE_DIR, else
+$PI_CODING_AGENT_DIR/state/process-matrix, else ~/.pi/agent/state/process-matrix
+"""
+
+
+@attrs.frozen
+class Io:
+    """Where a command writes: injected so tests render to strings at a fixed width."""
+
+    out: IO[str]
+    err: IO[str]
+    width: int | None = None
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # argparse's own usage errors are exit 2 with one line, like every other bad input.
+        self.exit(EXIT_USAGE, f"pi-matrix: error: {message}\n(see '{self.prog} --help')\n")
+
+
+
+
+def store_of(args: argparse.Namespace) -> MatrixStore:
+    """The store of the state dir the command names (``--state-dir``, else the default chain)."""
+    return MatrixStore(resolve_state_dir(args.state_dir))
+
+
+def age(then_ms: int | None, now: int | None = None) -> str:
+    """How long ago, in the largest unit that still reads exactly enough (``-`` for never)."""
+    if then_ms is None:
+        return "-"
+    seconds = max(0, ((now_ms() if now is None else now) - then_ms) // 1000)
+    for unit, size, below in (("s", 1, 120), ("m", 60, 7200), ("h", 3600, 48 * 3600)):
+        if seconds < below:
+            return f"{seconds // size}{unit}"
+    return f"{seconds // 86400}d"
+
+
+def public_verbs(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """Each verb a person types, with its parser. A hidden verb (one of the programs the product
+    starts of itself) is registered without ``help``, so argparse lists it nowhere; it is left out
+    of completion and the reference too."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            listed = {c.dest for c in action._choices_actions}
+            for name, sub in action.choices.items():
+                if name in listed:
+                    yield name, sub

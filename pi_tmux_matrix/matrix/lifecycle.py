@@ -1,0 +1,195 @@
+"""Pure lifecycle steps of seed 000, as functions from an entry to its next version. No I/O.
+
+The host (the worker's side) and the master (the owner's side) apply these through the store
+under the entry's lock, so every step sees the latest version and is fenced: the owner's own
+steps by its ``registration`` (its process generation), a master's handshakes by the exact
+``generation`` it observed.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import attrs
+
+from ..identity import AgentIdentityContract, ProcessIdentity, Role
+from .model import (
+    MAX_HANDOFFS,
+    Directive,
+    DirectiveKind,
+    Entry,
+    ExitRecord,
+    Handoff,
+    ResumablePayload,
+    Status,
+    bounded,
+)
+
+__all__ = [
+    "accept_adoption",
+    "close",
+    "grant_adoption",
+    "heartbeat",
+    "make_resumable",
+    "mark_delivered",
+    "new_entry",
+    "record_terminal",
+    "request_cleanup",
+    "wind_down",
+    "with_child",
+    "with_identity",
+]
+
+PARENT_LOST = "parent_lost"
+
+
+def new_entry(
+    *,
+    role: Role,
+    identity: AgentIdentityContract,
+    process: ProcessIdentity,
+    now: int,
+    parent: ProcessIdentity | None = None,
+    parent_pid: int | None = None,
+    parent_session_id: str | None = None,
+    task_ref: str | None = None,
+    task_summary: str = "",
+    status: Status = Status.RUNNING,
+) -> Entry:
+    """The entry a process writes when it registers (the store stamps the tokens)."""
+    declared_pid = parent.pid if parent is not None else parent_pid
+    return Entry(
+        key=identity.key(role),
+        role=role,
+        status=status,
+        identity=identity,
+        created_at=now,
+        updated_at=now,
+        heartbeat_at=now,
+        pid=process.pid,
+        proc_start=process.start_ticks,
+        boot_id=process.boot_id,
+        parent_pid=declared_pid if role is Role.WORKER else None,
+        parent_session_id=parent_session_id if role is Role.WORKER else None,
+        parent_proc_start=parent.start_ticks if parent is not None and role is Role.WORKER else None,
+        task_ref=task_ref,
+        task_summary=bounded(task_summary),
+    )
+
+
+def with_child(entry: Entry, child: ProcessIdentity) -> Entry:
+    """Name the agent process, so a dead host never leaves a live child unknown."""
+    return attrs.evolve(entry, child_pid=child.pid, child_proc_start=child.start_ticks)
+
+
+def with_identity(entry: Entry, **changes: Any) -> Entry:
+    """Complete the identity (e.g. pi's real session file reported by the bridge)."""
+    return attrs.evolve(entry, identity=attrs.evolve(entry.identity, **changes))
+
+
+def heartbeat(entry: Entry, now: int) -> Entry:
+    """Only the time moves."""
+    return attrs.evolve(entry, heartbeat_at=now)
+
+
+def wind_down(entry: Entry, now: int) -> Entry:
+    """Step 1a: the parent is gone."""
+    return entry.moved(Status.WINDING_DOWN, reason=PARENT_LOST, heartbeat_at=now)
+
+
+def make_resumable(entry: Entry, now: int, reason: str = PARENT_LOST, checkpoint: str | None = None) -> Entry:
+    """Step 1b: one clone of the identity, the task ref and a bounded summary."""
+    payload = ResumablePayload(
+        identity=entry.identity,
+        reason=reason,
+        at=now,
+        task_ref=entry.task_ref,
+        task_summary=entry.task_summary,
+        checkpoint=checkpoint,
+    )
+    return entry.moved(Status.RESUMABLE, reason=reason, resumable=payload, heartbeat_at=now)
+
+
+def grant_adoption(entry: Entry, master: ProcessIdentity, master_session: str, now: int) -> Entry:
+    """A master's owner-approved (or exact-session) adoption grant, written into the worker's entry."""
+    directive = Directive(
+        kind=DirectiveKind.ADOPT,
+        at=now,
+        parent_pid=master.pid,
+        parent_session_id=master_session,
+        parent_proc_start=master.start_ticks,
+    )
+    return entry.moved(Status.ADOPTED, reason="adoption_granted", directive=directive)
+
+
+def request_cleanup(entry: Entry, master_session: str | None, now: int) -> Entry:
+    """A master's owner-approved cooperative wind-down request; the worker applies it itself."""
+    directive = Directive(kind=DirectiveKind.CLEANUP, at=now, parent_session_id=master_session)
+    return attrs.evolve(entry, directive=directive)
+
+
+def accept_adoption(entry: Entry, now: int) -> Entry:
+    """The worker re-parents to the grant's master and watches it from now on."""
+    directive = entry.directive
+    if directive is None or directive.kind is not DirectiveKind.ADOPT:
+        raise ValueError(f"{entry.key}: no adoption grant to accept")
+    return entry.moved(
+        Status.RUNNING,
+        reason="adopted",
+        parent_pid=directive.parent_pid,
+        parent_session_id=directive.parent_session_id,
+        parent_proc_start=directive.parent_proc_start,
+        directive=None,
+        resumable=None,
+        heartbeat_at=now,
+    )
+
+
+def record_terminal(
+    entry: Entry,
+    exit_record: ExitRecord,
+    now: int,
+    *,
+    summary: str = "",
+    result_pointer: str | None = None,
+) -> Entry:
+    """The agent ended. A worker keeps an undelivered handoff for its owner; a master closes."""
+    if entry.role is Role.MASTER or entry.parent_session_id is None:
+        return entry.moved(Status.CLOSED, reason=exit_record.kind.value, exit=exit_record, heartbeat_at=now)
+    handoff = Handoff(
+        id=secrets.token_hex(6),
+        generation=entry.registration,
+        parent_session_id=entry.parent_session_id,
+        outcome=exit_record.kind,
+        created_at=now,
+        code=exit_record.code,
+        signal=exit_record.signal,
+        summary=bounded(summary),
+        result_pointer=result_pointer,
+    )
+    handoffs = (*entry.handoffs, handoff)[-MAX_HANDOFFS:]
+    return entry.moved(
+        Status.TERMINAL,
+        reason=exit_record.kind.value,
+        exit=exit_record,
+        handoffs=handoffs,
+        heartbeat_at=now,
+    )
+
+
+def mark_delivered(entry: Entry, handoff_id: str, now: int) -> Entry:
+    """The owner accepted the handoff; once all are delivered the record is closed."""
+    handoffs = tuple(
+        attrs.evolve(h, delivered_at=now) if h.id == handoff_id and h.delivered_at is None else h
+        for h in entry.handoffs
+    )
+    changed = attrs.evolve(entry, handoffs=handoffs)
+    if entry.status is Status.TERMINAL and not changed.undelivered:
+        return changed.moved(Status.CLOSED, reason="delivered")
+    return changed
+
+
+def close(entry: Entry, reason: str, now: int) -> Entry:
+    """Nothing more will happen to this record."""
+    return entry.moved(Status.CLOSED, reason=reason, directive=None, heartbeat_at=now)

@@ -1,0 +1,170 @@
+"""Owner -> host messages, host -> agent notices, and the host's events file.
+
+Three small append-or-drop channels beside the entries (never the entries themselves):
+
+* ``mailbox/<key>/``: one file per owner command (``send``, ``stop``), written atomically and
+  taken (read, then unlinked) by the host that owns the key. The sender then wakes the host with
+  an identity-checked SIGUSR2; the host also looks on every watcher tick, so a lost wake-up only
+  costs latency.
+* ``mailbox/<key>.agent.jsonl``: notices for the agent itself (``PI_MATRIX_MAILBOX``), read by
+  the pi bridge extension and delivered into the session as steering messages.
+* ``events/<key>.jsonl``: what the host saw (rpc events, steer notices, exits), for ``show``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any, Final
+
+import attrs
+
+from .. import strictjson
+from .store import MatrixStore, now_ms
+
+__all__ = ["MESSAGE_KINDS", "AgentNotices", "EventLog", "Inbox", "Message"]
+
+# Owner commands, plus what the pi bridge reports from inside the session (identity, result, bridge).
+MESSAGE_KINDS: Final = frozenset(
+    {"steer", "prompt", "abort", "stop", "wake", "switch", "identity", "result", "bridge"}
+)
+MAX_MESSAGE_BYTES: Final = 64 * 1024
+_O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+
+
+@attrs.frozen
+class Message:
+    """One owner command for a host."""
+
+    kind: str
+    text: str = ""
+    at: int = 0
+    sender: str | None = None
+
+
+def _append_line(path: Path, record: dict[str, Any]) -> None:
+    data = (json.dumps(record, ensure_ascii=False) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | _O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, data)  # one write with O_APPEND: concurrent appenders never interleave a line
+    finally:
+        os.close(fd)
+
+
+class Inbox:
+    """``mailbox/<key>/``: the host's command queue."""
+
+    def __init__(self, store: MatrixStore, key: str) -> None:
+        self.store = store
+        self.key = key
+
+    @property
+    def path(self) -> Path:
+        return self.store.root / "mailbox" / self.key
+
+    def post(self, kind: str, text: str = "", sender: str | None = None) -> Path:
+        """Queue a command (atomic: temp + rename, so the host never reads half of it)."""
+        if kind not in MESSAGE_KINDS:
+            raise ValueError(f"unknown message kind {kind!r}")
+        directory = self.store.side_dir("mailbox", self.key)
+        body = json.dumps({"kind": kind, "text": text, "at": now_ms(), "sender": sender}).encode()
+        if len(body) > MAX_MESSAGE_BYTES:
+            raise ValueError(f"message is {len(body)} bytes; keep it under {MAX_MESSAGE_BYTES}")
+        name = f"{now_ms():015d}-{secrets.token_hex(4)}.json"
+        tmp = directory / f".{name}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, body)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        final = directory / name
+        os.replace(tmp, final)
+        return final
+
+    def take(self) -> list[Message]:
+        """Every queued command, oldest first, removed from the queue."""
+        try:
+            names = sorted(n for n in os.listdir(self.path) if n.endswith(".json") and not n.startswith("."))
+        except FileNotFoundError:
+            return []
+        messages: list[Message] = []
+        for name in names:
+            path = self.path / name
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                data = os.read(fd, MAX_MESSAGE_BYTES + 1)
+            finally:
+                os.close(fd)
+            os.unlink(path)
+            try:
+                raw = strictjson.loads(data, max_bytes=MAX_MESSAGE_BYTES)
+                message = Message(
+                    kind=str(raw["kind"]),
+                    text=str(raw.get("text", "")),
+                    at=int(raw.get("at", 0)),
+                    sender=raw.get("sender"),
+                )
+            except (strictjson.StrictJSONError, KeyError, TypeError, ValueError):
+                continue
+            if message.kind in MESSAGE_KINDS:
+                messages.append(message)
+        return messages
+
+
+class AgentNotices:
+    """``mailbox/<key>.agent.jsonl``: notices the agent's bridge delivers into its session."""
+
+    def __init__(self, store: MatrixStore, key: str) -> None:
+        self.store = store
+        self.key = key
+
+    @property
+    def path(self) -> Path:
+        return self.store.root / "mailbox" / f"{self.key}.agent.jsonl"
+
+    def ensure(self) -> Path:
+        self.store.side_dir("mailbox")
+        return self.path
+
+    def notify(self, kind: str, text: str) -> None:
+        self.ensure()
+        _append_line(self.path, {"type": kind, "message": text, "at": now_ms()})
+
+
+class EventLog:
+    """``events/<key>.jsonl``: the host's record of what happened, newest last."""
+
+    def __init__(self, store: MatrixStore, key: str) -> None:
+        self.store = store
+        self.key = key
+
+    @property
+    def path(self) -> Path:
+        return self.store.root / "events" / f"{self.key}.jsonl"
+
+    def write(self, event: str, /, **fields: Any) -> None:
+        self.store.side_dir("events")
+        _append_line(self.path, {**fields, "event": event, "at": now_ms()})
+
+    def tail(self, count: int = 20) -> list[dict[str, Any]]:
+        """The last ``count`` events (bad lines skipped)."""
+        try:
+            with open(self.path, "rb") as handle:
+                lines = handle.read()[-256 * 1024 :].splitlines()[-count:]
+        except OSError:
+            return []
+        events: list[dict[str, Any]] = []
+        for line in lines:
+            try:
+                value = strictjson.loads(line, max_bytes=64 * 1024)
+            except strictjson.StrictJSONError:
+                continue
+            if isinstance(value, dict):
+                events.append(value)
+        return events

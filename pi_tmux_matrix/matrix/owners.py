@@ -1,0 +1,54 @@
+"""Which master an owner command acts for: the nearest registered ancestor, or the one named.
+
+Below supervise/ and dispatch/ alike: both the dispatcher (``fire``'s parent) and the owner verbs
+(``adopt``, ``resume``, ``top``) resolve the owning master the same way.
+"""
+
+from __future__ import annotations
+
+from .. import procs
+from ..errors import ContractError
+from ..identity import ProcessIdentity, Role, validate_id
+from .model import Status
+from .store import MatrixStore
+
+__all__ = ["calling_master", "owning_master", "require_master"]
+
+
+def calling_master(store: MatrixStore) -> tuple[ProcessIdentity, str] | None:
+    """The nearest ancestor process registered as a live master, with its session id."""
+    masters = {
+        (e.pid, e.proc_start): e.identity.session_id
+        for e in store.list().entries
+        if e.role is Role.MASTER and e.pid is not None and e.status not in (Status.TERMINAL, Status.CLOSED)
+    }
+    for ancestor in procs.ancestors():
+        session = masters.get((ancestor.pid, ancestor.start_ticks))
+        if session is not None:
+            return ancestor, session
+    return None
+
+
+def owning_master(
+    store: MatrixStore, parent_pid: int | None, parent_session: str | None
+) -> tuple[ProcessIdentity, str] | None:
+    """The master an owner command acts for: ``--parent-pid``/``--parent-session`` when given
+    (both, a live pid), else the calling master; None when there is none."""
+    if parent_pid is None and parent_session is None:
+        return calling_master(store)
+    if parent_pid is None or parent_session is None:
+        raise ContractError("--parent-pid/--parent-session", "only one was given", "give both, or neither")
+    master = procs.identify(parent_pid)
+    if master is None:
+        raise ContractError("--parent-pid", f"no live process {parent_pid}", "name the live master process")
+    return master, validate_id(parent_session, "--parent-session")
+
+
+def require_master(found: tuple[ProcessIdentity, str] | None) -> tuple[ProcessIdentity, str]:
+    """``found``, or the error that says how to get a master."""
+    if found is None:
+        raise ContractError(
+            "parent", "no calling master found",
+            "run it under 'pi-matrix master', or pass --parent-pid and --parent-session",
+        )  # fmt: skip
+    return found

@@ -1,0 +1,126 @@
+"""The command lines of the product's own programs, and the one way a detached one is started.
+
+Every process the product starts of itself (an agent's host, a job's watcher, a fork's finisher)
+is ``python -m pi_tmux_matrix [--state-dir D] VERB …``: one interpreter, one entry point, so a
+hidden verb is all a new program needs. The argv is a list, never a shell string.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from .contract import ENV_PI_COMMAND
+from .errors import ResumeRefused
+from .identity import AgentIdentityContract
+from .matrix.model import bounded
+
+__all__ = ["cli_argv", "host_argv", "pi_command", "spawn_detached", "watch_argv"]
+
+
+def cli_argv(state_dir: Path | str | None, *words: str, python: str = sys.executable) -> list[str]:
+    """``pi-matrix [--state-dir D] WORDS…`` as this interpreter runs it (no PATH lookup)."""
+    argv = [python, "-m", "pi_tmux_matrix"]
+    if state_dir is not None:
+        argv += ["--state-dir", str(state_dir)]
+    return [*argv, *words]
+
+
+def pi_command(env: Mapping[str, str] | None = None) -> list[str]:
+    """The argv prefix that runs pi: ``$PI_MATRIX_PI_COMMAND`` (a JSON array) or ``["pi"]``."""
+    source = os.environ if env is None else env
+    raw = source.get(ENV_PI_COMMAND)
+    if not raw:
+        return ["pi"]
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise ResumeRefused(
+            f'{ENV_PI_COMMAND}: not a JSON array of strings; set it like ["/usr/bin/pi"] or unset it'
+        )
+    return list(value)
+
+
+def host_argv(
+    state_dir: Path,
+    *,
+    identity: AgentIdentityContract,
+    task_summary: str,
+    task_ref: str | None,
+    lane: str | None,
+    rpc_prompt: str | None,
+    agent_argv: Sequence[str],
+    parent: tuple[int, str] | None = None,
+    python: str = sys.executable,
+) -> list[str]:
+    """``pi-matrix host …`` for one agent. The parent comes as flags when given, else through the
+    env contract (a tmux launch); the allowed-paths envelope always comes through the env."""
+    argv = cli_argv(
+        state_dir, "host",
+        "--session-id", identity.session_id, "--agent-id", identity.agent_id,
+        "--cwd", identity.cwd or os.getcwd(),
+        "--mode", identity.mode.value if identity.mode else "interactive",
+        "--task-summary", bounded(task_summary, 400),
+        python=python,
+    )  # fmt: skip
+    flags = (
+        ("--profile", identity.profile),
+        ("--provider", identity.provider),
+        ("--session-file", identity.session_file),
+        ("--worktree", identity.worktree),
+        ("--worktree-lane", lane),
+        ("--task-ref", task_ref),
+    )
+    for flag, value in flags:
+        if value:
+            argv += [flag, value]
+    if rpc_prompt is not None:
+        argv += ["--rpc-prompt", rpc_prompt]
+    if parent is not None:
+        argv += ["--parent-pid", str(parent[0]), "--parent-session", parent[1]]
+    for pointer in identity.resource_pointers:
+        argv += ["--resource", pointer]
+    return [*argv, "--", *agent_argv]
+
+
+def watch_argv(
+    state_dir: Path,
+    job_id: str,
+    agent_id: str,
+    round_: int,
+    *,
+    pane: tuple[str, str] | None = None,
+    follow: str | None = None,
+    python: str = sys.executable,
+) -> list[str]:
+    """The hidden ``pi-matrix watch`` verb for one agent round: fed by tmux ``pipe-pane`` when
+    ``pane`` (socket, pane id) is given, else following the host's log."""
+    argv = cli_argv(
+        state_dir, "watch", "--job", job_id, "--agent", agent_id, "--round", str(round_), python=python
+    )
+    if pane is not None:
+        argv += ["--socket", pane[0], "--pane", pane[1]]
+    elif follow is not None:
+        argv += ["--follow", follow]
+    return argv
+
+
+def spawn_detached(
+    argv: Sequence[str], log_path: Path, *, cwd: str | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` (a list, never a shell) in its own session with no stdin, its output appended
+    to ``log_path`` (0600, never through a symlink): a process that outlives whoever started it."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        return subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, cwd=cwd, env=env,
+            start_new_session=True, close_fds=True,
+        )  # fmt: skip
+    finally:
+        os.close(fd)

@@ -1,0 +1,236 @@
+"""The house holds its shape: every import runs down the layers, no cycles, no printing below cli/.
+
+Layers, each importing only from its own or lower ones (docs/architecture.md):
+
+    errors, strictjson, bridge                       (0: no project imports)
+    identity, settings, procs, inotify               (1: the machine's facts)
+    matrix/, contract, programs, pisession           (2: the record and the contract)
+    supervise/ | dispatch/                           (3: side by side, never each other)
+    resume, fork/, plugin, pytest_plugin             (4: what plugs the two together)
+    cli/, testing/ and the package's own programs    (5: the programs)
+
+Every import counts: module level, inside functions and under ``TYPE_CHECKING`` alike, because a
+function-level import is still an arrow (and was how the old cycles hid). Below the programs,
+nothing prints, exits, reads ``sys.argv`` or asks on stdin: library code raises typed errors and
+the CLI decides what a person sees.
+
+``violations`` takes the package folder, so it can be run against an older tree to show what it
+catches (``python tests/test_layers.py PATH/pi_tmux_matrix``).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+PACKAGE = "pi_tmux_matrix"
+ROOT = Path(__file__).resolve().parent.parent / PACKAGE
+
+LAYERS: dict[str, int] = {
+    "errors": 0, "strictjson": 0, "bridge": 0, "_deprecated": 0,
+    "identity": 1, "settings": 1, "procs": 1, "inotify": 1,
+    "matrix": 2, "contract": 2, "programs": 2, "pisession": 2,
+    "supervise": 3, "dispatch": 3,
+    "resume": 4, "fork": 4, "runs": 4, "plugin": 4, "pytest_plugin": 4,
+    "cli": 5, "testing": 5, "standin": 5, "__main__": 5, "": 5,
+}  # fmt: skip
+# Side by side at layer 3: neither may import the other.
+APART = frozenset({("supervise", "dispatch"), ("dispatch", "supervise")})
+# Programs: the only modules that may print, exit, read argv or stdin.
+PROGRAMS = frozenset({"cli", "testing", "standin", "__main__"})
+# The pure core: entries and liveness facts in, decisions out; no I/O, no other project modules.
+PURE: dict[str, frozenset[str]] = {
+    "matrix.model": frozenset({"errors", "identity"}),
+    "matrix.lifecycle": frozenset({"identity", "matrix.model"}),
+    "matrix.reconcile": frozenset({"identity", "matrix.model"}),
+}
+IO_MODULES = frozenset({"os", "io", "subprocess", "shutil", "socket", "signal", "psutil", "tempfile", "pathlib"})
+
+
+def modules(root: Path) -> dict[str, Path]:
+    """Dotted name below the package (``""`` for the package itself) -> file."""
+    found: dict[str, Path] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _resolve(name: str, package: str, node: ast.ImportFrom, known: dict[str, Path]) -> Iterator[str]:
+    """The project modules an ``ImportFrom`` names (``from .. import procs`` names ``procs``)."""
+    if node.level:
+        base = package.split(".") if package else []
+        base = base[: len(base) - (node.level - 1)] if node.level > 1 else base
+        target = ".".join([*base, *([node.module] if node.module else [])])
+    elif node.module == PACKAGE or (node.module or "").startswith(PACKAGE + "."):
+        target = (node.module or "")[len(PACKAGE) + 1 :]
+    else:
+        return
+    for alias in node.names:
+        sub = f"{target}.{alias.name}" if target else alias.name
+        yield sub if sub in known else target
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[str, int]]:
+    """(project module, line) for every import in the file, wherever it stands."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            for target in _resolve(name, package, node, known):
+                yield target, node.lineno
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == PACKAGE or alias.name.startswith(PACKAGE + "."):
+                    yield alias.name[len(PACKAGE) + 1 :], node.lineno
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def _layer(name: str) -> int:
+    return LAYERS[_top(name)]
+
+
+def _io_imports(path: Path) -> Iterator[tuple[str, int]]:
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and not node.level
+            else []
+        )
+        for found in names:
+            if found.split(".")[0] in IO_MODULES:
+                yield found, node.lineno
+
+
+def _program_calls(path: Path) -> Iterator[tuple[str, int]]:
+    """print(), input(), exit()/quit(), sys.exit(), any use of sys.argv."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id in {"print", "input", "exit", "quit"}:
+                yield f"{node.func.id}()", node.lineno
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "sys"
+            and node.attr in {"exit", "argv"}
+        ):
+            yield f"sys.{node.attr}", node.lineno
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def violations(root: Path = ROOT) -> list[str]:
+    known = modules(root)
+    problems: list[str] = []
+    graph: dict[str, set[str]] = {name: set() for name in known}
+    for name, path in known.items():
+        where = f"{PACKAGE}/{path.relative_to(root)}"
+        for target, line in imports(name, path, known):
+            if target == name or target not in known and target != "":
+                continue
+            if name != "":  # the package's face re-exports; nothing imports it back but programs
+                graph[name].add(target)
+            if (_top(name), _top(target)) in APART:
+                problems.append(f"{where}:{line}: {name or PACKAGE} -> {target}: supervise/ and dispatch/ stand apart")
+            elif _layer(target) > _layer(name):
+                problems.append(
+                    f"{where}:{line}: {name or PACKAGE} (layer {_layer(name)}) -> {target or PACKAGE} "
+                    f"(layer {_layer(target)}): an arrow up the layers"
+                )
+            if name in PURE and target not in PURE[name]:
+                problems.append(f"{where}:{line}: {name} is pure and may not import {target}")
+        if name in PURE:
+            for module, line in _io_imports(path):
+                problems.append(f"{where}:{line}: {name} is pure and may not import {module}")
+        if _top(name) not in PROGRAMS and name != "":
+            for call, line in _program_calls(path):
+                problems.append(f"{where}:{line}: {call} below cli/ (raise a typed error; the CLI prints)")
+    for component in _cycles(graph):
+        problems.append("import cycle: " + " <-> ".join(component))
+    return list(dict.fromkeys(problems))
+
+
+def test_every_module_has_a_layer() -> None:
+    unplaced = sorted(name for name in modules(ROOT) if _top(name) not in LAYERS)
+    assert unplaced == [], f"give these a layer in LAYERS (and docs/architecture.md): {unplaced}"
+
+
+def test_imports_run_down_the_layers_without_cycles_or_printing_below_cli() -> None:
+    problems = violations()
+    assert problems == [], "\n".join(problems)
+
+
+def test_the_checker_sees_an_arrow_up_a_cycle_and_a_print(tmp_path: Path) -> None:
+    """The harness can fail: a planted upward import, cycle and print are each reported."""
+    package = tmp_path / PACKAGE
+    (package / "matrix").mkdir(parents=True)
+    (package / "dispatch").mkdir()
+    (package / "supervise").mkdir()
+    for init in ("", "matrix", "dispatch", "supervise"):
+        (package / init / "__init__.py").write_text("")
+    (package / "matrix" / "store.py").write_text("def f():\n    from ..dispatch import manager\n")
+    (package / "dispatch" / "manager.py").write_text("from ..supervise import host\nprint('hi')\n")
+    (package / "supervise" / "host.py").write_text("from ..matrix import store\n")
+    (package / "matrix" / "model.py").write_text("import os\n")
+    found = "\n".join(violations(package))
+    assert "matrix.store (layer 2) -> dispatch.manager (layer 3)" in found
+    assert "dispatch.manager -> supervise.host: supervise/ and dispatch/ stand apart" in found
+    assert "print() below cli/" in found
+    assert "import cycle: dispatch.manager <-> matrix.store <-> supervise.host" in found
+    assert "matrix.model is pure and may not import os" in found
+
+
+if __name__ == "__main__":
+    print("\n".join(violations(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT)) or "no violations")
