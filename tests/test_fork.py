@@ -17,6 +17,7 @@ from conftest import kill_tmux_server
 from test_dispatch import STANDIN, wait_for
 
 from pi_tmux_matrix import procs
+from pi_tmux_matrix.matrix.mailbox import EventLog
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
 from pi_tmux_matrix.runs import (
     FORCED_ENV,
@@ -32,7 +33,6 @@ from pi_tmux_matrix.runs import (
     merge_flags,
     reap,
 )
-from pi_tmux_matrix.matrix.mailbox import EventLog
 
 
 class Caller:

@@ -27,9 +27,9 @@ from pi_tmux_matrix import procs
 from pi_tmux_matrix.cli import main
 from pi_tmux_matrix.cli.app import Io
 from pi_tmux_matrix.identity import ProcessIdentity
+from pi_tmux_matrix.matrix import lifecycle
 from pi_tmux_matrix.matrix.model import Entry, ExitKind, Status
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
-from pi_tmux_matrix.matrix import lifecycle
 
 GRACE_S = 5.0  # adoptionGraceMs lower bound
 POLL_S = 1.0  # watcherPollMs lower bound

@@ -90,7 +90,7 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> Iterator[tuple[str
 
 
 def _top(name: str) -> str:
-    return name.split(".")[0]
+    return name.split(".", maxsplit=1)[0]
 
 
 def _layer(name: str) -> int:
@@ -178,7 +178,7 @@ def violations(root: Path = ROOT) -> list[str]:
     for name, path in known.items():
         where = f"{PACKAGE}/{path.relative_to(root)}"
         for target, line in imports(name, path, known):
-            if target == name or target not in known and target != "":
+            if target == name or (target not in known and target != ""):
                 continue
             if name != "":  # the package's face re-exports; nothing imports it back but programs
                 graph[name].add(target)

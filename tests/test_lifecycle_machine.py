@@ -43,6 +43,7 @@ from hypothesis.stateful import (
 
 from pi_tmux_matrix.errors import Conflict, IllegalTransition, NotFound
 from pi_tmux_matrix.identity import ProcessIdentity, Role
+from pi_tmux_matrix.matrix import lifecycle
 from pi_tmux_matrix.matrix.model import (
     LEGAL_TRANSITIONS,
     DirectiveKind,
@@ -53,7 +54,6 @@ from pi_tmux_matrix.matrix.model import (
 )
 from pi_tmux_matrix.matrix.reconcile import ActionKind, Facts, reconcile
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
-from pi_tmux_matrix.matrix import lifecycle
 from pi_tmux_matrix.supervise.master import apply_plan
 
 SESSION: Final = "w1"

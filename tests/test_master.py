@@ -28,6 +28,7 @@ from helpers import dir_digest, make_entry, make_identity, read_events, spawn_sl
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.identity import ProcessIdentity, Role
+from pi_tmux_matrix.matrix import lifecycle
 from pi_tmux_matrix.matrix.model import (
     Entry,
     ExitKind,
@@ -36,7 +37,6 @@ from pi_tmux_matrix.matrix.model import (
     Status,
 )
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
-from pi_tmux_matrix.matrix import lifecycle
 
 SETTINGS = {"processMatrix": {"adoptionGraceMs": 5000, "watcherPollMs": 1000, "heartbeatMs": 1000}}
 STANDIN = [sys.executable, "-m", "pi_tmux_matrix.standin"]
