@@ -17,13 +17,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from pi_tmux_matrix import procs
-from pi_tmux_matrix.dispatch.manager import Dispatcher, FireRequest
-from pi_tmux_matrix.dispatch.tmux import TmuxServer
-from pi_tmux_matrix.identity import AgentIdentityContract, Role
-from pi_tmux_matrix.matrix import lifecycle
-from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
-from pi_tmux_matrix.settings import load_settings
+from pi_tmux_matrix import (
+    AgentIdentityContract,
+    Dispatcher,
+    FireRequest,
+    MatrixStore,
+    Role,
+    TmuxServer,
+    current_process,
+    load_settings,
+    new_entry,
+    now_ms,
+)
 
 
 def main() -> int:
@@ -32,13 +37,11 @@ def main() -> int:
     os.environ.update(PI_CODING_AGENT_DIR=str(root / "agent"), PI_MATRIX_STATE_DIR=str(root / "state"))
     (root / "agent").mkdir()
     store = MatrixStore(root / "state")
-    me = procs.current()
+    me = current_process()
     session = "orchestrator-1"
     # 1. Register as a master: workers launched from here name this process as their parent.
     identity = AgentIdentityContract(agent_id="example-orchestrator", session_id=session, cwd=str(root))
-    store.register(
-        lifecycle.new_entry(role=Role.MASTER, identity=identity, process=me, now=now_ms(), task_ref="demo")
-    )
+    store.register(new_entry(role=Role.MASTER, identity=identity, process=me, now=now_ms(), task_ref="demo"))
     dispatcher = Dispatcher(store, load_settings(root))
     try:
         # 2. Fire a team: one job, one agent per member, each in its own tmux window.

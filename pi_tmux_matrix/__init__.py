@@ -1,42 +1,98 @@
 """pi_tmux_matrix: a durable process matrix and tmux dispatcher for pi coding agents.
 
-The public face re-exports only; see ``docs/`` for the concepts and the on-disk format.
+The public face re-exports only; see ``docs/`` for the concepts and the on-disk format. A plugin
+author or an orchestrator imports from here, never from the submodules (which move).
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0.dev0"
 
+import importlib
+from typing import TYPE_CHECKING, Any, Final
+
 from .contract import LaunchContract, parse_env
 from .errors import (
     Conflict,
     ContractError,
     CorruptEntry,
+    DispatchError,
     EntryExists,
     IllegalTransition,
     InvalidId,
+    JobNotFound,
+    LaneError,
     LockUnavailable,
     NotFound,
     PiMatrixError,
+    ProfileError,
+    ProfileNotFound,
+    ResumeRefused,
+    RunNotFound,
     StateDirError,
     StoreError,
+    TmuxUnavailable,
 )
 from .identity import AgentIdentityContract, Mode, ProcessIdentity, Role, entry_key
 from .matrix.model import Entry, Status
 from .matrix.reconcile import Facts, Plan, reconcile
-from .matrix.store import MatrixStore
+from .matrix.store import MatrixStore, now_ms
 from .settings import MatrixSettings, load_settings, resolve_state_dir
+
+# Loaded on first access (PEP 562), because the dispatcher pulls in pluggy, subprocess and the
+# TOML profile loader, and ``pi-matrix ls`` imports this package on every start. The one place to
+# update when a module moves: public name -> "module" (relative to this package), or
+# "module:attribute" when the public name differs from the attribute. Mirror it in the
+# TYPE_CHECKING block below (tests/test_public_api.py checks that the two agree).
+_LAZY: Final[dict[str, str]] = {
+    "AgentLaunch": ".dispatch.model",
+    "AgentResult": ".dispatch.model",
+    "Dispatcher": ".dispatch.manager",
+    "FireRequest": ".dispatch.manager",
+    "FireResult": ".dispatch.manager",
+    "Job": ".dispatch.model",
+    "JobAgent": ".dispatch.model",
+    "PlannedAgent": ".dispatch.manager",
+    "ProfileSet": ".dispatch.profile",
+    "Relaunch": ".dispatch.model",
+    "ResultKind": ".dispatch.model",
+    "TmuxServer": ".dispatch.tmux",
+    "WorkerLaunchProfile": ".dispatch.profile",
+    "current_process": ".procs:current",
+    "hookimpl": ".dispatch.hookspecs",
+    "load_profiles": ".dispatch.profile",
+    "new_entry": ".matrix.lifecycle",
+}
+
+if TYPE_CHECKING:  # what mypy and IDEs see for the lazy names; never executed
+    from .dispatch.hookspecs import hookimpl
+    from .dispatch.manager import Dispatcher, FireRequest, FireResult, PlannedAgent
+    from .dispatch.model import AgentLaunch, AgentResult, Job, JobAgent, Relaunch, ResultKind
+    from .dispatch.profile import ProfileSet, WorkerLaunchProfile, load_profiles
+    from .dispatch.tmux import TmuxServer
+    from .procs import current as current_process
+    from .matrix.lifecycle import new_entry
 
 __all__ = [
     "AgentIdentityContract",
+    "AgentLaunch",
+    "AgentResult",
     "Conflict",
     "ContractError",
     "CorruptEntry",
+    "DispatchError",
+    "Dispatcher",
     "Entry",
     "EntryExists",
     "Facts",
+    "FireRequest",
+    "FireResult",
     "IllegalTransition",
     "InvalidId",
+    "Job",
+    "JobAgent",
+    "JobNotFound",
+    "LaneError",
     "LaunchContract",
     "LockUnavailable",
     "MatrixSettings",
@@ -45,15 +101,45 @@ __all__ = [
     "NotFound",
     "PiMatrixError",
     "Plan",
+    "PlannedAgent",
     "ProcessIdentity",
+    "ProfileError",
+    "ProfileNotFound",
+    "ProfileSet",
+    "Relaunch",
+    "ResultKind",
     "Role",
+    "ResumeRefused",
+    "RunNotFound",
     "StateDirError",
     "Status",
     "StoreError",
+    "TmuxServer",
+    "TmuxUnavailable",
+    "WorkerLaunchProfile",
     "__version__",
+    "current_process",
     "entry_key",
+    "hookimpl",
+    "load_profiles",
     "load_settings",
+    "new_entry",
+    "now_ms",
     "parse_env",
     "reconcile",
     "resolve_state_dir",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module_name, _, attribute = target.partition(":")
+    value = getattr(importlib.import_module(module_name, __name__), attribute or name)
+    globals()[name] = value  # cached: later lookups are plain attribute reads, no __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -7,6 +7,8 @@ person reading it is usually in the middle of an incident.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "EXIT_FAILED",
     "EXIT_NOT_FOUND",
@@ -43,6 +45,21 @@ class PiMatrixError(Exception):
     """Root of every error pi_tmux_matrix raises on purpose."""
 
     exit_code: int = EXIT_FAILED
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's own reduce replays ``cls(*self.args)``, but ``args`` holds the formatted
+        # message while most subclasses' __init__ takes the fields, so unpickling raised
+        # TypeError (and a multiprocessing pool could not hand the error back). Rebuild with
+        # __new__ and restore args and __dict__ as they were instead: every subclass, present or
+        # future, round-trips with its message and fields, whatever its constructor takes.
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls: type[PiMatrixError], args: tuple[Any, ...], state: dict[str, Any]) -> PiMatrixError:
+    """Unpickle ``cls`` as it was pickled, without running its __init__ again."""
+    err = cls.__new__(cls, *args)  # BaseException.__new__ sets .args (the message)
+    err.__dict__.update(state)  # the fields, plus __notes__ if any were added
+    return err
 
 
 class ContractError(PiMatrixError, ValueError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 from conftest import require_tmux
 
+import pi_tmux_matrix
 from pi_tmux_matrix.dispatch.manager import Dispatcher, FireRequest
 from pi_tmux_matrix.dispatch.plugins import plugin_manager
 from pi_tmux_matrix.dispatch.profile import parse_profile
@@ -65,3 +67,33 @@ def test_the_foreign_cli_profile_example_loads_and_passes_the_task_as_one_word()
     profile = parse_profile(path.read_text(), str(path))
     command = agent_command(profile, task="fix it; rm -rf ~", session_file=None)
     assert command.argv[-2:] == ("--message", "fix it; rm -rf ~")
+
+
+def _imports(path: Path) -> list[tuple[int, str, str | None]]:
+    """(line, module, name) of every import in ``path``; name is None for ``import module``."""
+    found: list[tuple[int, str, str | None]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            found += [(node.lineno, module, alias.name) for alias in node.names]
+    return found
+
+
+def test_the_examples_import_only_the_public_face_and_the_standard_library() -> None:
+    # Examples are what users copy: a deep import there becomes a deep import in their code,
+    # which breaks when the submodules move. pi_tmux_matrix.__all__ is the promise.
+    sources = sorted(EXAMPLES.rglob("*.py"))
+    assert sources
+    public = set(pi_tmux_matrix.__all__)
+    wrong = []
+    for path in sources:
+        for line, module, name in _imports(path):
+            where = f"{path.relative_to(EXAMPLES)}:{line}"
+            if module == "pi_tmux_matrix":
+                if name is not None and name not in public:
+                    wrong.append(f"{where}: {name} is not in pi_tmux_matrix.__all__")
+            elif module.split(".")[0] not in sys.stdlib_module_names:
+                wrong.append(f"{where}: imports {module} (use a name from pi_tmux_matrix)")
+    assert wrong == []

@@ -9,13 +9,18 @@ loses a completion.
 from __future__ import annotations
 
 import enum
-from typing import Any, Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 
 from ..identity import ProcessIdentity
 from ..matrix.codec import register_enum
 from ..matrix.model import Entry
+
+if TYPE_CHECKING:
+    # Only for the annotation: at run time the hook specs (which import this module) stay
+    # importable without the profile loader (tomllib, importlib.resources).
+    from .profile import WorkerLaunchProfile
 
 __all__ = [
     "JOB_SCHEMA_VERSION",
@@ -123,7 +128,7 @@ class AgentLaunch:
     agent_id: str
     session_id: str
     key: str
-    profile: Any  # WorkerLaunchProfile (Any: hook specs stay importable without the profile module)
+    profile: WorkerLaunchProfile
     task: str
     cwd: str
     parent: ProcessIdentity

@@ -288,6 +288,8 @@ class _Checker:
 
 
 def _check_profile(profile: WorkerLaunchProfile) -> None:
+    # One check per field, in field order: when a file has several problems, the first one
+    # reported stays the same as it always was.
     check = _Checker(profile.source, "profile")
     check.ident(profile.name, "name")
     provider = profile.provider
@@ -295,7 +297,38 @@ def _check_profile(profile: WorkerLaunchProfile) -> None:
         raise check.fail(
             "provider", f"{_shown(provider)} is not a provider", f"use one of: {', '.join(PROVIDERS)}"
         )
-    command = check.words(profile.command, "command", MAX_COMMAND_WORDS)
+    _check_command(check, profile.command, provider)
+    check.text(profile.description, "description", MAX_DESCRIPTION_CHARS)
+    _check_mode(check, profile.mode, provider)
+    if profile.model is not None:
+        _check_model(check, profile.model)
+    _check_pi_only_fields(check, profile)
+    if profile.thinking is not None and profile.thinking not in THINKING_LEVELS:
+        raise check.fail(
+            "thinking",
+            f"{_shown(profile.thinking)} is not a thinking level",
+            f"use one of: {', '.join(THINKING_LEVELS)}",
+        )
+    if profile.tools is not None:
+        _check_tools(check, profile.tools)
+    if profile.resource_profile is not None:
+        check.ident(profile.resource_profile, "resource_profile")
+    if profile.write_paths is not None:
+        for index, path in enumerate(check.words(profile.write_paths, "write_paths", MAX_WRITE_PATHS)):
+            _check_write_path(check, path, f"write_paths[{index}]")
+    for index, extension in enumerate(check.words(profile.extensions, "extensions", MAX_EXTENSIONS)):
+        check.word(extension, f"extensions[{index}]")
+    if profile.append_system_prompt is not None:
+        check.text(profile.append_system_prompt, "append_system_prompt", MAX_TEXT_CHARS, empty=False)
+    _check_deadline(check, profile.deadline_s)
+    _check_worktree_lane(check, profile.accepts_worktree_lane, provider)
+    _check_env(check, profile.env)
+    if not isinstance(profile.source, str):
+        raise check.fail("source", f"must be a string, not {_kind(profile.source)}", "give the file path")
+
+
+def _check_command(check: _Checker, value: object, provider: str) -> None:
+    command = check.words(value, "command", MAX_COMMAND_WORDS)
     if not command:
         raise check.fail("command", "is empty", 'give the CLI to run, e.g. command = ["pi"]')
     if command[0] == TASK_WORD:
@@ -307,76 +340,70 @@ def _check_profile(profile: WorkerLaunchProfile) -> None:
             "uses {task} on a known provider",
             f"remove it: the {provider} argv builder places the task",
         )
-    check.text(profile.description, "description", MAX_DESCRIPTION_CHARS)
-    if not isinstance(profile.mode, Mode):
-        if isinstance(profile.mode, str):
+
+
+def _check_mode(check: _Checker, mode: object, provider: str) -> None:
+    if not isinstance(mode, Mode):
+        if isinstance(mode, str):
             raise check.fail(
                 "mode",
-                f"{_shown(profile.mode)} is not a mode",
+                f"{_shown(mode)} is not a mode",
                 f"use one of: {', '.join(m.value for m in Mode)}",
             )
-        raise check.fail(
-            "mode", f"must be a string, not {_kind(profile.mode)}", 'write it as mode = "interactive"'
-        )
-    if profile.mode is Mode.RPC and provider != "pi":
+        raise check.fail("mode", f"must be a string, not {_kind(mode)}", 'write it as mode = "interactive"')
+    if mode is Mode.RPC and provider != "pi":
         raise check.fail(
             "mode", f"rpc is pi-only, not for provider {provider!r}", 'use mode = "interactive" or "print"'
         )
-    if profile.mode is Mode.PRINT and provider == "custom":
+    if mode is Mode.PRINT and provider == "custom":
         raise check.fail(
             "mode",
             "print needs a known provider's print flag",
             'use mode = "interactive" (a custom command runs as written)',
         )
-    if profile.model is not None:
-        check.word(profile.model, "model")
-        if len(profile.model) > MAX_MODEL_CHARS or any(c.isspace() for c in profile.model):
-            raise check.fail(
-                "model", f"{_shown(profile.model)} is not a model id", "give one word, e.g. provider/model"
-            )
+
+
+def _check_model(check: _Checker, model: object) -> None:
+    model = check.word(model, "model")
+    if len(model) > MAX_MODEL_CHARS or any(c.isspace() for c in model):
+        raise check.fail("model", f"{_shown(model)} is not a model id", "give one word, e.g. provider/model")
+
+
+def _check_pi_only_fields(check: _Checker, profile: WorkerLaunchProfile) -> None:
+    if profile.provider == "pi":
+        return
     for attr, instead in PI_ONLY_FIELDS.items():
         value = getattr(profile, attr)
         # extensions defaults to (); every other pi-only field is unset at None ("tools = []" is
         # a real setting: pi's --no-tools).
         unset = value == () if attr == "extensions" else value is None
-        if provider != "pi" and not unset:
+        if not unset:
             raise check.fail(
                 _ATTR_KEYS[attr],
-                f"pi-only field on provider {provider!r}",
-                f"remove it (the {provider} CLI owns {instead})",
+                f"pi-only field on provider {profile.provider!r}",
+                f"remove it (the {profile.provider} CLI owns {instead})",
             )
-    if profile.thinking is not None and profile.thinking not in THINKING_LEVELS:
-        raise check.fail(
-            "thinking",
-            f"{_shown(profile.thinking)} is not a thinking level",
-            f"use one of: {', '.join(THINKING_LEVELS)}",
-        )
-    if profile.tools is not None:
-        for index, tool in enumerate(check.words(profile.tools, "tools", MAX_TOOLS)):
-            if TOOL_PATTERN.fullmatch(tool) is None:
-                raise check.fail(
-                    f"tools[{index}]",
-                    f"{_shown(tool)} is not a tool name",
-                    "use names like read, bash, edit, grep",
-                )
-            if tool in AGENT_LAUNCHING_TOOLS:
-                # Every dispatched agent is a worker, and a worker never launches agents (the
-                # bridge also blocks these at run time, whatever the profile says).
-                raise check.fail(
-                    f"tools[{index}]",
-                    f"{tool!r} launches agents, which a worker is never granted",
-                    "remove it; only a master session fires agents",
-                )
-    if profile.resource_profile is not None:
-        check.ident(profile.resource_profile, "resource_profile")
-    if profile.write_paths is not None:
-        for index, path in enumerate(check.words(profile.write_paths, "write_paths", MAX_WRITE_PATHS)):
-            _check_write_path(check, path, f"write_paths[{index}]")
-    for index, extension in enumerate(check.words(profile.extensions, "extensions", MAX_EXTENSIONS)):
-        check.word(extension, f"extensions[{index}]")
-    if profile.append_system_prompt is not None:
-        check.text(profile.append_system_prompt, "append_system_prompt", MAX_TEXT_CHARS, empty=False)
-    deadline = profile.deadline_s
+
+
+def _check_tools(check: _Checker, tools: object) -> None:
+    for index, tool in enumerate(check.words(tools, "tools", MAX_TOOLS)):
+        if TOOL_PATTERN.fullmatch(tool) is None:
+            raise check.fail(
+                f"tools[{index}]",
+                f"{_shown(tool)} is not a tool name",
+                "use names like read, bash, edit, grep",
+            )
+        if tool in AGENT_LAUNCHING_TOOLS:
+            # Every dispatched agent is a worker, and a worker never launches agents (the
+            # bridge also blocks these at run time, whatever the profile says).
+            raise check.fail(
+                f"tools[{index}]",
+                f"{tool!r} launches agents, which a worker is never granted",
+                "remove it; only a master session fires agents",
+            )
+
+
+def _check_deadline(check: _Checker, deadline: object) -> None:
     if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline):
         raise check.fail(
             "deadline", f"must be a number of seconds, not {_shown(deadline)}", "write e.g. deadline = 1200"
@@ -387,19 +414,19 @@ def _check_profile(profile: WorkerLaunchProfile) -> None:
             f"{deadline:g} s is outside {DEADLINE_MIN_S:g}..{DEADLINE_MAX_S:g}",
             "give 1 to 86400 seconds (24 h)",
         )
-    if not isinstance(profile.accepts_worktree_lane, bool):
+
+
+def _check_worktree_lane(check: _Checker, accepts: object, provider: str) -> None:
+    if not isinstance(accepts, bool):
         raise check.fail(
             "accepts_worktree_lane",
-            f"must be true or false, not {_shown(profile.accepts_worktree_lane)}",
+            f"must be true or false, not {_shown(accepts)}",
             "write accepts_worktree_lane = true",
         )
-    if profile.accepts_worktree_lane and provider in ("claude", "codex", "opencode"):
+    if accepts and provider in ("claude", "codex", "opencode"):
         raise check.fail(
             "accepts_worktree_lane", f"the {provider} CLI has no --worktree-lane flag", "remove it"
         )
-    _check_env(check, profile.env)
-    if not isinstance(profile.source, str):
-        raise check.fail("source", f"must be a string, not {_kind(profile.source)}", "give the file path")
 
 
 def _check_write_path(check: _Checker, path: str, field: str) -> None:

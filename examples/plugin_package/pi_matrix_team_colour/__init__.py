@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 
-from pi_tmux_matrix.dispatch.hookspecs import hookimpl
+from pi_tmux_matrix import AgentLaunch, AgentResult, Job, hookimpl
 
 
 @hookimpl
-def launch_env(launch: Any) -> dict[str, str]:
+def launch_env(launch: AgentLaunch) -> dict[str, str]:
     env = {"TEAM_COLOUR": os.environ.get("PI_MATRIX_TEAM_COLOUR", "teal")}
     if launch.lane:
         env["TEAM_LANE"] = launch.lane
@@ -18,6 +17,6 @@ def launch_env(launch: Any) -> dict[str, str]:
 
 
 @hookimpl
-def on_terminal(job: Any, result: Any) -> None:
+def on_terminal(job: Job, result: AgentResult) -> None:
     # Notification hooks must never raise into the dispatcher; a real plugin would post to chat.
     return None
