@@ -24,7 +24,7 @@ from pi_tmux_matrix.errors import (
     StateDirError,
     StoreError,
 )
-from pi_tmux_matrix.matrix import store as store_module
+from pi_tmux_matrix.matrix import fsio
 from pi_tmux_matrix.matrix.codec import encode_entry
 from pi_tmux_matrix.matrix.model import Status
 from pi_tmux_matrix.matrix.store import MatrixStore
@@ -198,7 +198,7 @@ def test_write_errors_fail_cleanly(
 ) -> None:
     entry = store.create(make_entry("s1"))
     before = (store.root / "worker-s1.json").read_bytes()
-    monkeypatch.setattr(store_module, seam, _fail_with(code))
+    monkeypatch.setattr(fsio, seam, _fail_with(code))
     with pytest.raises(StoreError) as info:
         store.update(entry.key, lambda e: e.moved(Status.WINDING_DOWN), expected=entry.generation)
     assert info.value.errno == code
@@ -211,7 +211,7 @@ def test_write_errors_fail_cleanly(
 
 
 def test_fsync_failure_on_create_leaves_no_entry(store: MatrixStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "_fsync", _fail_with(errno.EIO))
+    monkeypatch.setattr(fsio, "_fsync", _fail_with(errno.EIO))
     with pytest.raises(StoreError):
         store.create(make_entry("s1"))
     monkeypatch.undo()

@@ -205,7 +205,7 @@ def test_kill_nine_torture(tmp_path: Path, state_dir: Path) -> None:
 CRASH_CHILD = r"""
 import os, stat, sys
 import attrs
-from pi_tmux_matrix.matrix import store as store_mod
+from pi_tmux_matrix.matrix import fsio
 from pi_tmux_matrix.matrix.store import MatrixStore
 from pi_tmux_matrix.matrix.model import Entry
 
@@ -215,30 +215,30 @@ entry_name, tmp_name = key + ".json", "." + key + ".json.tmp"
 def die():
     os._exit(9)
 
-real_write_all, real_fsync = store_mod._write_all, store_mod._fsync
+real_write_all, real_fsync = fsio._write_all, fsio._fsync
 real_replace, real_link, real_unlink = os.replace, os.link, os.unlink
 
 def is_dir(fd):
     return stat.S_ISDIR(os.fstat(fd).st_mode)
 
 if step == "before-write":
-    store_mod._write_all = lambda fd, data: die()
+    fsio._write_all = lambda fd, data: die()
 elif step == "partial-write":
     def _w(fd, data):
         real_write_all(fd, data[: len(data) // 2])
         die()
-    store_mod._write_all = _w
+    fsio._write_all = _w
 elif step == "after-write":
     def _w(fd, data):
         real_write_all(fd, data)
         die()
-    store_mod._write_all = _w
+    fsio._write_all = _w
 elif step == "after-temp-fsync":
     def _f(fd):
         real_fsync(fd)
         if not is_dir(fd):
             die()
-    store_mod._fsync = _f
+    fsio._fsync = _f
 elif step == "after-replace":
     def _r(*args, **kwargs):
         real_replace(*args, **kwargs)
@@ -267,7 +267,7 @@ elif step in ("before-dir-fsync", "after-dir-fsync"):
         real_fsync(fd)
         if is_dir(fd):
             die()
-    store_mod._fsync = _f
+    fsio._fsync = _f
 else:
     raise SystemExit(f"unknown step {step}")
 

@@ -1,7 +1,7 @@
 """Jobs and results on disk: ``<state dir>/jobs/<id>.json`` and ``results/<job>.<agent>.<round>.json``.
 
-Both go through :class:`~pi_tmux_matrix.matrix.store.RecordStore` (locks, durable atomic writes,
-strict reads) and the one converter. A result is an exclusive create: whoever sees an agent's end
+Both go through :class:`~pi_tmux_matrix.matrix.records.Records` (locks, durable atomic writes,
+strict reads, the one converter). A result is an exclusive create: whoever sees an agent's end
 first (its marker, its host's exit, the deadline, the owner's stop) writes it, and every later
 writer learns it lost.
 """
@@ -17,9 +17,11 @@ import attrs
 
 from ..errors import CorruptEntry, JobNotFound
 from ..identity import validate_id
-from ..matrix.codec import DecodeError, converter, structure
+from ..matrix.fsio import now_ms
 from ..matrix.model import bounded
-from ..matrix.store import MatrixStore, Problem, RecordStore, now_ms
+from ..matrix.records import Records
+from ..matrix.statedir import Problem
+from ..matrix.store import MatrixStore
 from .model import JOB_SCHEMA_VERSION, AgentResult, Job
 
 __all__ = ["JobStore", "new_job_id", "new_nonce"]
@@ -39,82 +41,40 @@ class JobStore:
 
     def __init__(self, store: MatrixStore) -> None:
         self.store = store
-        self.jobs = RecordStore(store, "jobs")
-        self.results = RecordStore(store, "results")
+        self.jobs = Records(
+            store, "jobs", Job, newest=JOB_SCHEMA_VERSION, own_name=lambda job: job.id, missing=JobNotFound
+        )
+        # Only ever read with find: an absent result is an answer, not an error.
+        self.results = Records(store, "results", AgentResult)
 
     # -- jobs -------------------------------------------------------------------------------------
-    def _job(self, raw: dict[str, Any], name: str) -> Job:
-        version = raw.get("schemaVersion")
-        if type(version) is int and version > JOB_SCHEMA_VERSION:
-            raise CorruptEntry(
-                str(self.jobs.root / f"{name}.json"),
-                f"written by a newer pi-matrix (schemaVersion {version}); upgrade to read it",
-            )
-        try:
-            job = structure(raw, Job)
-        except DecodeError as exc:
-            raise CorruptEntry(str(self.jobs.root / f"{name}.json"), exc.reason) from None
-        if job.id != name:
-            raise CorruptEntry(
-                str(self.jobs.root / f"{name}.json"), f"inner id {job.id!r} differs from the name"
-            )
-        return job
-
     def create(self, job: Job) -> Job:
         validate_id(job.id, "job id")
-        if not self.jobs.put(job.id, converter.unstructure(job), exclusive=True):
-            raise CorruptEntry(str(self.jobs.root / f"{job.id}.json"), "a job with this id already exists")
+        if not self.jobs.put(job.id, job, exclusive=True):
+            raise CorruptEntry(self.jobs.path(job.id), "a job with this id already exists")
         return job
 
     def get(self, job_id: str) -> Job:
         validate_id(job_id, "job id")
-        raw = self.jobs.get(job_id)
-        if raw is None:
-            raise JobNotFound(job_id)
-        return self._job(raw, job_id)
+        return self.jobs.get(job_id)
 
     def update(self, job_id: str, change: Callable[[Job], Job | None]) -> Job:
         """Change a job under its lock (``change`` returning None writes nothing)."""
         validate_id(job_id, "job id")
-        seen: list[Job] = []
-
-        def apply(raw: dict[str, Any] | None) -> dict[str, Any] | None:
-            if raw is None:
-                raise JobNotFound(job_id)
-            job = self._job(raw, job_id)
-            changed = change(job)
-            seen.append(changed or job)
-            return None if changed is None else converter.unstructure(changed)
-
-        self.jobs.update(job_id, apply)
-        return seen[-1]
+        return self.jobs.update(job_id, change)
 
     def list_jobs(self) -> tuple[list[Job], list[Problem]]:
-        records, problems = self.jobs.list()
-        jobs: list[Job] = []
-        for name, raw in records:
-            try:
-                jobs.append(self._job(raw, name))
-            except CorruptEntry as exc:
-                problems.append(Problem(str(self.jobs.root / f"{name}.json"), exc.reason, "corrupt"))
-        return jobs, problems
+        return self.jobs.list()
 
     # -- results ----------------------------------------------------------------------------------
     def put_result(self, result: AgentResult) -> bool:
         """Write ``result`` unless this agent's round already has one (False then)."""
         name = f"{result.job_id}.{result.agent_id}.{result.round}"
         result = attrs.evolve(result, detail=bounded(result.detail, 2000))
-        return self.results.put(name, converter.unstructure(result), exclusive=True)
+        return self.results.put(name, result, exclusive=True)
 
     def result(self, job_id: str, agent_id: str, round_: int) -> AgentResult | None:
-        name = f"{job_id}.{agent_id}.{round_}"
-        raw = self.results.get(name)
-        if raw is None:
-            return None
-        try:
-            return structure(raw, AgentResult)
-        except DecodeError as exc:
-            raise CorruptEntry(str(self.results.root / f"{name}.json"), exc.reason) from None
+        return self.results.find(f"{job_id}.{agent_id}.{round_}")
 
     def results_of(self, job: Job) -> dict[str, list[AgentResult]]:
         """Every result of every agent of ``job``, by agent id, oldest round first."""

@@ -1,0 +1,280 @@
+"""Durable, bounded file I/O under the state dir: the only code that writes or reads its bytes.
+
+This room owns how a file reaches the disk and comes back: :func:`durable_write` (temp
+``O_EXCL|O_NOFOLLOW`` 0600 -> fsync -> rename or link -> fsync the directory, so a reader or a
+crash sees the whole old version or the whole new one), :func:`durable_unlink`, the strict
+readers :func:`read_bounded` and :func:`read_tail` (never a symlink, never a FIFO), the safe
+opening of a state directory (:func:`open_dir`: ours, 0700, never a symlink), and the
+generation tokens and timestamps every write carries. What the files mean is the business of
+the stores above it (``store``, ``records``).
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import secrets
+import stat
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Final
+
+from ..errors import CorruptEntry, StateDirError, StoreError
+
+__all__ = [
+    "DIR_FLAGS",
+    "check_dir",
+    "durable_unlink",
+    "durable_write",
+    "new_token",
+    "now_ms",
+    "open_dir",
+    "opened_dir",
+    "read_bounded",
+    "read_tail",
+]
+
+_O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+_READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC
+_CREATE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _O_CLOEXEC
+DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _O_CLOEXEC
+
+
+# --- seams: tests replace these to force error branches (EIO, ENOSPC) -----------------------
+# Every fsync and every data write of the state dir goes through these two names, looked up
+# at call time, so patching ``fsio._fsync`` reaches the entry store and the record stores alike.
+def _fsync(fd: int) -> None:
+    os.fsync(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+# --- writing -----------------------------------------------------------------------------------
+def durable_write(dir_fd: int, name: str, data: bytes, *, exclusive: bool, path: str) -> None:
+    """Write ``name`` in ``dir_fd`` so a crash leaves the whole old or the whole new version.
+
+    temp (``O_EXCL``, 0600) -> fsync -> rename (``link`` when ``exclusive``: FileExistsError if
+    the name is taken) -> fsync the directory. The caller holds the name's lock, which is what
+    makes the one fixed temp name per file safe. Any failure is a StoreError and the write was
+    not acknowledged.
+    """
+    tmp = f".{name}.tmp"
+    try:
+        fd = os.open(tmp, _CREATE_FLAGS, 0o600, dir_fd=dir_fd)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot write ({exc.strerror})", path=path, errno=exc.errno) from None
+    committed = False
+    try:
+        try:
+            # O_CREAT's mode is filtered by the umask (000 -> fine, 277 -> unwritable); the
+            # file is 0600 whatever the umask.
+            os.fchmod(fd, 0o600)
+            _write_all(fd, data)
+            _fsync(fd)
+        finally:
+            os.close(fd)
+        if exclusive:
+            os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+            committed = True
+            # The file is in place; the temp name is only a second link to it now, and a
+            # leftover one is swept under the lock by the next writer.
+            with suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+        else:
+            os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            committed = True
+        _fsync(dir_fd)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        note = "; the new version is in place but may not survive a crash" if committed else ""
+        raise StoreError(
+            f"{path}: write failed ({exc.strerror}){note}; the change was not acknowledged",
+            path=path,
+            errno=exc.errno,
+        ) from None
+    finally:
+        if not committed:
+            with suppress(OSError):
+                os.unlink(tmp, dir_fd=dir_fd)
+
+
+def durable_unlink(dir_fd: int, name: str) -> None:
+    """Remove ``name`` from ``dir_fd`` and fsync the directory so the removal survives a crash.
+
+    Raises the OSError as it came (FileNotFoundError when absent): the callers word it.
+    """
+    os.unlink(name, dir_fd=dir_fd)
+    _fsync(dir_fd)
+
+
+# --- reading -----------------------------------------------------------------------------------
+def read_bounded(dir_fd: int, name: str, path: str, max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``, never following a symlink and never
+    blocking on a FIFO. FileNotFoundError if absent; CorruptEntry (with the reason) otherwise."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CorruptEntry(path, "is a symlink (never followed)") from None
+        raise CorruptEntry(path, f"cannot open ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CorruptEntry(path, f"is not a regular file ({_kind(info.st_mode)})")
+        if info.st_size > max_bytes:
+            raise CorruptEntry(path, f"is {info.st_size} bytes, over the {max_bytes} byte cap")
+        return os.read(fd, info.st_size + 1)  # not the cap: a 1 MiB buffer per read costs
+    except OSError as exc:
+        raise CorruptEntry(path, f"cannot read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+
+
+def read_tail(dir_fd: int, name: str, path: str, max_bytes: int) -> bytes:
+    """The last ``max_bytes`` of a regular file (a growing log read while it is written), with
+    :func:`read_bounded`'s rules: never a symlink, never a FIFO."""
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise CorruptEntry(path, f"cannot open ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise CorruptEntry(path, f"is not a regular file ({_kind(info.st_mode)})")
+        return os.pread(fd, max_bytes, max(0, info.st_size - max_bytes))
+    except OSError as exc:
+        raise CorruptEntry(path, f"cannot read ({exc.strerror})") from None
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    for test, label in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return label
+    return "not a regular file"
+
+
+# --- directories -------------------------------------------------------------------------------
+def check_dir(fd: int, path: Path) -> None:
+    """StateDirError unless the open directory ``fd`` is ours and closed to everyone else."""
+    info = os.fstat(fd)
+    if not stat.S_ISDIR(info.st_mode):  # pragma: no cover - O_DIRECTORY guarantees this
+        raise StateDirError(f"{path}: not a directory", path=str(path))
+    if info.st_uid != os.geteuid():
+        raise StateDirError(
+            f"{path}: owned by uid {info.st_uid}, not by you (uid {os.geteuid()}); "
+            "use a state dir of your own (--state-dir or PI_MATRIX_STATE_DIR)",
+            path=str(path),
+        )
+    if info.st_mode & 0o077:
+        raise StateDirError(
+            f"{path}: mode {stat.S_IMODE(info.st_mode):04o} lets others in; run 'chmod 700 {path}'",
+            path=str(path),
+        )
+
+
+def open_dir(path: Path, *, create: bool) -> int | None:
+    """An fd for ``path`` after the safety checks; None if it is absent and not created."""
+    for attempt in range(2):
+        try:
+            fd = os.open(path, DIR_FLAGS)
+        except FileNotFoundError:
+            if not create or attempt:
+                return None
+            _make_dir(path)
+            continue
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise StateDirError(
+                    f"{path}: is a symlink or not a directory; point the state dir at a real "
+                    "directory (--state-dir or PI_MATRIX_STATE_DIR)",
+                    path=str(path),
+                    errno=exc.errno,
+                ) from None
+            raise StoreError(
+                f"{path}: cannot open ({exc.strerror})", path=str(path), errno=exc.errno
+            ) from None
+        try:
+            check_dir(fd, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+    return None  # pragma: no cover
+
+
+@contextmanager
+def opened_dir(path: Path, *, create: bool) -> Iterator[int | None]:
+    """:func:`open_dir` for the block, closed after it."""
+    fd = open_dir(path, create=create)
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _make_dir(path: Path) -> None:
+    missing = []
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        missing.append(probe)
+        probe = probe.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise StoreError(
+                f"{directory}: cannot create the state dir ({exc.strerror})",
+                path=str(directory),
+                errno=exc.errno,
+            ) from None
+        # mkdir's mode is filtered by the umask; the state dir is 0700 whatever the umask.
+        os.chmod(directory, 0o700)
+
+
+# --- generation tokens -----------------------------------------------------------------------
+_incarnation = secrets.token_hex(8)
+_counter = itertools.count(1)
+
+
+def _reset_tokens_after_fork() -> None:
+    # A forked child must never mint a token its parent also mints.
+    global _incarnation, _counter  # noqa: PLW0603
+    _incarnation = secrets.token_hex(8)
+    _counter = itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_reset_tokens_after_fork)
+
+
+def new_token() -> str:
+    """A token never minted before by any process: random incarnation + a counter."""
+    return f"{_incarnation}-{next(_counter)}"
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds; records are for humans and expiry, never for liveness."""
+    return time.time_ns() // 1_000_000

@@ -1,0 +1,123 @@
+"""Repair of the state dir: dead writers' temp files removed, corrupt and foreign files quarantined.
+
+Nothing is ever deleted here but a temp file no writer owns any more: a file that is not a valid
+entry is evidence, moved to ``quarantine/<name>.<ms>.<random>`` under the entry's lock after a
+re-check (a writer may have repaired it meanwhile). Files written by a newer pi-matrix are
+reported and left alone. The entry store (:class:`~.store.MatrixStore`) is reached through the
+small :class:`EntryFiles` protocol, because ``MatrixStore.repair`` delegates here and this
+module must not import ``store``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Protocol
+
+import attrs
+
+from ..errors import CorruptEntry, StoreError
+from .fsio import now_ms, open_dir
+from .model import Entry
+from .statedir import QUARANTINE, SUFFIX, TMP_SUFFIX, Problem, is_key
+
+__all__ = ["EntryFiles", "RepairAction", "repair"]
+
+
+@attrs.frozen
+class RepairAction:
+    """What ``repair`` did (or, dry, would do) with one file."""
+
+    path: str
+    action: str  # "quarantine" | "remove-temp" | "skip"
+    reason: str
+    target: str | None = None
+
+
+class _Listing(Protocol):
+    @property
+    def problems(self) -> tuple[Problem, ...]: ...
+
+
+class EntryFiles(Protocol):
+    """What repair needs of the entry store (a :class:`~.store.MatrixStore`)."""
+
+    @property
+    def root(self) -> Path: ...
+
+    def open_root(self, *, create: bool) -> AbstractContextManager[int | None]: ...
+
+    def locked(self, key: str) -> AbstractContextManager[int]: ...
+
+    def find(self, key: str) -> Entry | None: ...
+
+    def list(self) -> _Listing: ...
+
+
+def repair(store: EntryFiles, *, dry_run: bool = False) -> tuple[RepairAction, ...]:
+    """Move corrupt and foreign files to ``quarantine/``; remove dead writers' temp files.
+
+    Files written by a newer pi-matrix are reported and left alone. With ``dry_run`` nothing
+    is created, locked, moved or removed.
+    """
+    with store.open_root(create=False) as root_fd:
+        if root_fd is None:
+            return ()
+        with os.scandir(root_fd) as scan:
+            names = sorted(item.name for item in scan)
+    actions = list(_sweep_temps(store, names, dry_run=dry_run))
+    for problem in store.list().problems:
+        if problem.kind == "newer":
+            actions.append(RepairAction(problem.path, "skip", problem.reason))
+            continue
+        name = os.path.basename(problem.path)
+        target = str(store.root / QUARANTINE / f"{name}.{now_ms()}.{secrets.token_hex(3)}")
+        actions.append(RepairAction(problem.path, "quarantine", problem.reason, target))
+        if not dry_run:
+            _quarantine(store, name, target)
+    return tuple(actions)
+
+
+def _sweep_temps(store: EntryFiles, names: list[str], *, dry_run: bool) -> Iterator[RepairAction]:
+    for name in names:
+        if not (name.startswith(".") and name.endswith(TMP_SUFFIX)):
+            continue
+        key = name[1 : -len(TMP_SUFFIX)]
+        if not is_key(key):
+            continue
+        yield RepairAction(str(store.root / name), "remove-temp", "left by a writer that died")
+        if not dry_run:
+            with store.locked(key):
+                pass  # taking the lock sweeps the temp
+
+
+def _quarantine(store: EntryFiles, name: str, target: str) -> None:
+    key = name[: -len(SUFFIX)] if name.endswith(SUFFIX) else None
+    fd = open_dir(store.root / QUARANTINE, create=True)
+    if fd is not None:
+        os.close(fd)
+    if key is not None and is_key(key):
+        with store.locked(key):
+            # Re-check under the lock: a writer may have repaired it meanwhile.
+            try:
+                store.find(key)
+                return
+            except CorruptEntry:
+                pass
+            _move(store.root / name, target)
+    else:
+        _move(store.root / name, target)
+
+
+def _move(source: Path, target: str) -> None:
+    if os.path.lexists(target):  # pragma: no cover - names carry a timestamp and random suffix
+        raise StoreError(f"{target}: already exists; retry repair", path=target)
+    try:
+        os.rename(source, target)  # renames the symlink/FIFO itself, never its target
+    except OSError as exc:
+        raise StoreError(
+            f"{source}: cannot move to quarantine ({exc.strerror})", path=str(source), errno=exc.errno
+        ) from None
