@@ -70,8 +70,8 @@ if TYPE_CHECKING:  # what mypy and IDEs see for the lazy names; never executed
     from .dispatch.model import AgentLaunch, AgentResult, Job, JobAgent, Relaunch, ResultKind
     from .dispatch.profile import ProfileSet, WorkerLaunchProfile, load_profiles
     from .dispatch.tmux import TmuxServer
-    from .procs import current as current_process
     from .matrix.lifecycle import new_entry
+    from .procs import current as current_process
 
 __all__ = [
     "AgentIdentityContract",
@@ -108,8 +108,8 @@ __all__ = [
     "ProfileSet",
     "Relaunch",
     "ResultKind",
-    "Role",
     "ResumeRefused",
+    "Role",
     "RunNotFound",
     "StateDirError",
     "Status",

@@ -46,7 +46,9 @@ PURE: dict[str, frozenset[str]] = {
     "matrix.lifecycle": frozenset({"identity", "matrix.model"}),
     "matrix.reconcile": frozenset({"identity", "matrix.model"}),
 }
-IO_MODULES = frozenset({"os", "io", "subprocess", "shutil", "socket", "signal", "psutil", "tempfile", "pathlib"})
+IO_MODULES = frozenset(
+    {"os", "io", "subprocess", "shutil", "socket", "signal", "psutil", "tempfile", "pathlib"}
+)
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -114,9 +116,9 @@ def _io_imports(path: Path) -> Iterator[tuple[str, int]]:
 def _program_calls(path: Path) -> Iterator[tuple[str, int]]:
     """print(), input(), exit()/quit(), sys.exit(), any use of sys.argv."""
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            if node.func.id in {"print", "input", "exit", "quit"}:
-                yield f"{node.func.id}()", node.lineno
+        called = node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else ""
+        if called in {"print", "input", "exit", "quit"}:
+            yield f"{called}()", node.lineno
         if (
             isinstance(node, ast.Attribute)
             and isinstance(node.value, ast.Name)
@@ -183,7 +185,7 @@ def violations(root: Path = ROOT) -> list[str]:
             if name != "":  # the package's face re-exports; nothing imports it back but programs
                 graph[name].add(target)
             if (_top(name), _top(target)) in APART:
-                problems.append(f"{where}:{line}: {name or PACKAGE} -> {target}: supervise/ and dispatch/ stand apart")
+                problems.append(f"{where}:{line}: {name} -> {target}: supervise/ and dispatch/ stand apart")
             elif _layer(target) > _layer(name):
                 problems.append(
                     f"{where}:{line}: {name or PACKAGE} (layer {_layer(name)}) -> {target or PACKAGE} "
