@@ -17,8 +17,7 @@ from conftest import kill_tmux_server
 from test_dispatch import STANDIN, wait_for
 
 from pi_tmux_matrix import procs
-from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
-from pi_tmux_matrix.runs import (
+from pi_tmux_matrix.fork import (
     FORCED_ENV,
     PARENT_ABORTED,
     ForkRun,
@@ -32,6 +31,7 @@ from pi_tmux_matrix.runs import (
     merge_flags,
     reap,
 )
+from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
 from pi_tmux_matrix.supervise.mailbox import EventLog
 
 
@@ -474,7 +474,7 @@ def test_a_waiter_killed_with_its_whole_group_still_gets_its_fork_stopped(caller
 # --- launches that go wrong half-way ---------------------------------------------------------------------
 def _start(caller: Caller) -> ForkRun:
     """start_fork in this process (so a test can break one of its seams), beside the caller."""
-    from pi_tmux_matrix.runs import ForkRequest, start_fork
+    from pi_tmux_matrix.fork import ForkRequest, start_fork
     from pi_tmux_matrix.settings import load_settings
 
     request = ForkRequest(
@@ -510,7 +510,7 @@ def test_an_abort_during_the_launch_wins_and_the_pane_is_not_attached(
     caller: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from pi_tmux_matrix.dispatch.tmux import TmuxServer
-    from pi_tmux_matrix.runs import abort_runs
+    from pi_tmux_matrix.fork import abort_runs
 
     real = TmuxServer.pipe_pane
 
@@ -585,7 +585,7 @@ def test_the_exit_code_is_found_at_the_end_of_a_long_pane_log(caller: Caller) ->
 
 
 def test_a_result_without_an_answer_is_a_failure() -> None:
-    from pi_tmux_matrix.runs import finished
+    from pi_tmux_matrix.fork import finished
 
     now = now_ms()
     run = ForkRun(id="run-1", cwd="/", task="t", mode=RunMode.WAIT, created_at_ms=now, updated_at_ms=now)

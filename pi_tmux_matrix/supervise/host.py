@@ -679,7 +679,7 @@ class AgentHost:
 
     def _abort_forks(self) -> None:
         """The agent's session shut down: its running fork runs are stopped and failed (seed 003)."""
-        from ..runs import abort_runs
+        from ..fork import abort_runs
 
         session_file = self.entry.identity.session_file if self.entry is not None else None
         try:
