@@ -19,6 +19,7 @@ from test_dispatch import STANDIN, wait_for
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.fork import (
     FORCED_ENV,
+    INTERRUPTED,
     PARENT_ABORTED,
     ForkRun,
     RunMode,
@@ -411,6 +412,42 @@ def test_a_waiter_told_to_stop_stops_its_fork_and_fails_it_with_the_seed_message
         assert run.pane_id not in caller.panes()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT], ids=["hangup", "ctrl-c"])
+def test_a_waiter_fails_its_fork_as_a_shutdown_on_a_hangup_and_as_an_interruption_on_ctrl_c(
+    caller: Caller, sig: signal.Signals
+) -> None:
+    argv = [sys.executable, "-m", "pi_tmux_matrix", "fork", "--session", str(caller.session), "--", "HANG on"]
+    with caller.process(argv, start_new_session=False) as waiter:
+        run = wait_for("the fork's pane", lambda: (runs := caller.runs()) and runs[0].process and runs[0])
+        waiter.send_signal(sig)
+        assert waiter.wait(timeout=30) == 1
+        ended = RunStore(caller.store).get(run.id)
+        assert ended.status is RunStatus.FAILED
+        assert ended.error == (INTERRUPTED if sig == signal.SIGINT else PARENT_ABORTED)
+        assert run.process is not None and procs.wait_for_exit(run.process, 10)
+
+
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (its SigCgt mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) >> (sig - 1) & 1)
+
+
+def test_a_runs_wait_told_to_stop_stops_the_fork_it_waits_for(caller: Caller) -> None:
+    started = caller.fork("--background", "--json", "--", "HANG on")
+    run_id = json.loads(started.stdout)["id"]
+    argv = [sys.executable, "-m", "pi_tmux_matrix", "runs", run_id, "--wait"]
+    with caller.process(argv, start_new_session=False) as waiter:
+        run = wait_for("the fork to run", lambda: (runs := caller.runs()) and runs[0].process and runs[0])
+        wait_for("the waiter's SIGTERM handler", lambda: _catches(waiter.pid, signal.SIGTERM))
+        waiter.send_signal(signal.SIGTERM)
+        assert waiter.wait(timeout=30) == 1
+        ended = RunStore(caller.store).get(run_id)
+        assert ended.status is RunStatus.FAILED and ended.error == PARENT_ABORTED
+        assert run.process is not None and procs.wait_for_exit(run.process, 10)
+
+
 # --- stopping exactly the run's own processes and pane -------------------------------------------------
 def _running(caller: Caller) -> ForkRun:
     return wait_for(
@@ -622,3 +659,28 @@ def test_the_snapshot_stops_at_the_last_whole_line_and_secrets_stay_off_the_comm
     assert "PI_MATRIX_KEY" not in got  # not from the tmux server's global environment either
     assert "sekret-123" not in " ".join(RunStore(caller.store).get(run_id).argv)
     assert (folder / "fork.sh").stat().st_mode & 0o077 == 0
+
+
+def test_the_old_runs_module_is_a_deprecated_alias_of_fork() -> None:
+    import importlib
+
+    from pi_tmux_matrix import fork
+
+    sys.modules.pop("pi_tmux_matrix.runs", None)
+    with pytest.warns(DeprecationWarning, match="pi_tmux_matrix.fork"):
+        runs = importlib.import_module("pi_tmux_matrix.runs")
+    assert all(getattr(runs, name) is getattr(fork, name) for name in runs.__all__)
+    assert set(runs.__all__) == set(fork.__all__)
+
+
+def test_the_first_stop_request_is_the_reason() -> None:
+    from pi_tmux_matrix.fork import StopRequest
+
+    stop = StopRequest()
+    assert stop.reason() is None
+    stop.parent_shutdown()
+    stop.interrupt()
+    assert stop.reason() == PARENT_ABORTED
+    other = StopRequest()
+    other.interrupt()
+    assert other.reason() == INTERRUPTED
