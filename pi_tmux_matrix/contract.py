@@ -47,6 +47,7 @@ __all__ = [
     "ENV_TMUX_SOCKET",
     "ENV_WORKTREE_LANE",
     "FORK_FORCED_ENV",
+    "FORK_NOT_INHERITED",
     "FORK_RUN_ENV",
     "NEVER_INHERITED",
     "PASS_ENV",
@@ -106,6 +107,8 @@ FORK_FORCED_ENV: Final = {
 NEVER_INHERITED: Final = CONTRACT_ENV | frozenset(
     {ENV_KEY, ENV_MAILBOX, ENV_HOST_PID, ENV_DONE_MARKER, ENV_BLOCKED_MARKER, ENV_PROFILE}
 )
+# A fork child is also not the caller's pane, nor an earlier fork run.
+FORK_NOT_INHERITED: Final = NEVER_INHERITED | FORK_RUN_ENV | frozenset({"TMUX", "TMUX_PANE"})
 # Passed explicitly on every tmux launch: a long-lived tmux server keeps the env of its first client.
 PASS_ENV: Final = (
     "PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", ENV_AGENT_DIR,

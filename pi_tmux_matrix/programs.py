@@ -19,7 +19,7 @@ from .errors import ResumeRefused
 from .identity import AgentIdentityContract
 from .matrix.model import bounded
 
-__all__ = ["cli_argv", "host_argv", "pi_command", "spawn_detached", "watch_argv"]
+__all__ = ["cli_argv", "finisher_argv", "host_argv", "pi_command", "spawn_detached", "watch_argv"]
 
 
 def cli_argv(state_dir: Path | str | None, *words: str, python: str = sys.executable) -> list[str]:
@@ -108,6 +108,26 @@ def watch_argv(
         argv += ["--socket", pane[0], "--pane", pane[1]]
     elif follow is not None:
         argv += ["--follow", follow]
+    return argv
+
+
+def finisher_argv(
+    state_dir: Path,
+    run_id: str,
+    *,
+    watch: tuple[int, int] | None = None,
+    notify: bool = True,
+    python: str = sys.executable,
+) -> list[str]:
+    """A fork run's finisher (``pi-matrix runs RUN --wait --keep-pane``), in its own session: waits
+    for the end and records it; for a background run it tells the parent (``notify``), for a
+    waited one it watches the waiter (``watch``: pid, start ticks) and stops the fork if the waiter
+    dies first."""
+    argv = cli_argv(state_dir, "runs", run_id, "--wait", "--keep-pane", python=python)
+    if notify:
+        argv.append("--notify")
+    if watch is not None:
+        argv += ["--watch", f"{watch[0]}:{watch[1]}"]
     return argv
 
 

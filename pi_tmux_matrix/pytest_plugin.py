@@ -25,12 +25,10 @@ from typing import Any
 
 import pytest
 
+from .contract import NEVER_INHERITED
+
 __all__ = ["MatrixSettingsFile", "matrix_settings", "matrix_state_dir", "stand_in_agent", "tmux_server"]
 
-_CONTRACT = (
-    "PI_PARENT_PID", "PI_PARENT_SESSION", "PI_ORCHESTRATION_AGENT_ID", "PI_TASK_REF",
-    "PI_WORKER_ALLOWED_PATHS", "PI_WORKTREE_LANE", "PI_MATRIX_KEY", "PI_MATRIX_MAILBOX", "PI_MATRIX_HOST_PID",
-)  # fmt: skip
 FAST: dict[str, Any] = {"heartbeatMs": 1000, "watcherPollMs": 1000, "adoptionGraceMs": 5000}
 
 
@@ -43,7 +41,7 @@ def matrix_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     state = root / "state"
     monkeypatch.setenv("PI_MATRIX_STATE_DIR", str(state))
     monkeypatch.setenv("PI_CODING_AGENT_DIR", str(agent))
-    for name in _CONTRACT:
+    for name in sorted(NEVER_INHERITED):
         monkeypatch.delenv(name, raising=False)
     return state
 

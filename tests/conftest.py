@@ -10,6 +10,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from pi_tmux_matrix.contract import ENV_STATE_DIR, NEVER_INHERITED
 from pi_tmux_matrix.matrix.store import MatrixStore
 
 
@@ -20,18 +21,7 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("PI_CODING_AGENT_DIR", str(home / ".pi" / "agent"))
-    for name in (
-        "PI_MATRIX_STATE_DIR",
-        "PI_PARENT_PID",
-        "PI_PARENT_SESSION",
-        "PI_ORCHESTRATION_AGENT_ID",
-        "PI_TASK_REF",
-        "PI_WORKER_ALLOWED_PATHS",
-        "PI_WORKTREE_LANE",
-        "PI_MATRIX_KEY",
-        "PI_MATRIX_MAILBOX",
-        "PI_MATRIX_HOST_PID",
-    ):
+    for name in (ENV_STATE_DIR, *NEVER_INHERITED):
         monkeypatch.delenv(name, raising=False)
     # Anything that falls back to the default tmux socket lands on this run's private one.
     monkeypatch.setenv("PI_MATRIX_TMUX_SOCKET", _SESSION_SOCKET)

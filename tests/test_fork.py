@@ -17,10 +17,9 @@ from conftest import kill_tmux_server
 from test_dispatch import STANDIN, wait_for
 
 from pi_tmux_matrix import procs
-from pi_tmux_matrix.matrix.mailbox import EventLog
-from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
-from pi_tmux_matrix.runs import (
+from pi_tmux_matrix.fork import (
     FORCED_ENV,
+    INTERRUPTED,
     PARENT_ABORTED,
     ForkRun,
     RunMode,
@@ -33,6 +32,8 @@ from pi_tmux_matrix.runs import (
     merge_flags,
     reap,
 )
+from pi_tmux_matrix.matrix.mailbox import EventLog
+from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
 
 
 class Caller:
@@ -411,6 +412,42 @@ def test_a_waiter_told_to_stop_stops_its_fork_and_fails_it_with_the_seed_message
         assert run.pane_id not in caller.panes()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGINT], ids=["hangup", "ctrl-c"])
+def test_a_waiter_fails_its_fork_as_a_shutdown_on_a_hangup_and_as_an_interruption_on_ctrl_c(
+    caller: Caller, sig: signal.Signals
+) -> None:
+    argv = [sys.executable, "-m", "pi_tmux_matrix", "fork", "--session", str(caller.session), "--", "HANG on"]
+    with caller.process(argv, start_new_session=False) as waiter:
+        run = wait_for("the fork's pane", lambda: (runs := caller.runs()) and runs[0].process and runs[0])
+        waiter.send_signal(sig)
+        assert waiter.wait(timeout=30) == 1
+        ended = RunStore(caller.store).get(run.id)
+        assert ended.status is RunStatus.FAILED
+        assert ended.error == (INTERRUPTED if sig == signal.SIGINT else PARENT_ABORTED)
+        assert run.process is not None and procs.wait_for_exit(run.process, 10)
+
+
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (its SigCgt mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) >> (sig - 1) & 1)
+
+
+def test_a_runs_wait_told_to_stop_stops_the_fork_it_waits_for(caller: Caller) -> None:
+    started = caller.fork("--background", "--json", "--", "HANG on")
+    run_id = json.loads(started.stdout)["id"]
+    argv = [sys.executable, "-m", "pi_tmux_matrix", "runs", run_id, "--wait"]
+    with caller.process(argv, start_new_session=False) as waiter:
+        run = wait_for("the fork to run", lambda: (runs := caller.runs()) and runs[0].process and runs[0])
+        wait_for("the waiter's SIGTERM handler", lambda: _catches(waiter.pid, signal.SIGTERM))
+        waiter.send_signal(signal.SIGTERM)
+        assert waiter.wait(timeout=30) == 1
+        ended = RunStore(caller.store).get(run_id)
+        assert ended.status is RunStatus.FAILED and ended.error == PARENT_ABORTED
+        assert run.process is not None and procs.wait_for_exit(run.process, 10)
+
+
 # --- stopping exactly the run's own processes and pane -------------------------------------------------
 def _running(caller: Caller) -> ForkRun:
     return wait_for(
@@ -474,7 +511,7 @@ def test_a_waiter_killed_with_its_whole_group_still_gets_its_fork_stopped(caller
 # --- launches that go wrong half-way ---------------------------------------------------------------------
 def _start(caller: Caller) -> ForkRun:
     """start_fork in this process (so a test can break one of its seams), beside the caller."""
-    from pi_tmux_matrix.runs import ForkRequest, start_fork
+    from pi_tmux_matrix.fork import ForkRequest, start_fork
     from pi_tmux_matrix.settings import load_settings
 
     request = ForkRequest(
@@ -510,7 +547,7 @@ def test_an_abort_during_the_launch_wins_and_the_pane_is_not_attached(
     caller: Caller, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from pi_tmux_matrix.dispatch.tmux import TmuxServer
-    from pi_tmux_matrix.runs import abort_runs
+    from pi_tmux_matrix.fork import abort_runs
 
     real = TmuxServer.pipe_pane
 
@@ -585,7 +622,7 @@ def test_the_exit_code_is_found_at_the_end_of_a_long_pane_log(caller: Caller) ->
 
 
 def test_a_result_without_an_answer_is_a_failure() -> None:
-    from pi_tmux_matrix.runs import finished
+    from pi_tmux_matrix.fork import finished
 
     now = now_ms()
     run = ForkRun(id="run-1", cwd="/", task="t", mode=RunMode.WAIT, created_at_ms=now, updated_at_ms=now)
@@ -622,3 +659,28 @@ def test_the_snapshot_stops_at_the_last_whole_line_and_secrets_stay_off_the_comm
     assert "PI_MATRIX_KEY" not in got  # not from the tmux server's global environment either
     assert "sekret-123" not in " ".join(RunStore(caller.store).get(run_id).argv)
     assert (folder / "fork.sh").stat().st_mode & 0o077 == 0
+
+
+def test_the_old_runs_module_is_a_deprecated_alias_of_fork() -> None:
+    import importlib
+
+    from pi_tmux_matrix import fork
+
+    sys.modules.pop("pi_tmux_matrix.runs", None)
+    with pytest.warns(DeprecationWarning, match="pi_tmux_matrix.fork"):
+        runs = importlib.import_module("pi_tmux_matrix.runs")
+    assert all(getattr(runs, name) is getattr(fork, name) for name in runs.__all__)
+    assert set(runs.__all__) == set(fork.__all__)
+
+
+def test_the_first_stop_request_is_the_reason() -> None:
+    from pi_tmux_matrix.fork import StopRequest
+
+    stop = StopRequest()
+    assert stop.reason() is None
+    stop.parent_shutdown()
+    stop.interrupt()
+    assert stop.reason() == PARENT_ABORTED
+    other = StopRequest()
+    other.interrupt()
+    assert other.reason() == INTERRUPTED

@@ -16,7 +16,7 @@ from test_dispatch import wait_for
 from test_fork import Caller
 
 from pi_tmux_matrix import procs
-from pi_tmux_matrix.runs import PARENT_ABORTED, RunStatus, RunStore
+from pi_tmux_matrix.fork import PARENT_ABORTED, RunStatus, RunStore
 
 
 @pytest.fixture

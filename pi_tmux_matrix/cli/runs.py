@@ -6,16 +6,20 @@ import argparse
 import json
 import math
 import os
-import time
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ContractError
 from ..identity import ProcessIdentity
 from ..matrix.store import MatrixStore
-from ..settings import load_settings, resolve_state_dir
+from ..settings import load_settings
+from .base import age, store_of
 
 if TYPE_CHECKING:
-    from ..runs import ForkRun
+    from ..fork import ForkRun, ForkUsage, RunStore, StopRequest
     from .base import Io
 
 __all__ = ["register"]
@@ -80,17 +84,6 @@ def _watched(value: str | None) -> ProcessIdentity | None:
     return ProcessIdentity(int(pid), int(ticks), procs.boot_id())
 
 
-def _store(args: argparse.Namespace) -> MatrixStore:
-    return MatrixStore(resolve_state_dir(args.state_dir))
-
-
-def _age(ms: int) -> str:
-    seconds = max(0, int(time.time() - ms / 1000))
-    if seconds < 120:
-        return f"{seconds}s"
-    if seconds < 7200:
-        return f"{seconds // 60}m"
-    return f"{seconds // 3600}h"
 
 
 def _print_run(io: Io, run: ForkRun) -> None:
@@ -98,14 +91,14 @@ def _print_run(io: Io, run: ForkRun) -> None:
     where = f"{run.socket_path or run.socket}:{run.pane_id}" if run.pane_id else "-"
     task = run.task.replace("\n", " ")
     io.out.write(
-        f"{run.id}  {run.status.value:<9}  {_age(run.created_at_ms):>4}  {cost}  {where}  {task[:60]}\n"
+        f"{run.id}  {run.status.value:<9}  {age(run.created_at_ms):>4}  {cost}  {where}  {task[:60]}\n"
     )
     if run.error:
         io.out.write(f"    error: {run.error}\n")
 
 
 def _report(io: Io, run: ForkRun, as_json: bool) -> int:
-    from ..runs import RunStatus
+    from ..fork import RunStatus
 
     if as_json:
         io.out.write(json.dumps(run.to_json(), indent=2) + "\n")
@@ -119,25 +112,36 @@ def _report(io: Io, run: ForkRun, as_json: bool) -> int:
     return EXIT_FAILED if run.status is RunStatus.FAILED else EXIT_OK
 
 
-def cmd_fork(args: argparse.Namespace, io: Io) -> int:
-    from .. import procs
-    from ..bridge import bridge_path
-    from ..runs import (
-        ForkRequest,
-        RunMode,
-        RunStore,
-        StopSignals,
-        abort_run,
-        finisher_argv,
-        start_fork,
-        wait_run,
-    )
-    from ..supervise.relaunch import pi_command, spawn_detached
+@contextmanager
+def _stop_on_signals() -> Iterator[StopRequest]:
+    """A stop request that SIGTERM and SIGHUP (the caller, the parent session, going away) and
+    SIGINT (a person's Ctrl-C) make while this is active, instead of ending the process: a waiter
+    must stop its fork before it goes, and a launch must not be cut between making the pane and
+    recording it. The handlers are this program's to install (main thread only), never the
+    library's; the previous ones come back after."""
+    from ..fork import StopRequest
 
-    if not args.argv:
-        raise ContractError(
-            "TASK", "missing", "give the task after --, e.g. pi-matrix fork --session F -- check X"
-        )
+    stop = StopRequest()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if signum == signal.SIGINT:
+            stop.interrupt()
+        else:
+            stop.parent_shutdown()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _requested_flags(args: argparse.Namespace) -> list[str]:
+    """The pi flags ``fork`` was given for the child, as pi spells them."""
     flags: list[str] = []
     for flag, value in (
         ("--model", args.model),
@@ -150,18 +154,31 @@ def cmd_fork(args: argparse.Namespace, io: Io) -> int:
         flags += ["--extension", extension]
     for skill in args.skill:
         flags += ["--skill", skill]
+    return flags
+
+
+def cmd_fork(args: argparse.Namespace, io: Io) -> int:
+    from .. import procs
+    from ..bridge import bridge_path
+    from ..fork import ForkRequest, RunMode, RunStore, abort_run, start_fork, wait_run
+    from ..programs import finisher_argv, pi_command, spawn_detached
+
+    if not args.argv:
+        raise ContractError(
+            "TASK", "missing", "give the task after --, e.g. pi-matrix fork --session F -- check X"
+        )
     mode = RunMode.BACKGROUND if args.background else RunMode.WAIT
     timeout = _timeout(args.timeout)
     request = ForkRequest(
         session_file=args.session,
         task=" ".join(args.argv),
         mode=mode,
-        flags=tuple(flags),
+        flags=tuple(_requested_flags(args)),
         socket=args.socket or os.environ.get("PI_MATRIX_TMUX_SOCKET") or None,
         tmux_env=os.environ.get("TMUX") or None,
         tmux_pane=os.environ.get("TMUX_PANE") or None,
     )
-    store = _store(args)
+    store = store_of(args)
     settings = load_settings()
     waiter = procs.current()
 
@@ -169,76 +186,35 @@ def cmd_fork(args: argparse.Namespace, io: Io) -> int:
         # Before pi starts: a background run's finisher records its end and tells the parent; a
         # waited run's watches this waiter, which pi's bash tool may SIGKILL with its group.
         background = mode is RunMode.BACKGROUND
-        argv = finisher_argv(store.root, run.id, watch=None if background else waiter, notify=background)
+        watch = None if background else (waiter.pid, waiter.start_ticks)
+        argv = finisher_argv(store.root, run.id, watch=watch, notify=background)
         spawn_detached(argv, RunStore(store).folder(run.id) / "finisher.log", cwd=run.cwd)
 
-    with StopSignals() as signals:
+    with _stop_on_signals() as stop:
         run = start_fork(
             store, settings, request, pi_argv=pi_command(), bridge=str(bridge_path()), on_started=started
         )
         if mode is RunMode.BACKGROUND:
-            why = signals.reason()
+            why = stop.reason()
             if why is not None:  # told to stop while it was being launched
                 run = abort_run(RunStore(store), run.id, why)
             return _report(io, run, args.json)
-        return _report(io, wait_run(store, run.id, timeout_s=timeout, signals=signals), args.json)
+        return _report(io, wait_run(store, run.id, timeout_s=timeout, stop=stop), args.json)
 
 
 def cmd_runs(args: argparse.Namespace, io: Io) -> int:
-    from ..runs import RunStore, abort_run, abort_runs, reap, refresh, summary, usage_total, wait_run
+    from ..fork import RunStore, abort_run, refresh
 
-    store = _store(args)
+    store = store_of(args)
     runs = RunStore(store)
     if args.run_id is None:
-        if args.wait:
-            raise ContractError("--wait", "needs a RUN", "name the run: pi-matrix runs RUN --wait")
-        if args.abort:
-            if not args.parent_session:
-                raise ContractError(
-                    "--abort",
-                    "needs a RUN or --parent-session",
-                    "name what to stop: pi-matrix runs RUN --abort",
-                )
-            stopped = abort_runs(store, parent_session_file=args.parent_session)
-            if args.json:
-                io.out.write(json.dumps([r.to_json() for r in stopped], indent=2) + "\n")
-            else:
-                io.out.write(f"stopped {len(stopped)} fork(s) of {args.parent_session}\n")
-            return EXIT_OK
-        listed = reap(runs) if store.exists() else []
-        for problem in runs.list()[1] if store.exists() else []:
-            # Never deleted here: the file is evidence. Listed so the user can move it aside.
-            io.err.write(f"pi-matrix: warning: {problem.line()} (left in place, not a run)\n")
-        if args.parent_session:
-            wanted = os.path.realpath(args.parent_session)
-            listed = [r for r in listed if r.parent_session_file == wanted]
-        total = usage_total(listed)
-        if args.json:
-            body = {"runs": [r.to_json() for r in listed], "total": {"runs": len(listed), **_total(total)}}
-            io.out.write(json.dumps(body, indent=2) + "\n")
-            return EXIT_OK
-        for run in listed:
-            _print_run(io, run)
-        io.out.write(
-            f"{len(listed)} run(s); tokens {total.total_tokens} (in {total.input}, out {total.output}); "
-            f"cost ${total.cost:.4f}\n"
-        )
-        return EXIT_OK
+        return _all_runs(args, io, store, runs)
     if args.abort and args.wait:
         raise ContractError("--abort", "cannot be combined with --wait", "use one")
     if args.abort:
         return _report(io, abort_run(runs, args.run_id, "aborted by pi-matrix runs --abort"), args.json)
     if args.wait:
-        run = wait_run(
-            store,
-            args.run_id,
-            timeout_s=_timeout(args.timeout),
-            close_pane=not args.keep_pane,
-            watch=_watched(args.watch),
-        )
-        if args.notify and run.parent_key:
-            _notify(store, run.parent_key, summary(run))
-        return _report(io, run, args.json)
+        return _wait_for(args, io, store)
     if args.keep_pane or args.notify or args.timeout is not None or args.watch is not None:
         io.err.write("pi-matrix: error: --keep-pane, --notify and --timeout go with --wait\n")
         return EXIT_USAGE
@@ -250,7 +226,78 @@ def cmd_runs(args: argparse.Namespace, io: Io) -> int:
     return EXIT_OK
 
 
-def _total(total: Any) -> dict[str, Any]:
+def _all_runs(args: argparse.Namespace, io: Io, store: MatrixStore, runs: RunStore) -> int:
+    """``runs`` without a RUN: abort a parent session's forks, or list them all."""
+    if args.wait:
+        raise ContractError("--wait", "needs a RUN", "name the run: pi-matrix runs RUN --wait")
+    if args.abort:
+        return _abort_parent_forks(args, io, store)
+    return _list_runs(args, io, store, runs)
+
+
+def _abort_parent_forks(args: argparse.Namespace, io: Io, store: MatrixStore) -> int:
+    """``runs --abort --parent-session FILE``: stop that session's running forks."""
+    from ..fork import abort_runs
+
+    if not args.parent_session:
+        raise ContractError(
+            "--abort",
+            "needs a RUN or --parent-session",
+            "name what to stop: pi-matrix runs RUN --abort",
+        )
+    stopped = abort_runs(store, parent_session_file=args.parent_session)
+    if args.json:
+        io.out.write(json.dumps([r.to_json() for r in stopped], indent=2) + "\n")
+    else:
+        io.out.write(f"stopped {len(stopped)} fork(s) of {args.parent_session}\n")
+    return EXIT_OK
+
+
+def _list_runs(args: argparse.Namespace, io: Io, store: MatrixStore, runs: RunStore) -> int:
+    """Every run (of ``--parent-session``) as it stands now, with the cost and usage total."""
+    from ..fork import reap, usage_total
+
+    listed = reap(runs) if store.exists() else []
+    for problem in runs.list()[1] if store.exists() else []:
+        # Never deleted here: the file is evidence. Listed so the user can move it aside.
+        io.err.write(f"pi-matrix: warning: {problem.line()} (left in place, not a run)\n")
+    if args.parent_session:
+        wanted = os.path.realpath(args.parent_session)
+        listed = [r for r in listed if r.parent_session_file == wanted]
+    total = usage_total(listed)
+    if args.json:
+        body = {"runs": [r.to_json() for r in listed], "total": {"runs": len(listed), **_total(total)}}
+        io.out.write(json.dumps(body, indent=2) + "\n")
+        return EXIT_OK
+    for run in listed:
+        _print_run(io, run)
+    io.out.write(
+        f"{len(listed)} run(s); tokens {total.total_tokens} (in {total.input}, out {total.output}); "
+        f"cost ${total.cost:.4f}\n"
+    )
+    return EXIT_OK
+
+
+def _wait_for(args: argparse.Namespace, io: Io, store: MatrixStore) -> int:
+    """``runs RUN --wait`` (a person, or the run's finisher): wait for the end, record it, and
+    with ``--notify`` tell the parent agent."""
+    from ..fork import summary, wait_run
+
+    with _stop_on_signals() as stop:
+        run = wait_run(
+            store,
+            args.run_id,
+            timeout_s=_timeout(args.timeout),
+            close_pane=not args.keep_pane,
+            watch=_watched(args.watch),
+            stop=stop,
+        )
+    if args.notify and run.parent_key:
+        _notify(store, run.parent_key, summary(run))
+    return _report(io, run, args.json)
+
+
+def _total(total: ForkUsage) -> dict[str, Any]:
     return {
         "input": total.input,
         "output": total.output,

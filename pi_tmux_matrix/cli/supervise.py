@@ -254,7 +254,7 @@ def cmd_host(args: argparse.Namespace, io: Io) -> int:
 
 def abort_forks(host: AgentHost) -> None:
     """The agent's session shut down: its running fork runs are stopped and failed (seed 003)."""
-    from ..runs import abort_runs
+    from ..fork import abort_runs
 
     entry = host.entry
     session_file = entry.identity.session_file if entry is not None else None

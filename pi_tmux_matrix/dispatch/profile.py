@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from .. import settings
+from ..contract import CONTRACT_ENV, RESERVED_ENV_PREFIX
 from ..errors import InvalidId, ProfileError, ProfileNotFound
 from ..identity import Mode, validate_id
 
@@ -91,17 +92,7 @@ TOOL_PATTERN: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 # example): never in a worker's ceiling. The bridge's envelope.ts keeps the same list.
 AGENT_LAUNCHING_TOOLS: Final = frozenset({"tmux_agent_manager", "fork", "subagent"})
 # Authority the dispatcher grants per launch; a profile setting one would forge it.
-RESERVED_ENV: Final = frozenset(
-    {
-        "PI_PARENT_PID",
-        "PI_PARENT_SESSION",
-        "PI_ORCHESTRATION_AGENT_ID",
-        "PI_TASK_REF",
-        "PI_WORKER_ALLOWED_PATHS",
-        "PI_WORKTREE_LANE",
-    }
-)
-RESERVED_ENV_PREFIX: Final = "PI_MATRIX_"
+RESERVED_ENV: Final = CONTRACT_ENV
 
 # Field -> what the other CLI has instead (for the "remove it" fix).
 PI_ONLY_FIELDS: Final[dict[str, str]] = {

@@ -1,0 +1,152 @@
+"""Where fork runs are kept: ``runs/<run id>.json`` records (locked, durable, strict, through the
+matrix's record store) and each run's folder ``runs/<run id>/`` with its snapshot, script, pane
+log, exit code and the bridge's result.
+
+The folder's files are written and read here; what they mean for the run is decided elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any, Final
+
+from .. import strictjson
+from ..errors import CorruptEntry, DispatchError, PiMatrixError
+from ..errors import RunNotFound as NotFound
+from ..identity import validate_id
+from ..matrix.codec import DecodeError, structure
+from ..matrix.store import MatrixStore, Problem, RecordStore, durable_write, read_bounded, read_tail
+from .model import RUN_SCHEMA_VERSION, ForkRun
+from .script import find_exit_code
+
+__all__ = ["RunStore"]
+
+MAX_RESULT_BYTES: Final = 1024 * 1024
+LOG_TAIL_BYTES: Final = 64 * 1024  # the exit marker is the pane log's last line: read only the tail
+
+
+class RunStore:
+    """Typed access to fork run records and their folders."""
+
+    def __init__(self, store: MatrixStore) -> None:
+        self.store = store
+        self.records = RecordStore(store, "runs", folders=True)
+
+    def folder(self, run_id: str) -> Path:
+        return self.records.folder(run_id)
+
+    def path(self, run_id: str, name: str) -> Path:
+        return self.records.root / run_id / name
+
+    def _run(self, raw: dict[str, Any], name: str) -> ForkRun:
+        where = str(self.records.root / f"{name}.json")
+        version = raw.get("schemaVersion")
+        if type(version) is int and version > RUN_SCHEMA_VERSION:
+            raise CorruptEntry(
+                where, f"written by a newer pi-matrix (schemaVersion {version}); upgrade to read it"
+            )
+        try:
+            run = structure(raw, ForkRun)
+        except DecodeError as exc:
+            raise CorruptEntry(where, exc.reason) from None
+        if run.id != name:
+            raise CorruptEntry(where, f"inner id {run.id!r} differs from the name")
+        return run
+
+    def get(self, run_id: str) -> ForkRun:
+        validate_id(run_id, "run id")
+        raw = self.records.get(run_id)
+        if raw is None:
+            raise NotFound(run_id)
+        return self._run(raw, run_id)
+
+    def put(self, run: ForkRun, *, exclusive: bool = False) -> None:
+        if not self.records.put(run.id, run.to_json(), exclusive=exclusive):
+            raise DispatchError(f"run {run.id} already exists")
+
+    def update(self, run_id: str, change: Callable[[ForkRun], ForkRun | None]) -> ForkRun:
+        """Change the run under its lock; ``change`` returning None writes nothing."""
+        holder: list[ForkRun] = []
+
+        def apply(raw: dict[str, Any] | None) -> dict[str, Any] | None:
+            if raw is None:
+                raise NotFound(run_id)
+            current = self._run(raw, run_id)
+            changed = change(current)
+            holder.append(changed or current)
+            return None if changed is None else changed.to_json()
+
+        self.records.update(run_id, apply)
+        return holder[-1]
+
+    def list(self) -> tuple[list[ForkRun], list[Problem]]:
+        records, problems = self.records.list()
+        runs: list[ForkRun] = []
+        for name, raw in records:
+            try:
+                runs.append(self._run(raw, name))
+            except CorruptEntry as exc:
+                problems.append(Problem(exc.path or name, exc.reason, "corrupt"))
+        runs.sort(key=lambda r: (r.created_at_ms, r.id))
+        return runs, problems
+
+    def cap_lock(self, cwd: str) -> AbstractContextManager[int]:
+        """The per-working-directory lock under which runs are counted and created."""
+        digest = hashlib.sha256(os.fsencode(cwd)).hexdigest()[:24]
+        return self.records.locked(f"cap-{digest}")
+
+    # -- reading a run's files ----------------------------------------------------------------------
+    def read_text(
+        self, run_id: str, name: str, max_bytes: int = MAX_RESULT_BYTES, *, tail: bool = False
+    ) -> str | None:
+        """The file's text (None if absent or unreadable); with ``tail`` its last ``max_bytes``
+        whatever its size, else all of it if it is at most ``max_bytes``."""
+        folder = self.records.root / run_id
+        try:
+            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            read = read_tail if tail else read_bounded
+            data = read(fd, name, str(folder / name), max_bytes)
+        except (OSError, PiMatrixError):
+            return None
+        finally:
+            os.close(fd)
+        return data.decode("utf-8", "replace")
+
+    def result(self, run_id: str) -> dict[str, Any] | None:
+        """The bridge's ``result.json`` (None if absent or not a JSON object)."""
+        raw = self.read_text(run_id, "result.json")
+        if raw is None:
+            return None
+        try:
+            value = strictjson.loads(raw.encode(), max_bytes=MAX_RESULT_BYTES)
+        except strictjson.StrictJSONError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    def exit_code(self, run_id: str) -> int | None:
+        """The child's exit code: the script's exit file (a few bytes), else the marker in the
+        last :data:`LOG_TAIL_BYTES` of the pane log (a long session's log is large; it is polled)."""
+        kept = (self.read_text(run_id, "exit.code", max_bytes=64) or "").strip()
+        if re.fullmatch(r"-?[0-9]{1,4}", kept):
+            return int(kept)
+        log = self.read_text(run_id, "pane.log", max_bytes=LOG_TAIL_BYTES, tail=True)
+        return None if log is None else find_exit_code(log, run_id)
+
+    def write_file(self, run_id: str, name: str, data: bytes) -> Path:
+        """``name`` in the run's folder, written durably (0600; the launch script is run by
+        ``/bin/sh``, never executed itself)."""
+        folder = self.folder(run_id)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            durable_write(fd, name, data, exclusive=False, path=str(folder / name))
+        finally:
+            os.close(fd)
+        return folder / name
