@@ -330,14 +330,14 @@ def _bridged_pi(argv: list[str], session_id: str, cwd: str) -> tuple[list[str], 
     """A pi master's argv with the bridge (master mode) and, unless the argv names its own
     session, a session file made under this master's id (so pi's session id is the master's)."""
     from ..bridge import bridge_path
-    from ..dispatch.manager import session_file_for, write_session_header
+    from ..pisession import new_session_file, write_header
 
     head, rest = argv[:1], argv[1:]
     added = [_BRIDGE_FLAG, str(bridge_path())]
     session_file = None
     if not any(word.split("=", 1)[0] in _SESSION_FLAGS for word in rest):
-        session_file = session_file_for(cwd, session_id)
-        write_session_header(session_file, session_id, cwd)
+        session_file = new_session_file(cwd, session_id)
+        write_header(session_file, session_id, cwd)
         added += ["--session", session_file]
     return [*head, *added, *rest], session_file
 
