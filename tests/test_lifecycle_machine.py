@@ -351,25 +351,16 @@ class LifecycleMachine(RuleBasedStateMachine):
         self._cleanup(snapshot, owner)
 
     def _publish_relaunch(self, snapshot: Entry) -> None:
-        """``DetachedHostRelauncher``: the new host's pid, status launching, before it registers."""
+        """A relauncher (``resume.relaunch``, ``DetachedHostRelauncher``): claim by CAS before
+        starting anything, then publish the new host's pid fenced by the claim's token."""
         if snapshot.status is not Status.RESUMABLE:
             return  # check_resumable refuses anything else
+        claimed = self.attempt("relaunch claim", lifecycle.claim_launch, expected=snapshot.generation)
+        if claimed is None:
+            return  # the claim lost: nothing is started
         self.pids += 1
-        pid = self.pids
-        self.attempt(
-            "relaunch publish",
-            lambda e: e.moved(
-                Status.LAUNCHING,
-                reason="relaunch",
-                pid=pid,
-                proc_start=pid,
-                boot_id=BOOT,
-                child_pid=None,
-                child_proc_start=None,
-                directive=None,
-            ),
-            expected=snapshot.generation,
-        )
+        host = ProcessIdentity(self.pids, self.pids, BOOT)
+        self.attempt("relaunch publish", lambda e: lifecycle.launched(e, host), expected=claimed.generation)
 
     @rule()
     def relaunch_publishes_now(self) -> None:
