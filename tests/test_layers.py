@@ -236,6 +236,15 @@ def test_imports_run_down_the_layers_without_cycles_or_printing_below_cli() -> N
     assert problems == [], "\n".join(problems)
 
 
+MAX_LINES = 450
+
+
+def test_no_module_is_over_450_lines() -> None:
+    """Small rooms: a module past the budget is split by responsibility (docs/architecture.md)."""
+    sizes = {name: len(path.read_text().splitlines()) for name, path in modules(ROOT).items()}
+    assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}
+
+
 def test_the_checker_sees_an_arrow_up_a_cycle_and_a_print(tmp_path: Path) -> None:
     """The harness can fail: a planted upward import, cycle and print are each reported."""
     package = tmp_path / PACKAGE
