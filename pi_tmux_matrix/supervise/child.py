@@ -80,7 +80,7 @@ def signal_child(identity: ProcessIdentity | None, mode: Mode, sig: int) -> None
     if mode is Mode.INTERACTIVE:
         procs.send_signal(identity, sig)
     else:
-        procs.signal_group(identity, sig)
+        procs.send_signal(identity, sig, group=True)
 
 
 @attrs.define
