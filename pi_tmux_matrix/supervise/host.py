@@ -120,7 +120,7 @@ class AgentHost:
         self._inbox_watch: DirWatch | None = None
         self._selector: selectors.BaseSelector | None = None
 
-    # What the program reads of its host (cli/supervise.py: the master's hooks, handoff delivery).
+    # What the program reads of its host (cli/master.py: the master's hooks, handoff delivery).
     @property
     def key(self) -> str:
         return self.record.key
