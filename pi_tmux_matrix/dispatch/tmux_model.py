@@ -28,6 +28,8 @@ from ..errors import ContractError, DispatchError
 __all__ = [
     "ENV_NAME",
     "FORMAT",
+    "JOB_TAG",
+    "KEY_TAG",
     "TAG_INDEX",
     "TAG_PREFIX",
     "Pane",
@@ -44,6 +46,10 @@ __all__ = [
 ]
 
 TAG_PREFIX: Final = "@pi_matrix_"
+# The tags that say whose a pane is: the dispatcher sets them on every agent's pane, a record lost
+# before its pane was written is rebuilt from them, and a pane is closed only while they name it.
+KEY_TAG: Final = "@pi_matrix_key"
+JOB_TAG: Final = "@pi_matrix_job"
 # Lists the tag names a launch set (space separated, each with its "@"); not itself a tag.
 TAG_INDEX: Final = "@pi_matrix_tags"
 _TAG_NAME: Final = re.compile(r"@pi_matrix_[A-Za-z0-9_]{1,64}")
