@@ -182,12 +182,17 @@ def wait_for_exit(
             os.close(fd)
 
 
-def send_signal(identity: ProcessIdentity, sig: int | signal.Signals) -> bool:
-    """Signal ``identity`` only if it is still that process; False if it was already gone.
+def send_signal(identity: ProcessIdentity, sig: int | signal.Signals, *, group: bool = False) -> bool:
+    """The one way the product signals a process: ``identity`` only if it is still that process
+    (checked right before the send), or with ``group`` the process group it leads (only while it
+    still is that leader; a process that leads no group is signalled alone). False if it was
+    already gone.
 
     With a pidfd the check and the send cannot race a pid reuse: the signal goes to the process
     the pidfd pins, which was confirmed to be ``identity`` after opening it.
     """
+    if group:
+        return _signal_group(identity, sig)
     fd = _open_pidfd(identity)
     if fd is not None:
         try:
@@ -206,22 +211,26 @@ def send_signal(identity: ProcessIdentity, sig: int | signal.Signals) -> bool:
     return True
 
 
+def _signal_group(leader: ProcessIdentity, sig: int | signal.Signals) -> bool:
+    if not is_alive(leader):
+        return False
+    try:
+        if os.getpgid(leader.pid) != leader.pid:
+            return send_signal(leader, sig)
+        os.killpg(leader.pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def open_pidfd(identity: ProcessIdentity) -> int | None:
     """A pidfd pinned to exactly ``identity`` (caller closes it), or None if it is gone."""
     return _open_pidfd(identity)
 
 
 def signal_group(identity: ProcessIdentity, sig: int | signal.Signals) -> bool:
-    """Signal the process group led by ``identity`` (only if it still is that leader)."""
-    if not is_alive(identity):
-        return False
-    try:
-        if os.getpgid(identity.pid) != identity.pid:
-            return send_signal(identity, sig)
-        os.killpg(identity.pid, sig)
-    except ProcessLookupError:
-        return False
-    return True
+    """The process group led by ``identity``: ``send_signal(identity, sig, group=True)``."""
+    return send_signal(identity, sig, group=True)
 
 
 def _scan() -> dict[int, tuple[int, int, int, int]]:

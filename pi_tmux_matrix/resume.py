@@ -12,18 +12,18 @@ resumed host then overwrites the same entry under a new generation.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 from typing import Any
 
 import attrs
 
-from . import procs
+from . import pisession, procs
 from .contract import ENV_BLOCKED_MARKER, ENV_DONE_MARKER, NEVER_INHERITED
 from .errors import Conflict, PiMatrixError, ProfileNotFound, ResumeRefused, TmuxUnavailable
 from .identity import Mode, ProcessIdentity
-from .matrix.model import Entry, Status
+from .matrix import lifecycle
+from .matrix.model import Entry
 from .matrix.store import MatrixStore
 from .programs import host_argv, spawn_detached
 from .settings import MatrixSettings, load_settings
@@ -46,16 +46,8 @@ class ResumePlan:
         return {"key": self.key, "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd}
 
 
-def session_header_cwd(session_file: str) -> str | None:
-    """The cwd in a pi session file's header line (pi runs the session there, not in the process cwd)."""
-    try:
-        with open(session_file, "rb") as handle:
-            first = handle.readline(64 * 1024)
-        header = json.loads(first)
-    except (OSError, ValueError):
-        return None
-    cwd = header.get("cwd") if isinstance(header, dict) else None
-    return cwd if isinstance(cwd, str) else None
+# The one home of pi session files is pisession; the name stays for callers of 0.1.
+session_header_cwd = pisession.header_cwd
 
 
 def plan_resume(
@@ -155,13 +147,7 @@ def relaunch(
     # Claim the relaunch before starting anything: of two masters (or a master and
     # `pi-matrix resume`) racing for one worker, only the one whose claim lands launches.
     try:
-        claimed = store.update(
-            entry.key,
-            lambda e: e.moved(
-                Status.LAUNCHING, reason="relaunch", child_pid=None, child_proc_start=None, directive=None
-            ),
-            expected=entry.generation,
-        )
+        claimed = store.update(entry.key, lifecycle.claim_launch, expected=entry.generation)
     except Conflict:
         raise ResumeRefused(
             f"{entry.key}: changed since it was read (another master relaunched or adopted it); look again "
@@ -196,22 +182,12 @@ def relaunch(
     except BaseException:
         # Nothing was started: give the worker back its resumable record (the claim is undone).
         with contextlib.suppress(PiMatrixError):
-            store.update(
-                entry.key,
-                lambda e: e.moved(Status.RESUMABLE, reason="relaunch_failed"),
-                expected=claimed.generation,
-            )
+            store.update(entry.key, lifecycle.release_launch, expected=claimed.generation)
         raise
     launched = procs.identify(pid)
     if launched is not None:
         try:
-            store.update(
-                entry.key,
-                lambda e: attrs.evolve(
-                    e, pid=launched.pid, proc_start=launched.start_ticks, boot_id=launched.boot_id
-                ),
-                expected=claimed.generation,
-            )
+            store.update(entry.key, lambda e: lifecycle.launched(e, launched), expected=claimed.generation)
         except Conflict:
             pass  # the new host registered first: its registration wins, as it should
         except PiMatrixError as exc:

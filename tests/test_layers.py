@@ -12,7 +12,8 @@ Layers, each importing only from its own or lower ones (docs/architecture.md):
 Every import counts: module level, inside functions and under ``TYPE_CHECKING`` alike, because a
 function-level import is still an arrow (and was how the old cycles hid). Below the programs,
 nothing prints, exits, reads ``sys.argv`` or asks on stdin: library code raises typed errors and
-the CLI decides what a person sees.
+the CLI decides what a person sees. And every signal goes through ``procs.send_signal``, which
+checks the process's identity right before the send.
 
 ``violations`` takes the package folder, so it can be run against an older tree to show what it
 catches (``python tests/test_layers.py PATH/pi_tmux_matrix``).
@@ -128,6 +129,24 @@ def _program_calls(path: Path) -> Iterator[tuple[str, int]]:
             yield f"sys.{node.attr}", node.lineno
 
 
+def _signal_sends(path: Path) -> Iterator[tuple[str, int]]:
+    """Signals sent other than through ``procs.send_signal`` (the one door: identity checked right
+    before the send): ``os.kill``, ``os.killpg``, ``signal.pidfd_send_signal``, and a
+    ``Popen.send_signal``/``terminate``/``kill`` (a pid that may have been reused)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        owner = node.func.value.id if isinstance(node.func.value, ast.Name) else ""
+        attr = node.func.attr
+        # Popen's own methods: terminate() and kill() take no argument, send_signal() one.
+        arity = len(node.args)
+        popen = (attr in {"terminate", "kill"} and arity == 0) or (attr == "send_signal" and arity == 1)
+        if (owner, attr) in {("os", "kill"), ("os", "killpg"), ("signal", "pidfd_send_signal")} or (
+            popen and owner not in {"procs", "os", "signal"}
+        ):
+            yield f"{owner or '...'}.{attr}()", node.lineno
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Every strongly connected component of more than one module (Tarjan, iteratively)."""
     index: dict[str, int] = {}
@@ -196,6 +215,9 @@ def violations(root: Path = ROOT) -> list[str]:
         if name in PURE:
             for module, line in _io_imports(path):
                 problems.append(f"{where}:{line}: {name} is pure and may not import {module}")
+        if name not in {"procs", "testing.standin"}:
+            for call, line in _signal_sends(path):
+                problems.append(f"{where}:{line}: {call} outside procs.send_signal (the one signalling door)")
         if _top(name) not in PROGRAMS and name != "":
             for call, line in _program_calls(path):
                 problems.append(f"{where}:{line}: {call} below cli/ (raise a typed error; the CLI prints)")
@@ -226,12 +248,14 @@ def test_the_checker_sees_an_arrow_up_a_cycle_and_a_print(tmp_path: Path) -> Non
     (package / "dispatch" / "manager.py").write_text("from ..supervise import host\nprint('hi')\n")
     (package / "supervise" / "host.py").write_text("from ..matrix import store\n")
     (package / "matrix" / "model.py").write_text("import os\n")
+    (package / "supervise" / "child.py").write_text("def f(p):\n    p.terminate()\n")
     found = "\n".join(violations(package))
     assert "matrix.store (layer 2) -> dispatch.manager (layer 3)" in found
     assert "dispatch.manager -> supervise.host: supervise/ and dispatch/ stand apart" in found
     assert "print() below cli/" in found
     assert "import cycle: dispatch.manager <-> matrix.store <-> supervise.host" in found
     assert "matrix.model is pure and may not import os" in found
+    assert "p.terminate() outside procs.send_signal" in found
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 No processes: every rule applies the pure steps of ``matrix/lifecycle.py`` through
 ``MatrixStore.update`` exactly the way their real callers do -- the host's own writes fenced by
-its ``registration=`` (``AgentHost.write``), a master's handshakes fenced by the generation it
+its ``registration=`` (``OwnRecord.write``), a master's handshakes fenced by the generation it
 observed (``expected=``, ``Master._adopt`` / ``_cleanup``, the relauncher's publish, the
 reconciliation pass), and delivery merged under the lock (``Master._acknowledge``). Snapshots a
 master took earlier stay in a bundle, so old observed generations race newer writes; every
@@ -77,7 +77,7 @@ def _exit(kind: ExitKind = ExitKind.EXITED) -> ExitRecord:
 
 
 def host_step(name: str, now: int) -> Callable[[Entry], Entry | None]:
-    """The closures ``AgentHost`` passes to ``write`` (guards included, exactly as in host.py)."""
+    """The closures the host passes to ``write`` (guards included, exactly as in supervise/)."""
 
     def accept(entry: Entry) -> Entry | None:
         d = entry.directive
@@ -250,7 +250,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.registrations)
     @rule()
     def parent_death(self) -> None:
-        """``on_parent_lost``: winding_down, then resumable with the payload (two writes)."""
+        """``WorkerSide.parent_lost``: winding_down, then resumable with the payload (two writes)."""
         now = self.tick()
         self.attempt("wind_down", host_step("wind_down", now), registration=self.registration)
         written = self.generation
@@ -266,7 +266,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.registrations)
     @rule()
     def accept_adoption(self) -> None:
-        """``check_entry`` -> ``_accept_adoption``: re-parent to the grant's master."""
+        """``WorkerSide.check_entry`` -> ``_accept_adoption``: re-parent to the grant's master."""
         written = self.generation
         after = self.attempt("accept", host_step("accept", self.tick()), registration=self.registration)
         if after is not None and self.generation != written:
@@ -351,25 +351,16 @@ class LifecycleMachine(RuleBasedStateMachine):
         self._cleanup(snapshot, owner)
 
     def _publish_relaunch(self, snapshot: Entry) -> None:
-        """``DetachedHostRelauncher``: the new host's pid, status launching, before it registers."""
+        """A relauncher (``resume.relaunch``, ``DetachedHostRelauncher``): claim by CAS before
+        starting anything, then publish the new host's pid fenced by the claim's token."""
         if snapshot.status is not Status.RESUMABLE:
             return  # check_resumable refuses anything else
+        claimed = self.attempt("relaunch claim", lifecycle.claim_launch, expected=snapshot.generation)
+        if claimed is None:
+            return  # the claim lost: nothing is started
         self.pids += 1
-        pid = self.pids
-        self.attempt(
-            "relaunch publish",
-            lambda e: e.moved(
-                Status.LAUNCHING,
-                reason="relaunch",
-                pid=pid,
-                proc_start=pid,
-                boot_id=BOOT,
-                child_pid=None,
-                child_proc_start=None,
-                directive=None,
-            ),
-            expected=snapshot.generation,
-        )
+        host = ProcessIdentity(self.pids, self.pids, BOOT)
+        self.attempt("relaunch publish", lambda e: lifecycle.launched(e, host), expected=claimed.generation)
 
     @rule()
     def relaunch_publishes_now(self) -> None:

@@ -10,7 +10,7 @@ from typing import IO
 
 from .. import __version__
 from ..errors import EXIT_FAILED, EXIT_USAGE, PiMatrixError
-from . import completion, demo, dispatch, doctor, entries, runs, supervise, top, watch
+from . import completion, demo, dispatch, doctor, entries, host, master, owner, runs, top, tree, watch
 from .base import EPILOG, Io, Parser
 
 __all__ = ["Io", "build_parser", "main", "run"]
@@ -32,7 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     entries.register(sub, EPILOG)
-    supervise.register(sub, EPILOG)
+    # The supervision verbs, in their --help order: host, master, the owner's verbs, tree.
+    host.register(sub, EPILOG)
+    master.register(sub, EPILOG)
+    owner.register(sub, EPILOG)
+    tree.register(sub, EPILOG)
     dispatch.register(sub, EPILOG)
     runs.register(sub, EPILOG)
     demo.register(sub, EPILOG)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
-from typing import IO, Final
+from typing import IO, Any, Final
 
 import attrs
 
@@ -15,7 +15,7 @@ from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
 from ..matrix.store import MatrixStore, now_ms
 from ..settings import resolve_state_dir
 
-__all__ = ["EPILOG", "Io", "Parser", "age", "public_verbs", "store_of"]
+__all__ = ["EPILOG", "Io", "Parser", "add_verb", "age", "public_verbs", "store_of"]
 
 EPILOG: Final = f"""\
 exit codes:
@@ -42,6 +42,18 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         # argparse's own usage errors are exit 2 with one line, like every other bad input.
         self.exit(EXIT_USAGE, f"pi-matrix: error: {message}\n(see '{self.prog} --help')\n")
+
+
+def add_verb(sub: Any, name: str, epilog: str, **options: Any) -> argparse.ArgumentParser:
+    """A verb's parser, ending its help with the shared epilog (kept as written, not re-wrapped).
+
+    ``options`` go to ``add_parser`` as they are: ``help`` (leave it out to hide a verb the
+    product runs for itself), ``usage``.
+    """
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter, **options
+    )
+    return parser
 
 
 

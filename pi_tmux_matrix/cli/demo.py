@@ -93,7 +93,7 @@ class Demo:
         self.io.out.flush()
 
     def tree(self) -> None:
-        from .supervise import cmd_tree
+        from .tree import cmd_tree
 
         cmd_tree(argparse.Namespace(state_dir=str(self.state), json=False, ndjson=False), self.io)
         self.io.out.flush()

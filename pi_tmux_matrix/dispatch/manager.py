@@ -17,10 +17,8 @@ and the deprecated ``SCRUB_ENV``.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import time
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from pathlib import Path
@@ -29,7 +27,7 @@ from typing import TYPE_CHECKING, Final
 import attrs
 import pluggy
 
-from .. import procs
+from .. import pisession, procs
 from ..contract import NEVER_INHERITED
 from ..errors import ContractError, DispatchError, EntryExists, PiMatrixError
 from ..identity import AgentIdentityContract, ProcessIdentity, Role
@@ -100,31 +98,9 @@ class FireResult:
         return {"jobId": self.job.id, "dryRun": self.dry_run, "taskRef": self.job.task_ref, "agents": agents}
 
 
-def session_file_for(cwd: str, session_id: str, env: Mapping[str, str] | None = None) -> str:
-    """Where pi keeps a session of ``cwd`` (``sessions/--<cwd with / as ->--/``), under our id."""
-    folder = "--" + cwd.strip("/").replace("/", "-") + "--"
-    stamp = now_ms()
-    return str(agent_dir(env) / "sessions" / folder / f"{stamp}_{session_id}.jsonl")
-
-
-def write_session_header(session_file: str, session_id: str, cwd: str) -> None:
-    """Create a pi session file holding only its header (pi appends to exactly that file and
-    keeps the header's id), unless it exists. The folder is the agent dir's, made 0700."""
-    path = Path(session_file)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + ".000Z"
-    header = {"type": "session", "version": 3, "id": session_id, "timestamp": stamp, "cwd": cwd}
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except FileExistsError:
-        return
-    data = (json.dumps(header) + "\n").encode()
-    try:
-        while data:
-            data = data[os.write(fd, data) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+# The one home of pi session files is pisession; these names stay for callers of 0.1.
+session_file_for = pisession.new_session_file
+write_session_header = pisession.write_header
 
 
 class Dispatcher:

@@ -9,17 +9,17 @@ its author meant.
 
 A profile never carries authority: the parent, the task ref, the write envelope and the
 markers come from the dispatcher, so a profile may not set those env variables.
+
+The field checks live in :mod:`.profile_checks` and teams in :mod:`.teams`; every name is still
+importable from here.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import re
 import stat
-import sys
 import types
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -27,15 +27,37 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from .. import settings
-from ..contract import CONTRACT_ENV, RESERVED_ENV_PREFIX
-from ..errors import InvalidId, ProfileError, ProfileNotFound
-from ..identity import Mode, validate_id
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    # mypy runs with python_version 3.10 while the venv (3.11+) has no tomli installed.
-    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
+from ..errors import ProfileError, ProfileNotFound
+from ..identity import Mode
+from .profile_checks import (
+    AGENT_LAUNCHING_TOOLS,
+    CWD_PLACEHOLDER,
+    MAX_DESCRIPTION_CHARS,
+    MAX_EXTENSIONS,
+    MAX_TEXT_CHARS,
+    MAX_WRITE_PATHS,
+    PROVIDERS,
+    PYTHON_WORD,
+    TASK_WORD,
+    THINKING_LEVELS,
+    WORKTREE_PLACEHOLDER,
+    Checker,
+    as_tuple,
+    check_command,
+    check_deadline,
+    check_env,
+    check_mode,
+    check_model,
+    check_tools,
+    check_worktree_lane,
+    check_write_path,
+    kind_of,
+    load_toml,
+    section_of,
+    shown,
+    unknown_keys,
+)
+from .teams import TeamMember, TeamTemplate, parse_team
 
 if TYPE_CHECKING:
     from importlib.abc import Traversable
@@ -44,6 +66,8 @@ __all__ = [
     "AGENT_LAUNCHING_TOOLS",
     "PI_ONLY_FIELDS",
     "PROVIDERS",
+    "PYTHON_WORD",
+    "TASK_WORD",
     "THINKING_LEVELS",
     "ProfileSet",
     "TeamMember",
@@ -57,42 +81,10 @@ __all__ = [
     "user_dir",
 ]
 
-PROVIDERS: Final = ("pi", "claude", "codex", "opencode", "custom")
-THINKING_LEVELS: Final = ("off", "minimal", "low", "medium", "high", "xhigh")
 RESOURCE_PACKAGE: Final = "pi_tmux_matrix.launch_profiles"
 USER_DIR_NAME: Final = "launch_profiles"
 TEAMS_DIR_NAME: Final = "teams"
-
-# The placeholders a profile may use; the dispatcher fills them per launch.
-PYTHON_WORD: Final = "{python}"
-TASK_WORD: Final = "{task}"
-WORKTREE_PLACEHOLDER: Final = "{worktree}"
-CWD_PLACEHOLDER: Final = "{cwd}"
-
-DEADLINE_MIN_S: Final = 1.0
-DEADLINE_MAX_S: Final = 86_400.0
 MAX_FILE_BYTES: Final = 256 * 1024
-MAX_COMMAND_WORDS: Final = 64
-MAX_WORD_CHARS: Final = 4096
-MAX_TEXT_CHARS: Final = 32_000
-MAX_DESCRIPTION_CHARS: Final = 2000
-MAX_MODEL_CHARS: Final = 200
-MAX_TOOLS: Final = 64
-MAX_EXTENSIONS: Final = 32
-MAX_WRITE_PATHS: Final = 256  # the contract's cap on PI_WORKER_ALLOWED_PATHS
-MAX_ENV: Final = 64
-MAX_ENV_VALUE_CHARS: Final = 32_768
-MAX_TEAM_MEMBERS: Final = 8
-MAX_INSTRUCTIONS_CHARS: Final = 4000
-
-ENV_KEY_PATTERN: Final = re.compile(r"[A-Z_][A-Z0-9_]*")
-# Tool names are joined with ',' into one --tools value, so a name may not hold one.
-TOOL_PATTERN: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-# Tools that start other agents (the master's tmux_agent_manager, seed 003's fork, pi's subagent
-# example): never in a worker's ceiling. The bridge's envelope.ts keeps the same list.
-AGENT_LAUNCHING_TOOLS: Final = frozenset({"tmux_agent_manager", "fork", "subagent"})
-# Authority the dispatcher grants per launch; a profile setting one would forge it.
-RESERVED_ENV: Final = CONTRACT_ENV
 
 # Field -> what the other CLI has instead (for the "remove it" fix).
 PI_ONLY_FIELDS: Final[dict[str, str]] = {
@@ -123,8 +115,6 @@ _PROFILE_KEYS: Final[dict[str, str]] = {
     "env": "env",
 }
 _ATTR_KEYS: Final = {attr: key for key, attr in _PROFILE_KEYS.items()}
-_TEAM_KEYS: Final = ("name", "description", "members")
-_MEMBER_KEYS: Final = ("profile", "suffix", "instructions")
 
 
 @attrs.frozen
@@ -154,31 +144,6 @@ class WorkerLaunchProfile:
     @property
     def is_pi(self) -> bool:
         return self.provider == "pi"
-
-
-@attrs.frozen
-class TeamMember:
-    """One agent of a team: which profile, its agent-id suffix, and what it is told first.
-
-    Checked by the :class:`TeamTemplate` that holds it, so errors can name its index.
-    """
-
-    profile: str
-    suffix: str
-    instructions: str = ""
-
-
-@attrs.frozen
-class TeamTemplate:
-    """Several agents fired together on one task (each gets its own instructions)."""
-
-    name: str
-    members: tuple[TeamMember, ...]
-    description: str = ""
-    source: str = ""
-
-    def __attrs_post_init__(self) -> None:
-        _check_team(self)
 
 
 @attrs.frozen
@@ -220,147 +185,48 @@ class ProfileSet:
         return sorted(self.teams)
 
 
-# --- validation -------------------------------------------------------------------------------------
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _kind(value: object) -> str:
-    return {str: "a string", bool: "a boolean", int: "an integer", float: "a number"}.get(
-        type(value), f"a {type(value).__name__}"
-    )
-
-
-class _Checker:
-    """Raises :class:`ProfileError` for one file and section, so each check is one line."""
-
-    def __init__(self, source: str, section: str) -> None:
-        self.source = source
-        self.section = section
-
-    def fail(self, field: str, problem: str, fix: str) -> ProfileError:
-        return ProfileError(self.source, f"{self.section}.{field}", problem, fix)
-
-    def text(self, value: object, field: str, limit: int, *, empty: bool = True) -> str:
-        if not isinstance(value, str):
-            raise self.fail(field, f"must be a string, not {_kind(value)}", f'write it as {field} = "..."')
-        if not empty and not value:
-            raise self.fail(field, "is empty", "give a value or remove the key")
-        if "\0" in value:
-            raise self.fail(field, "contains a NUL character", "remove it")
-        if len(value) > limit:
-            raise self.fail(field, f"is {len(value)} characters long", f"keep it under {limit}")
-        return value
-
-    def word(self, value: object, field: str) -> str:
-        """An argv word that must not be read as a flag by the CLI it is passed to."""
-        text = self.text(value, field, MAX_WORD_CHARS, empty=False)
-        if text.startswith("-"):
-            raise self.fail(field, f"{_shown(text)} starts with '-'", "give the value itself, not a flag")
-        return text
-
-    def words(self, value: object, field: str, limit: int) -> tuple[str, ...]:
-        if not isinstance(value, tuple):
-            raise self.fail(
-                field, f"must be a list of strings, not {_kind(value)}", f'write it as {field} = ["..."]'
-            )
-        if len(value) > limit:
-            raise self.fail(field, f"has {len(value)} items", f"keep at most {limit}")
-        for index, item in enumerate(value):
-            self.text(item, f"{field}[{index}]", MAX_WORD_CHARS, empty=False)
-        return value
-
-    def ident(self, value: object, field: str) -> str:
-        try:
-            return validate_id(value, field)
-        except InvalidId as exc:
-            raise self.fail(field, exc.problem, exc.fix) from None
-
-
+# --- the profile as a whole --------------------------------------------------------------------------
 def _check_profile(profile: WorkerLaunchProfile) -> None:
     # One check per field, in field order: when a file has several problems, the first one
     # reported stays the same as it always was.
-    check = _Checker(profile.source, "profile")
+    check = Checker(profile.source, "profile")
     check.ident(profile.name, "name")
     provider = profile.provider
     if provider not in PROVIDERS:
         raise check.fail(
-            "provider", f"{_shown(provider)} is not a provider", f"use one of: {', '.join(PROVIDERS)}"
+            "provider", f"{shown(provider)} is not a provider", f"use one of: {', '.join(PROVIDERS)}"
         )
-    _check_command(check, profile.command, provider)
+    check_command(check, profile.command, provider)
     check.text(profile.description, "description", MAX_DESCRIPTION_CHARS)
-    _check_mode(check, profile.mode, provider)
+    check_mode(check, profile.mode, provider)
     if profile.model is not None:
-        _check_model(check, profile.model)
+        check_model(check, profile.model)
     _check_pi_only_fields(check, profile)
     if profile.thinking is not None and profile.thinking not in THINKING_LEVELS:
         raise check.fail(
             "thinking",
-            f"{_shown(profile.thinking)} is not a thinking level",
+            f"{shown(profile.thinking)} is not a thinking level",
             f"use one of: {', '.join(THINKING_LEVELS)}",
         )
     if profile.tools is not None:
-        _check_tools(check, profile.tools)
+        check_tools(check, profile.tools)
     if profile.resource_profile is not None:
         check.ident(profile.resource_profile, "resource_profile")
     if profile.write_paths is not None:
         for index, path in enumerate(check.words(profile.write_paths, "write_paths", MAX_WRITE_PATHS)):
-            _check_write_path(check, path, f"write_paths[{index}]")
+            check_write_path(check, path, f"write_paths[{index}]")
     for index, extension in enumerate(check.words(profile.extensions, "extensions", MAX_EXTENSIONS)):
         check.word(extension, f"extensions[{index}]")
     if profile.append_system_prompt is not None:
         check.text(profile.append_system_prompt, "append_system_prompt", MAX_TEXT_CHARS, empty=False)
-    _check_deadline(check, profile.deadline_s)
-    _check_worktree_lane(check, profile.accepts_worktree_lane, provider)
-    _check_env(check, profile.env)
+    check_deadline(check, profile.deadline_s)
+    check_worktree_lane(check, profile.accepts_worktree_lane, provider)
+    check_env(check, profile.env)
     if not isinstance(profile.source, str):
-        raise check.fail("source", f"must be a string, not {_kind(profile.source)}", "give the file path")
+        raise check.fail("source", f"must be a string, not {kind_of(profile.source)}", "give the file path")
 
 
-def _check_command(check: _Checker, value: object, provider: str) -> None:
-    command = check.words(value, "command", MAX_COMMAND_WORDS)
-    if not command:
-        raise check.fail("command", "is empty", 'give the CLI to run, e.g. command = ["pi"]')
-    if command[0] == TASK_WORD:
-        # The task is untrusted text; it must never become the program that runs.
-        raise check.fail("command[0]", "is the {task} placeholder", "start the command with a program")
-    if TASK_WORD in command and provider != "custom":
-        raise check.fail(
-            "command",
-            "uses {task} on a known provider",
-            f"remove it: the {provider} argv builder places the task",
-        )
-
-
-def _check_mode(check: _Checker, mode: object, provider: str) -> None:
-    if not isinstance(mode, Mode):
-        if isinstance(mode, str):
-            raise check.fail(
-                "mode",
-                f"{_shown(mode)} is not a mode",
-                f"use one of: {', '.join(m.value for m in Mode)}",
-            )
-        raise check.fail("mode", f"must be a string, not {_kind(mode)}", 'write it as mode = "interactive"')
-    if mode is Mode.RPC and provider != "pi":
-        raise check.fail(
-            "mode", f"rpc is pi-only, not for provider {provider!r}", 'use mode = "interactive" or "print"'
-        )
-    if mode is Mode.PRINT and provider == "custom":
-        raise check.fail(
-            "mode",
-            "print needs a known provider's print flag",
-            'use mode = "interactive" (a custom command runs as written)',
-        )
-
-
-def _check_model(check: _Checker, model: object) -> None:
-    model = check.word(model, "model")
-    if len(model) > MAX_MODEL_CHARS or any(c.isspace() for c in model):
-        raise check.fail("model", f"{_shown(model)} is not a model id", "give one word, e.g. provider/model")
-
-
-def _check_pi_only_fields(check: _Checker, profile: WorkerLaunchProfile) -> None:
+def _check_pi_only_fields(check: Checker, profile: WorkerLaunchProfile) -> None:
     if profile.provider == "pi":
         return
     for attr, instead in PI_ONLY_FIELDS.items():
@@ -376,171 +242,11 @@ def _check_pi_only_fields(check: _Checker, profile: WorkerLaunchProfile) -> None
             )
 
 
-def _check_tools(check: _Checker, tools: object) -> None:
-    for index, tool in enumerate(check.words(tools, "tools", MAX_TOOLS)):
-        if TOOL_PATTERN.fullmatch(tool) is None:
-            raise check.fail(
-                f"tools[{index}]",
-                f"{_shown(tool)} is not a tool name",
-                "use names like read, bash, edit, grep",
-            )
-        if tool in AGENT_LAUNCHING_TOOLS:
-            # Every dispatched agent is a worker, and a worker never launches agents (the
-            # bridge also blocks these at run time, whatever the profile says).
-            raise check.fail(
-                f"tools[{index}]",
-                f"{tool!r} launches agents, which a worker is never granted",
-                "remove it; only a master session fires agents",
-            )
-
-
-def _check_deadline(check: _Checker, deadline: object) -> None:
-    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline):
-        raise check.fail(
-            "deadline", f"must be a number of seconds, not {_shown(deadline)}", "write e.g. deadline = 1200"
-        )
-    if not DEADLINE_MIN_S <= deadline <= DEADLINE_MAX_S:
-        raise check.fail(
-            "deadline",
-            f"{deadline:g} s is outside {DEADLINE_MIN_S:g}..{DEADLINE_MAX_S:g}",
-            "give 1 to 86400 seconds (24 h)",
-        )
-
-
-def _check_worktree_lane(check: _Checker, accepts: object, provider: str) -> None:
-    if not isinstance(accepts, bool):
-        raise check.fail(
-            "accepts_worktree_lane",
-            f"must be true or false, not {_shown(accepts)}",
-            "write accepts_worktree_lane = true",
-        )
-    if accepts and provider in ("claude", "codex", "opencode"):
-        raise check.fail(
-            "accepts_worktree_lane", f"the {provider} CLI has no --worktree-lane flag", "remove it"
-        )
-
-
-def _check_write_path(check: _Checker, path: str, field: str) -> None:
-    rest = path
-    for placeholder in (WORKTREE_PLACEHOLDER, CWD_PLACEHOLDER):
-        if path == placeholder:
-            return
-        if path.startswith(placeholder + "/"):
-            rest = path[len(placeholder) :]
-            break
-    fix = 'give an absolute path, "{worktree}", "{cwd}", or one of those followed by /sub/dir'
-    if not rest.startswith("/"):
-        raise check.fail(field, f"{_shown(path)} is relative", fix)
-    # '..' would let "{worktree}/../.." reach outside the lane it is meant to confine.
-    if any(part in (".", "..") for part in rest.split("/")):
-        raise check.fail(field, f"{_shown(path)} has a '.' or '..' part", fix)
-
-
-def _check_env(check: _Checker, env: object) -> None:
-    if not isinstance(env, tuple):
-        raise check.fail(
-            "env", f"must be a table, not {_kind(env)}", 'write it as [profile.env] KEY = "value"'
-        )
-    if len(env) > MAX_ENV:
-        raise check.fail("env", f"has {len(env)} variables", f"keep at most {MAX_ENV}")
-    seen: set[str] = set()
-    for pair in env:
-        if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str)):
-            raise check.fail(
-                "env", f"{_shown(pair)} is not a (name, value) pair", 'write [profile.env] KEY = "value"'
-            )
-        key, value = pair
-        if ENV_KEY_PATTERN.fullmatch(key) is None:
-            raise check.fail(
-                f"env.{key[:60]}", "is not a variable name", "use A-Z 0-9 _ starting with a letter or _"
-            )
-        if key in RESERVED_ENV or key.startswith(RESERVED_ENV_PREFIX):
-            raise check.fail(
-                f"env.{key}",
-                "is set by the dispatcher for each launch (parent, task, scope, lane, markers)",
-                "remove it: a profile cannot grant an agent its authority",
-            )
-        if key in seen:
-            raise check.fail(f"env.{key}", "is set twice", "keep one")
-        seen.add(key)
-        check.text(value, f"env.{key}", MAX_ENV_VALUE_CHARS)
-
-
-def _check_team(team: TeamTemplate) -> None:
-    check = _Checker(team.source, "team")
-    check.ident(team.name, "name")
-    check.text(team.description, "description", MAX_DESCRIPTION_CHARS)
-    if not isinstance(team.members, tuple):
-        raise check.fail(
-            "members", f"must be a list of tables, not {_kind(team.members)}", "add [[team.members]] tables"
-        )
-    if not 1 <= len(team.members) <= MAX_TEAM_MEMBERS:
-        raise check.fail(
-            "members",
-            f"has {len(team.members)} members",
-            f"give 1 to {MAX_TEAM_MEMBERS} [[team.members]] tables",
-        )
-    suffixes: set[str] = set()
-    for index, member in enumerate(team.members):
-        where = f"members[{index}]"
-        if not isinstance(member, TeamMember):
-            raise check.fail(where, f"is {_kind(member)}", "give a TeamMember")
-        check.ident(member.profile, f"{where}.profile")
-        suffix = check.ident(member.suffix, f"{where}.suffix")
-        if suffix in suffixes:
-            raise check.fail(
-                f"{where}.suffix", f"{suffix!r} is used twice", "give each member its own suffix"
-            )
-        suffixes.add(suffix)
-        check.text(member.instructions, f"{where}.instructions", MAX_INSTRUCTIONS_CHARS)
-
-
 # --- parsing ----------------------------------------------------------------------------------------
-def _load_toml(text: str, source: str) -> dict[str, Any]:
-    try:
-        document: dict[str, Any] = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(
-            source, "TOML", f"not valid TOML ({exc})", "fix the syntax at the line shown"
-        ) from None
-    return document
-
-
-def _section(document: dict[str, Any], name: str, source: str) -> dict[str, Any]:
-    for key in document:
-        if key != name:
-            raise ProfileError(
-                source, key, "unknown top-level key", f"a file holds one [{name}] table and nothing else"
-            )
-    section = document.get(name)
-    if not isinstance(section, dict):
-        raise ProfileError(
-            source,
-            name,
-            "missing" if section is None else f"must be a table, not {_kind(section)}",
-            f"start the file with [{name}]",
-        )
-    return section
-
-
-def _unknown(section: dict[str, Any], allowed: Iterable[str], source: str, prefix: str) -> None:
-    allowed = tuple(allowed)
-    for key in section:
-        if key not in allowed:
-            raise ProfileError(
-                source, f"{prefix}.{key}", "unknown key", f"the allowed keys are: {', '.join(allowed)}"
-            )
-
-
-def _as_tuple(value: Any) -> Any:
-    # Lists become tuples; anything else is passed through for the checks to name its type.
-    return tuple(value) if isinstance(value, list) else value
-
-
 def parse_profile(text: str, source: str) -> WorkerLaunchProfile:
     """One profile from TOML text; ``source`` names the file in every error."""
-    section = _section(_load_toml(text, source), "profile", source)
-    _unknown(section, _PROFILE_KEYS, source, "profile")
+    section = section_of(load_toml(text, source), "profile", source)
+    unknown_keys(section, _PROFILE_KEYS, source, "profile")
     for key in ("name", "provider", "command"):
         if key not in section:
             raise ProfileError(source, f"profile.{key}", "missing", f"add {key} = ... to [profile]")
@@ -554,43 +260,9 @@ def parse_profile(text: str, source: str) -> WorkerLaunchProfile:
         elif key == "deadline" and isinstance(raw, int) and not isinstance(raw, bool):
             value = float(raw)
         else:
-            value = _as_tuple(raw)
+            value = as_tuple(raw)
         fields[_PROFILE_KEYS[key]] = value
     return WorkerLaunchProfile(**fields, source=source)
-
-
-def parse_team(text: str, source: str) -> TeamTemplate:
-    """One team template from TOML text (profiles are checked by :class:`ProfileSet`)."""
-    section = _section(_load_toml(text, source), "team", source)
-    _unknown(section, _TEAM_KEYS, source, "team")
-    if "name" not in section:
-        raise ProfileError(source, "team.name", "missing", 'add name = "..." to [team]')
-    raw_members = section.get("members")
-    if not isinstance(raw_members, list):
-        raise ProfileError(
-            source,
-            "team.members",
-            "missing" if raw_members is None else f"must be a list of tables, not {_kind(raw_members)}",
-            "add one [[team.members]] table per agent",
-        )
-    members: list[TeamMember] = []
-    for index, raw in enumerate(raw_members):
-        where = f"team.members[{index}]"
-        if not isinstance(raw, dict):
-            raise ProfileError(
-                source, where, f"must be a table, not {_kind(raw)}", "write it as [[team.members]]"
-            )
-        _unknown(raw, _MEMBER_KEYS, source, where)
-        for key in ("profile", "suffix"):
-            if key not in raw:
-                raise ProfileError(source, f"{where}.{key}", "missing", f'add {key} = "..."')
-        members.append(TeamMember(raw["profile"], raw["suffix"], raw.get("instructions", "")))
-    return TeamTemplate(
-        name=section["name"],
-        members=tuple(members),
-        description=section.get("description", ""),
-        source=source,
-    )
 
 
 # --- loading ----------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Final
 
 import attrs
 
-from .. import procs, strictjson
+from .. import pisession, procs
 from ..contract import ENV_ALLOWED_PATHS, ENV_FORK
 from ..dispatch.tmux import Pane, TmuxServer
 from ..errors import ContractError, DispatchError, PiMatrixError
@@ -29,40 +29,9 @@ from .script import child_flags, fork_script, parent_argv_from_host
 from .store import RunStore
 from .wait import reap
 
-__all__ = ["read_session_header", "start_fork"]
+__all__ = ["start_fork"]
 
 MAX_TASK_BYTES: Final = 32 * 1024
-MAX_HEADER_BYTES: Final = 1024 * 1024
-
-
-def read_session_header(session_file: str) -> tuple[str, str]:
-    """``(session id, cwd)`` from a pi session file's header line; a clear error otherwise."""
-    fix = "pass an existing pi session file (.jsonl) whose first line is its session header"
-    try:
-        fd = os.open(session_file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ContractError("--session", f"{session_file}: {exc.strerror}", fix) from None
-    try:
-        first = os.read(fd, MAX_HEADER_BYTES).split(b"\n", 1)[0]
-    except OSError as exc:
-        raise ContractError("--session", f"{session_file}: {exc.strerror}", fix) from None
-    finally:
-        os.close(fd)
-    try:
-        header = strictjson.loads(first, max_bytes=MAX_HEADER_BYTES)
-    except strictjson.StrictJSONError:
-        header = None
-    if not isinstance(header, dict) or header.get("type") != "session":
-        raise ContractError("--session", f"{session_file}: the first line is not a pi session header", fix)
-    session_id, cwd = header.get("id"), header.get("cwd")
-    if (
-        not isinstance(session_id, str)
-        or not session_id
-        or not isinstance(cwd, str)
-        or not os.path.isabs(cwd)
-    ):
-        raise ContractError("--session", f"{session_file}: the header has no id or no absolute cwd", fix)
-    return session_id, cwd
 
 
 def _check_caller(env: Mapping[str, str]) -> None:
@@ -93,18 +62,12 @@ def _check_task(task: str) -> None:
 
 def _session_cwd(session_file: str) -> str:
     """The folder the session ran in (from its header), which the fork runs in too."""
-    _session_id, cwd = read_session_header(session_file)
+    cwd = pisession.read_header(session_file).cwd
     if not os.path.isdir(cwd):
         raise ContractError(
             "--session", f"the session's folder {cwd} no longer exists", "restore it or fork another session"
         )
     return cwd
-
-
-def _whole_lines(data: bytes) -> bytes:
-    """The session up to its last complete line: the parent may be writing one right now."""
-    cut = data.rfind(b"\n")
-    return data[: cut + 1] if cut >= 0 else b""
 
 
 def _record_run(
@@ -131,8 +94,7 @@ def _record_run(
                 "wait for one to finish ('pi-matrix runs'), abort one, or raise the setting"
             )
         snapshot = runs.folder(run_id) / "session.jsonl"
-        with open(session_file, "rb") as handle:
-            runs.write_file(run_id, "session.jsonl", _whole_lines(handle.read()))
+        runs.write_file(run_id, "session.jsonl", pisession.whole_lines(session_file))
         run = ForkRun(
             id=run_id,
             cwd=cwd,

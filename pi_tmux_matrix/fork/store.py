@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any, Final
 
 from .. import strictjson
-from ..errors import CorruptEntry, DispatchError, PiMatrixError
+from ..errors import DispatchError, PiMatrixError
 from ..errors import RunNotFound as NotFound
 from ..identity import validate_id
-from ..matrix.codec import DecodeError, structure
-from ..matrix.store import MatrixStore, Problem, RecordStore, durable_write, read_bounded, read_tail
+from ..matrix.records import Records
+from ..matrix.store import MatrixStore, Problem, durable_write, read_bounded, read_tail
 from .model import RUN_SCHEMA_VERSION, ForkRun
 from .script import find_exit_code
 
@@ -35,7 +35,10 @@ class RunStore:
 
     def __init__(self, store: MatrixStore) -> None:
         self.store = store
-        self.records = RecordStore(store, "runs", folders=True)
+        self.records: Records[ForkRun] = Records(
+            store, "runs", ForkRun, newest=RUN_SCHEMA_VERSION, own_name=lambda run: run.id, missing=NotFound,
+            folders=True,
+        )  # fmt: skip
 
     def folder(self, run_id: str) -> Path:
         return self.records.folder(run_id)
@@ -43,55 +46,20 @@ class RunStore:
     def path(self, run_id: str, name: str) -> Path:
         return self.records.root / run_id / name
 
-    def _run(self, raw: dict[str, Any], name: str) -> ForkRun:
-        where = str(self.records.root / f"{name}.json")
-        version = raw.get("schemaVersion")
-        if type(version) is int and version > RUN_SCHEMA_VERSION:
-            raise CorruptEntry(
-                where, f"written by a newer pi-matrix (schemaVersion {version}); upgrade to read it"
-            )
-        try:
-            run = structure(raw, ForkRun)
-        except DecodeError as exc:
-            raise CorruptEntry(where, exc.reason) from None
-        if run.id != name:
-            raise CorruptEntry(where, f"inner id {run.id!r} differs from the name")
-        return run
-
     def get(self, run_id: str) -> ForkRun:
         validate_id(run_id, "run id")
-        raw = self.records.get(run_id)
-        if raw is None:
-            raise NotFound(run_id)
-        return self._run(raw, run_id)
+        return self.records.get(run_id)
 
     def put(self, run: ForkRun, *, exclusive: bool = False) -> None:
-        if not self.records.put(run.id, run.to_json(), exclusive=exclusive):
+        if not self.records.put(run.id, run, exclusive=exclusive):
             raise DispatchError(f"run {run.id} already exists")
 
     def update(self, run_id: str, change: Callable[[ForkRun], ForkRun | None]) -> ForkRun:
         """Change the run under its lock; ``change`` returning None writes nothing."""
-        holder: list[ForkRun] = []
-
-        def apply(raw: dict[str, Any] | None) -> dict[str, Any] | None:
-            if raw is None:
-                raise NotFound(run_id)
-            current = self._run(raw, run_id)
-            changed = change(current)
-            holder.append(changed or current)
-            return None if changed is None else changed.to_json()
-
-        self.records.update(run_id, apply)
-        return holder[-1]
+        return self.records.update(run_id, change)
 
     def list(self) -> tuple[list[ForkRun], list[Problem]]:
-        records, problems = self.records.list()
-        runs: list[ForkRun] = []
-        for name, raw in records:
-            try:
-                runs.append(self._run(raw, name))
-            except CorruptEntry as exc:
-                problems.append(Problem(exc.path or name, exc.reason, "corrupt"))
+        runs, problems = self.records.list()
         runs.sort(key=lambda r: (r.created_at_ms, r.id))
         return runs, problems
 

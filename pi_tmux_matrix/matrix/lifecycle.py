@@ -28,13 +28,16 @@ from .model import (
 
 __all__ = [
     "accept_adoption",
+    "claim_launch",
     "close",
     "grant_adoption",
     "heartbeat",
+    "launched",
     "make_resumable",
     "mark_delivered",
     "new_entry",
     "record_terminal",
+    "release_launch",
     "request_cleanup",
     "wind_down",
     "with_child",
@@ -42,6 +45,8 @@ __all__ = [
 ]
 
 PARENT_LOST = "parent_lost"
+RELAUNCH = "relaunch"
+RELAUNCH_FAILED = "relaunch_failed"
 
 
 def new_entry(
@@ -76,6 +81,28 @@ def new_entry(
         task_ref=task_ref,
         task_summary=bounded(task_summary),
     )
+
+
+def claim_launch(entry: Entry) -> Entry:
+    """A launcher's claim on a resumable worker, taken by CAS before it starts anything: the one
+    transition that publishes ``launching`` for an existing entry. Of two launchers racing for one
+    worker only the one whose claim lands starts a process; no pid yet (none was started)."""
+    return entry.moved(
+        Status.LAUNCHING, reason=RELAUNCH, child_pid=None, child_proc_start=None, directive=None
+    )
+
+
+def launched(entry: Entry, host: ProcessIdentity) -> Entry | None:
+    """The claimed launch's new host, published before the host registers (seed 000); None (no
+    write) once the host has registered itself, whose own record wins."""
+    if entry.status is not Status.LAUNCHING:
+        return None
+    return attrs.evolve(entry, pid=host.pid, proc_start=host.start_ticks, boot_id=host.boot_id)
+
+
+def release_launch(entry: Entry) -> Entry:
+    """Nothing was started after all: the worker is resumable again for the next launcher."""
+    return entry.moved(Status.RESUMABLE, reason=RELAUNCH_FAILED)
 
 
 def with_child(entry: Entry, child: ProcessIdentity) -> Entry:

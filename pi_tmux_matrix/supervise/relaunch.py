@@ -24,8 +24,9 @@ from ..contract import (
     ENV_WORKTREE_LANE,
     NEVER_INHERITED,
 )
-from ..errors import Conflict, ResumeRefused
+from ..errors import Conflict, PiMatrixError, ResumeRefused
 from ..identity import Mode, ProcessIdentity
+from ..matrix import lifecycle
 from ..matrix.model import Entry, ResumablePayload, Status, bounded
 from ..matrix.store import MatrixStore
 from ..programs import host_argv, pi_command, spawn_detached
@@ -133,23 +134,26 @@ class DetachedHostRelauncher:
 
     def __call__(self, entry: Entry, parent: ProcessIdentity, parent_session: str) -> int:
         argv, env, cwd = self.build(entry, parent, parent_session)
-        child = spawn_detached(argv, self.store.side_dir("logs") / f"{entry.key}.log", cwd=cwd, env=env)
+        # Claim by CAS before starting anything: of two masters relaunching one worker, only the
+        # one whose claim lands starts a pi on the session file; the other is told why.
+        try:
+            claimed = self.store.update(entry.key, lifecycle.claim_launch, expected=entry.generation)
+        except Conflict:
+            raise ResumeRefused(
+                f"{entry.key}: changed since it was read (another master relaunched or adopted it); "
+                "look again with 'pi-matrix show KEY'"
+            ) from None
+        try:
+            child = spawn_detached(argv, self.store.side_dir("logs") / f"{entry.key}.log", cwd=cwd, env=env)
+        except BaseException:
+            with suppress(PiMatrixError):
+                self.store.update(entry.key, lifecycle.release_launch, expected=claimed.generation)
+            raise
         launched = procs.identify(child.pid)
         if launched is not None:
             # Conflict: the new host registered first; its registration wins, as it should.
             with suppress(Conflict):
                 self.store.update(
-                    entry.key,
-                    lambda e: e.moved(
-                        Status.LAUNCHING,
-                        reason="relaunch",
-                        pid=launched.pid,
-                        proc_start=launched.start_ticks,
-                        boot_id=launched.boot_id,
-                        child_pid=None,
-                        child_proc_start=None,
-                        directive=None,
-                    ),
-                    expected=entry.generation,
+                    entry.key, lambda e: lifecycle.launched(e, launched), expected=claimed.generation
                 )
         return child.pid

@@ -1,0 +1,149 @@
+"""The ``host`` verb: one agent run as the host's only child, supervised and recorded.
+
+Also owns what the ``master`` verb shares with it: the off switch that just becomes the agent
+(:func:`become`), the provider named by an argv (:func:`provider_of`) and the end-of-session
+hook that stops the agent's forks (:func:`abort_forks`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from ..contract import (
+    ENV_ALLOWED_PATHS,
+    add_contract_arguments,
+    contract_from_args,
+    parse_allowed_paths,
+)
+from ..errors import ContractError, PiMatrixError
+from ..identity import ID_PATTERN, AgentIdentityContract, Mode, validate_id
+from ..settings import load_settings
+from ..supervise.host import AgentHost, HostHooks, HostSpec
+from .base import add_verb, store_of
+
+if TYPE_CHECKING:
+    from .base import Io
+
+__all__ = ["abort_forks", "become", "cmd_host", "provider_of", "register"]
+
+
+def register(sub: Any, epilog: str) -> None:
+    """Add the ``host`` verb."""
+    host = add_verb(
+        sub,
+        "host",
+        epilog,
+        help="the agent host: register, run ARGV (after --) as its one child, supervise",
+        usage="pi-matrix host [options] -- ARGV...",
+    )
+    add_contract_arguments(host)
+    _identity_arguments(host)
+    host.add_argument("--deadline", type=float, metavar="SECONDS", help="stop the child after this long")
+    host.add_argument(
+        "--stop-grace",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="grace between the stop request, SIGTERM and SIGKILL (default 3)",
+    )
+    host.add_argument("--rpc-prompt", metavar="TEXT", help="rpc mode: the first prompt to send")
+    host.set_defaults(handler=cmd_host, takes_argv=True)
+
+
+def _identity_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("identity")
+    group.add_argument("--session-id", metavar="ID", help="the agent's session id (default: a new one)")
+    group.add_argument("--session-file", metavar="FILE", help="the agent's exact session file")
+    group.add_argument("--cwd", metavar="DIR", help="the agent's working directory")
+    group.add_argument("--worktree", metavar="DIR", help="the lane's worktree")
+    group.add_argument("--resource", action="append", default=[], metavar="PATH", help="a resource pointer")
+    group.add_argument(
+        "--mode",
+        choices=[m.value for m in Mode],
+        default=Mode.INTERACTIVE.value,
+        help="interactive (TTY passed through), print (stdin /dev/null) or rpc (JSON lines)",
+    )
+    group.add_argument("--profile", metavar="NAME", help="the launch profile name")
+    group.add_argument("--provider", metavar="NAME", help="the agent CLI (default: ARGV[0]'s name)")
+    group.add_argument("--task-summary", default="", metavar="TEXT", help="a bounded summary of the task")
+
+
+def _abs(path: str | None) -> str | None:
+    return os.path.abspath(path) if path else None
+
+
+def provider_of(argv: list[str], named: str | None = None) -> str | None:
+    """The agent CLI: ``named`` (``--provider``) if given, else ARGV[0]'s name when it is an id."""
+    if named:
+        return validate_id(named, "--provider")
+    if argv:
+        name = os.path.basename(argv[0])
+        if ID_PATTERN.fullmatch(name):
+            return name
+    return None
+
+
+def become(argv: list[str], io: Io) -> int:
+    """The hard off switch: this process becomes the agent and writes nothing. Returns only when
+    the agent cannot start (127, as a shell says "command not found")."""
+    try:
+        os.execvp(argv[0], argv)  # argv list, never a shell
+    except OSError as exc:
+        io.err.write(f"pi-matrix: error: cannot start {argv[0]!r}: {exc.strerror}\n")
+    return 127
+
+
+def cmd_host(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix host [flags] -- ARGV…``."""
+    argv: list[str] = args.argv
+    if not argv:
+        raise ContractError("ARGV", "no command given", "put the agent command after --, e.g. -- pi")
+    settings = load_settings(args.cwd)
+    if not settings.enabled:
+        # A malformed envelope is still refused: it never reaches the agent, matrix or not.
+        parse_allowed_paths(os.environ.get(ENV_ALLOWED_PATHS))
+        return become(argv, io)
+    contract = contract_from_args(args)
+    session_id = validate_id(args.session_id, "--session-id") if args.session_id else uuid.uuid4().hex
+    identity = AgentIdentityContract(
+        agent_id=contract.agent_id or f"agent-{session_id[:12]}",
+        session_id=session_id,
+        session_file=_abs(args.session_file),
+        cwd=_abs(args.cwd) or os.getcwd(),
+        worktree=_abs(args.worktree),
+        lane=contract.worktree_lane,
+        profile=validate_id(args.profile, "--profile") if args.profile else None,
+        provider=provider_of(argv, args.provider),
+        mode=Mode(args.mode),
+        resource_pointers=tuple(os.path.abspath(p) for p in args.resource),
+    )
+    spec = HostSpec(
+        argv=tuple(argv),
+        identity=identity,
+        contract=contract,
+        mode=Mode(args.mode),
+        task_summary=args.task_summary,
+        deadline_s=args.deadline,
+        stop_grace_s=args.stop_grace,
+        rpc_prompt=args.rpc_prompt,
+    )
+    hooks = HostHooks(on_agent_end=abort_forks)
+    return AgentHost(spec, store_of(args), settings, hooks=hooks, out=io.out).run()
+
+
+def abort_forks(host: AgentHost) -> None:
+    """The agent's session shut down: its running fork runs are stopped and failed (seed 003)."""
+    from ..fork import abort_runs
+
+    entry = host.entry
+    session_file = entry.identity.session_file if entry is not None else None
+    try:
+        stopped = abort_runs(host.store, parent_session_file=session_file, parent_key=host.key)
+    except PiMatrixError as exc:
+        host.events.write("fork_abort_failed", error=str(exc))
+        return
+    for run in stopped:
+        host.events.write("fork_aborted", run=run.id, status=run.status.value)

@@ -1,0 +1,230 @@
+"""The owner's verbs on the matrix: scan, reconcile, adopt, cleanup, send and stop.
+
+Each either reports (scan, a dry-run reconcile) or writes one guarded change an owner asked for:
+a reconciliation plan under CAS, an adoption grant or a cleanup request by handshake, or a
+message in a live host's mailbox.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import TYPE_CHECKING, Any
+
+from .. import procs
+from ..errors import EXIT_OK, EXIT_USAGE, ContractError, PiMatrixError
+from ..identity import Role, parse_key
+from ..matrix import lifecycle
+from ..matrix.mailbox import Inbox
+from ..matrix.model import Entry, Status
+from ..matrix.reconcile import reconcile
+from ..matrix.store import MatrixStore, now_ms
+from ..settings import load_settings
+from ..supervise.master import (
+    apply_plan,
+    calling_master,
+    gather_facts,
+    handshake,
+    owning_master,
+    require_master,
+)
+from .base import add_verb, store_of
+
+if TYPE_CHECKING:
+    from .base import Io
+
+__all__ = ["cmd_adopt", "cmd_cleanup", "cmd_reconcile", "cmd_scan", "cmd_send", "cmd_stop", "register"]
+
+
+def register(sub: Any, epilog: str) -> None:
+    """Add scan, reconcile, adopt, cleanup, send and stop."""
+    scan = add_verb(sub, "scan", epilog, help="orphan report (workers whose parent is dead); writes nothing")
+    scan.add_argument("--json", action="store_true")
+    scan.set_defaults(handler=cmd_scan)
+
+    rec = add_verb(
+        sub, "reconcile", epilog, help="the reconciliation plan, applied under CAS unless --dry-run"
+    )
+    rec.add_argument("--dry-run", action="store_true")
+    rec.add_argument("--json", action="store_true")
+    rec.set_defaults(handler=cmd_reconcile)
+
+    adopt = add_verb(sub, "adopt", epilog, help="owner-approved adoption grant for a worker")
+    adopt.add_argument("key", metavar="KEY")
+    adopt.add_argument("--parent-pid", type=int, metavar="PID", help="the adopting master's pid")
+    adopt.add_argument("--parent-session", metavar="ID", help="the adopting master's session id")
+    adopt.set_defaults(handler=cmd_adopt)
+
+    cleanup = add_verb(sub, "cleanup", epilog, help="owner-approved cooperative wind-down request")
+    cleanup.add_argument("key", metavar="KEY")
+    cleanup.set_defaults(handler=cmd_cleanup)
+
+    send = add_verb(sub, "send", epilog, help="a message to the agent through its host's mailbox")
+    send.add_argument("key", metavar="KEY")
+    what = send.add_mutually_exclusive_group(required=True)
+    what.add_argument("--steer", metavar="TEXT")
+    what.add_argument("--prompt", metavar="TEXT")
+    what.add_argument("--abort", action="store_true")
+    send.set_defaults(handler=cmd_send)
+
+    stop = add_verb(
+        sub,
+        "stop",
+        epilog,
+        help="stop an agent (KEY, needs --confirm) or a whole job (ID, needs --confirm yes-tmux-stop)",
+    )
+    stop.add_argument("key", metavar="KEY|ID", help="an entry key (worker-…) or a job id (job-…)")
+    stop.add_argument(
+        "--confirm",
+        nargs="?",
+        const=True,
+        metavar="WORD",
+        help="really stop it (without: a preview); a job needs the word yes-tmux-stop",
+    )
+    stop.add_argument("--json", action="store_true", help="a job stop: print the job afterwards")
+    stop.set_defaults(handler=cmd_stop)
+
+
+def _orphan_rows(store: MatrixStore) -> tuple[list[dict[str, Any]], list[str]]:
+    listing = store.list()
+    facts = gather_facts(listing.entries)
+    plan = reconcile(listing.entries, facts)
+    by_key = {e.key: e for e in listing.entries}
+    rows = []
+    for key in plan.orphans:
+        entry = by_key[key]
+        rows.append(
+            {
+                "key": key,
+                "agentId": entry.identity.agent_id,
+                "lane": entry.identity.lane,
+                "status": entry.status.value,
+                "alive": facts.alive.get(key, False) or facts.child_alive.get(key, False),
+                "parentPid": entry.parent_pid,
+                "parentSessionId": entry.parent_session_id,
+                "taskRef": entry.task_ref,
+                "resumable": entry.identity.resume_complete,
+            }
+        )
+    return rows, [p.line() for p in listing.problems]
+
+
+def cmd_scan(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix scan [--json]``: report only."""
+    rows, problems = _orphan_rows(store_of(args))
+    for line in problems:
+        io.err.write(f"pi-matrix: warning: {line}\n")
+    if args.json:
+        io.out.write(json.dumps(rows, indent=2) + "\n")
+        return EXIT_OK
+    if not rows:
+        io.out.write("no orphans\n")
+    for row in rows:
+        io.out.write(
+            f"orphan {row['key']} agent {row['agentId']} lane {row['lane'] or '-'} {row['status']} "
+            f"{'alive' if row['alive'] else 'dead'} (parent pid {row['parentPid']}, "
+            f"session {row['parentSessionId'] or '-'}, task {row['taskRef'] or '-'})\n"
+        )
+    return EXIT_OK
+
+
+def cmd_reconcile(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix reconcile [--dry-run] [--json]``."""
+    store = store_of(args)
+    listing = store.list()
+    plan = reconcile(listing.entries, gather_facts(listing.entries))
+    if args.dry_run:
+        rows = [
+            {"key": a.key, "action": a.kind.value, "reason": a.reason, "generation": a.generation}
+            for a in plan.actions
+        ]
+    else:
+        if not load_settings().enabled:
+            io.err.write("pi-matrix: error: processMatrix.enabled is false; use --dry-run\n")
+            return EXIT_USAGE
+        rows = [{"key": k, "action": a, "reason": r} for k, a, r in apply_plan(store, plan)]
+    if args.json:
+        io.out.write(json.dumps(rows, indent=2) + "\n")
+    else:
+        for row in rows:
+            io.out.write(f"{row['key']}: {row['action']} ({row['reason']})\n")
+        if not rows:
+            io.out.write("nothing to reconcile\n")
+    return EXIT_OK
+
+
+def _worker(store: MatrixStore, key: str) -> Entry:
+    role, _ = parse_key(key)
+    entry = store.get(key)
+    if role is not Role.WORKER:
+        raise ContractError("KEY", f"{key} is a master", "name a worker entry (worker-<sessionId>)")
+    return entry
+
+
+def cmd_adopt(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix adopt KEY [--parent-pid P --parent-session S]``."""
+    store = store_of(args)
+    entry = _worker(store, args.key)
+    master, session = require_master(owning_master(store, args.parent_pid, args.parent_session))
+    if entry.status in (Status.TERMINAL, Status.CLOSED):
+        raise ContractError(
+            "KEY", f"{args.key} is {entry.status.value}", "only a live or resumable worker can be adopted"
+        )
+    now = now_ms()
+    handshake(store, entry, lambda e: lifecycle.grant_adoption(e, master, session, now), "pi-matrix adopt")
+    io.out.write(f"adoption granted: {args.key} -> master session {session} (pid {master.pid})\n")
+    return EXIT_OK
+
+
+def cmd_cleanup(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix cleanup KEY``."""
+    store = store_of(args)
+    entry = _worker(store, args.key)
+    found = calling_master(store)
+    session = found[1] if found else None
+    handshake(store, entry, lambda e: lifecycle.request_cleanup(e, session, now_ms()), "pi-matrix cleanup")
+    io.out.write(f"cleanup requested: {args.key} (the worker stops its own agent and exits)\n")
+    return EXIT_OK
+
+
+def _live_host(store: MatrixStore, key: str) -> Entry:
+    parse_key(key)
+    entry = store.get(key)
+    if not procs.is_alive(entry.process):
+        raise PiMatrixError(
+            f"{key}: its host (pid {entry.pid}) is not alive; nothing can receive the message"
+        )
+    return entry
+
+
+def cmd_send(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix send KEY (--steer T | --prompt T | --abort)``."""
+    store = store_of(args)
+    _live_host(store, args.key)
+    if args.abort:
+        kind, text = "abort", ""
+    elif args.steer is not None:
+        kind, text = "steer", args.steer
+    else:
+        kind, text = "prompt", args.prompt
+    Inbox(store, args.key).post(kind, text, sender="pi-matrix send")
+    io.out.write(f"sent {kind} to {args.key}\n")
+    return EXIT_OK
+
+
+def cmd_stop(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix stop KEY --confirm`` or ``pi-matrix stop JOB --confirm yes-tmux-stop``."""
+    if args.key.startswith("job-"):
+        from .dispatch import stop_job
+
+        return stop_job(args, io)
+    store = store_of(args)
+    entry = _live_host(store, args.key)
+    what = f"{args.key} (agent {entry.identity.agent_id}, host pid {entry.pid}, child pid {entry.child_pid})"
+    if not args.confirm:
+        io.out.write(f"would stop {what}: request -> grace -> SIGTERM -> SIGKILL, recorded as killed\n")
+        io.err.write("pi-matrix: error: nothing was stopped; add --confirm to stop it\n")
+        return EXIT_USAGE
+    Inbox(store, args.key).post("stop", sender="pi-matrix stop")
+    io.out.write(f"stop requested: {what}\n")
+    return EXIT_OK

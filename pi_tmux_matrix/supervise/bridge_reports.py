@@ -1,0 +1,127 @@
+"""What the pi bridge reports from inside the agent's session, and what the host keeps of it:
+pi's real session id and file, the latest result artifact, the handoffs pi took, the tool calls
+(or the whole session) the worker's envelope refused, and whether the bridge reported at all.
+
+These come through the host's inbox under ``BRIDGE_KINDS``. They are never an owner's command:
+they only tell the host about its agent (a different session id is the one thing the host acts
+on, as a session switch).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Final
+
+import attrs
+
+from ..errors import PiMatrixError
+from ..identity import validate_id
+from ..matrix.mailbox import EventLog
+
+__all__ = ["BRIDGE_KINDS", "BRIDGE_REPORT_S", "ENVELOPE_TEXT_CHARS", "BridgeReports", "SessionReport"]
+
+log = logging.getLogger(__name__)
+BRIDGE_REPORT_S: Final = 20  # how long a pi child with the bridge gets to report in
+ENVELOPE_TEXT_CHARS: Final = 1000  # of a tool_blocked report's tool, path or reason
+# What the pi bridge reports from inside the session (never an owner's command).
+BRIDGE_KINDS: Final = ("identity", "result", "bridge")
+
+
+@attrs.frozen
+class SessionReport:
+    """pi's own session, as its bridge reported it (the id checked, the file a string or None)."""
+
+    session_id: str
+    session_file: str | None
+
+
+@attrs.define
+class BridgeReports:
+    """What the host knows from its agent's bridge."""
+
+    expected_by: float | None = None  # monotonic time by which a bridged pi should have reported
+    seen: bool = False  # the bridge has reported at least once
+    result_pointer: str | None = None  # the bridge's latest result artifact
+    handoffs_accepted: set[str] = attrs.field(factory=set)  # handoff ids pi took into the session
+
+    def expect(self, argv: tuple[str, ...], now: float) -> None:
+        # A pi child loaded with the bridge reports in within seconds; one that does not is still
+        # supervised here (parent watch, stop, exit), only without pi's own identity and notices.
+        self.expected_by = now + BRIDGE_REPORT_S if "-e" in argv else None
+
+    def check_silent(self, now: float, events: EventLog, key: str) -> None:
+        """Say once (an event and a warning) that an expected bridge has not reported in time."""
+        expected = self.expected_by
+        if expected is None or self.seen or now <= expected:
+            return
+        self.expected_by = None
+        events.write("bridge_silent", after_s=BRIDGE_REPORT_S)
+        log.warning(
+            "%s: the pi bridge has not reported in %ds; the agent is supervised without pi's session "
+            "identity, mailbox notices or result artifacts (check the -e path and pi's output)",
+            key,
+            BRIDGE_REPORT_S,
+        )
+
+    def receive(self, kind: str, text: str, events: EventLog) -> SessionReport | None:
+        """Take one report into ``events``; an identity report comes back for the host to follow."""
+        try:
+            report = json.loads(text)
+            if not isinstance(report, dict):
+                raise TypeError("not an object")
+        except (ValueError, TypeError) as exc:
+            events.write("bridge_garbled", kind=kind, error=str(exc)[:200])
+            return None
+        self.seen = True
+        if kind == "identity":
+            return _identity(report, events)
+        if kind == "result":
+            pointer = report.get("path")
+            if isinstance(pointer, str) and os.path.isabs(pointer):
+                self.result_pointer = pointer
+            events.write(
+                "agent_result", path=pointer, run=report.get("run"), stop_reason=report.get("stopReason")
+            )
+        elif report.get("event") == "handoff_accepted" and isinstance(report.get("id"), str):
+            # pi took the message: only now may the master mark the handoff delivered.
+            self.handoffs_accepted.add(report["id"])
+            events.write("handoff_accepted", id=report["id"][:200])
+        elif report.get("event") in ("tool_blocked", "envelope_refused"):
+            _envelope_report(report, events)
+        else:
+            what = report.get("event")
+            events.write("bridge", what=what if isinstance(what, str) else None)
+        return None
+
+
+def _envelope_report(report: dict[str, Any], events: EventLog) -> None:
+    """The worker's envelope refused a tool call (or the whole session): recorded in its own
+    events, bounded, for ``pi-matrix show`` to list."""
+
+    def text(name: str) -> str | None:
+        value = report.get(name)
+        return value[:ENVELOPE_TEXT_CHARS] if isinstance(value, str) else None
+
+    if report.get("event") == "envelope_refused":
+        events.write("envelope_refused", reason=text("reason"))
+        return
+    events.write("tool_blocked", tool=text("tool"), path=text("path"), reason=text("reason"))
+
+
+def _identity(report: dict[str, Any], events: EventLog) -> SessionReport | None:
+    """pi's real session id and file, when they are well-formed (what the host does with them:
+    complete the entry's identity, or follow a different id as a session switch)."""
+    session_id, session_file = report.get("sessionId"), report.get("sessionFile")
+    events.write("bridge_ready", session_id=session_id, session_file=session_file)
+    if not isinstance(session_id, str):
+        return None
+    if session_file is not None and not isinstance(session_file, str):
+        return None
+    try:
+        validate_id(session_id, "pi session id")
+    except PiMatrixError as exc:
+        events.write("bridge_identity_refused", error=str(exc)[:200])
+        return None
+    return SessionReport(session_id, session_file)

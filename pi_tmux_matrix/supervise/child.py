@@ -1,0 +1,224 @@
+"""The host's one agent child: started from its argv without a shell, signalled the way its mode
+allows, stopped by the one stop sequence, and classified when it ends.
+
+``StopSequence`` is the only way the host ever stops its child (an owner's ``stop``, the
+deadline, a cleanup request, the grace window's end): ask the agent, wait the stop grace,
+SIGTERM, wait again, SIGKILL. Why it was stopped decides how its end is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
+import attrs
+
+from .. import procs
+from ..contract import ENV_CLI, ENV_HOST_PID, ENV_KEY, ENV_MAILBOX, ENV_STATE_DIR
+from ..identity import Mode, ProcessIdentity
+from ..matrix import lifecycle
+from ..matrix.model import Entry, ExitKind, ExitRecord, Status
+from ..programs import cli_argv
+from .record import OwnRecord
+from .rpc import RpcPipe, Tell, command_for
+
+__all__ = [
+    "AgentChild",
+    "StopSequence",
+    "child_env",
+    "describe_end",
+    "exit_code_of",
+    "signal_child",
+    "spawn",
+]
+
+
+def exit_code_of(returncode: int) -> int:
+    """A child's return code as a process exit status (signals as 128+n, like a shell)."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def child_env(*, key: str, state_dir: str, mailbox: str, host_pid: int) -> dict[str, str]:
+    """The host's environment plus what the agent (and the pi bridge in it) needs to find it."""
+    env = dict(os.environ)
+    env.update(
+        {
+            ENV_KEY: key,
+            ENV_STATE_DIR: state_dir,
+            ENV_MAILBOX: mailbox,
+            ENV_HOST_PID: str(host_pid),
+            # How the bridge runs this same pi-matrix (a master's tmux_agent_manager tool).
+            ENV_CLI: json.dumps(cli_argv(None)),
+        }
+    )
+    return env
+
+
+def spawn(
+    argv: tuple[str, ...], mode: Mode, *, cwd: str | None, env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    """Start the agent: an interactive one keeps the host's terminal; a print or rpc one leads a
+    session of its own (so a stop reaches everything it started) and never reads the terminal."""
+    kwargs: dict[str, Any] = {"env": env, "cwd": cwd, "close_fds": True}
+    if mode is Mode.PRINT:
+        kwargs.update(stdin=subprocess.DEVNULL, start_new_session=True)
+    elif mode is Mode.RPC:
+        kwargs.update(stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
+    return subprocess.Popen(list(argv), **kwargs)  # argv list, never a shell
+
+
+def signal_child(identity: ProcessIdentity | None, mode: Mode, sig: int) -> None:
+    """Signal the child by its identity (never a recycled pid): an interactive child alone (it
+    shares the terminal's group with the host), a print or rpc child with its whole group."""
+    if identity is None:
+        return
+    if mode is Mode.INTERACTIVE:
+        procs.send_signal(identity, sig)
+    else:
+        procs.send_signal(identity, sig, group=True)
+
+
+@attrs.define
+class StopSequence:
+    """The one stop path: request -> grace -> SIGTERM -> grace -> SIGKILL, and what it means for
+    how the child's end is recorded."""
+
+    outcome: ExitKind | None = None  # set once: the first reason to stop wins
+    reason: str | None = None  # "stop", "deadline", "cleanup", "grace_expired", "signal"
+    steps: list[tuple[float, int]] = attrs.field(factory=list)  # (monotonic time, signal), in order
+    forwarded: int | None = None  # a signal the host passed on to the child (it was asked to stop)
+
+    @property
+    def requested(self) -> bool:
+        return self.outcome is not None
+
+    def begin(self, outcome: ExitKind, reason: str) -> bool:
+        """Take the stop request; False when one was already taken (it is not restarted)."""
+        if self.outcome is not None:
+            return False
+        self.outcome = outcome
+        self.reason = reason
+        return True
+
+    def schedule(self, *, asked: bool, grace_s: float, now: float) -> None:
+        """The signals to come: an agent that was asked to stop gets the grace before SIGTERM."""
+        first = now + grace_s if asked else now
+        self.steps = [(first, signal.SIGTERM), (first + grace_s, signal.SIGKILL)]
+
+    def next_at(self) -> float | None:
+        return self.steps[0][0] if self.steps else None
+
+    def due(self, now: float) -> list[int]:
+        """The signals whose time has come, taken off the sequence."""
+        signals: list[int] = []
+        while self.steps and self.steps[0][0] <= now:
+            signals.append(self.steps.pop(0)[1])
+        return signals
+
+    def classify(self, returncode: int, now: int) -> ExitRecord:
+        """How the child ended: as its stop asked, killed by a forwarded signal, crashed, or exited."""
+        code = returncode if returncode >= 0 else None
+        sig = -returncode if returncode < 0 else None
+        if self.outcome is not None:
+            return ExitRecord(kind=self.outcome, at=now, code=code, signal=sig)
+        if self.forwarded is not None:
+            return ExitRecord(kind=ExitKind.KILLED, at=now, code=code, signal=sig)
+        if sig is not None:
+            return ExitRecord(kind=ExitKind.CRASHED, at=now, code=None, signal=sig)
+        return ExitRecord(kind=ExitKind.EXITED, at=now, code=code)
+
+    def end_step(
+        self, record: ExitRecord, now: int, *, summary: str, result_pointer: str
+    ) -> Callable[[Entry], Entry | None]:
+        """The write that records the child's end in the entry, by why it stopped."""
+        if self.reason == "grace_expired":
+            # Expiry leaves the entry resumable for a future session; only the exit is noted.
+            return lambda e: attrs.evolve(e, exit=record) if e.status is Status.RESUMABLE else None
+        if self.reason == "cleanup":
+            return lambda e: lifecycle.close(attrs.evolve(e, exit=record), "cleanup", now)
+
+        def finish(entry: Entry) -> Entry | None:
+            if not entry.can_move_to(Status.TERMINAL):
+                return None
+            return lifecycle.record_terminal(
+                entry, record, now, summary=summary, result_pointer=result_pointer
+            )
+
+        return finish
+
+
+def describe_end(record: ExitRecord) -> str:
+    """The summary of an end with no last message: its kind, code and signal."""
+    return (
+        f"{record.kind.value}"
+        + (f" code {record.code}" if record.code is not None else "")
+        + (f" signal {record.signal}" if record.signal is not None else "")
+    )
+
+
+class AgentChild:
+    """The one agent child: started, told things the way its mode allows, stopped, signalled."""
+
+    def __init__(
+        self, record: OwnRecord, *, mode: Mode, is_pi: bool, stop_grace_s: float, out: IO[str]
+    ) -> None:
+        self.record = record
+        self.mode = mode
+        self.is_pi = is_pi  # a bridged interactive pi reads notices from its mailbox
+        self.stop_grace_s = stop_grace_s
+        self.popen: subprocess.Popen[bytes] | None = None
+        self.identity: ProcessIdentity | None = None
+        self.stop = StopSequence()
+        # The events log is looked up per event: a session switch re-keys the record.
+        self.rpc = RpcPipe(out, lambda event: record.events.write("rpc", data=event))
+
+    def start(
+        self, argv: tuple[str, ...], *, cwd: str | None, env: dict[str, str]
+    ) -> subprocess.Popen[bytes]:
+        self.popen = spawn(argv, self.mode, cwd=cwd, env=env)
+        self.rpc.attach(self.popen)
+        self.identity = procs.identify(self.popen.pid)
+        return self.popen
+
+    def tell(self, kind: Tell, text: str) -> str:
+        """Tell the agent the way its mode allows; returns the channel it went by (``rpc``, or
+        ``lost`` when the pipe is gone; ``mailbox`` for a bridged interactive pi; ``recorded``
+        when no channel reaches the agent)."""
+        if self.mode is Mode.RPC:
+            return "rpc" if self.rpc.send(command_for(kind, text)) else "lost"
+        if self.mode is Mode.INTERACTIVE and self.is_pi:
+            self.record.notices.notify(kind, text)
+            return "mailbox"
+        return "recorded"
+
+    def steer(self, text: str, *, notice: bool = False) -> None:
+        """Deliver a steering message to the child the way its mode allows."""
+        channel = self.tell("steer", text)
+        self.record.events.write("steer_notice" if notice else "steer", channel=channel, message=text)
+
+    def request_stop(self, outcome: ExitKind, reason: str) -> None:
+        """The one stop path: request -> grace -> SIGTERM -> grace -> SIGKILL."""
+        if not self.stop.begin(outcome, reason):
+            return
+        self.record.events.write("stop_requested", outcome=outcome.value, reason=reason)
+        now = time.monotonic()
+        asked = self.tell("shutdown", f"stop requested: {reason}") in ("rpc", "mailbox")
+        if self.mode is Mode.RPC and self.rpc.close():
+            asked = True  # closing stdin asks as well (pi --mode rpc exits on EOF)
+        self.stop.schedule(asked=asked, grace_s=self.stop_grace_s, now=now)
+
+    def run_stop_steps(self) -> None:
+        for sig in self.stop.due(time.monotonic()):
+            self.record.events.write("stop_signal", signal=int(sig))
+            signal_child(self.identity, self.mode, sig)
+
+    def forward(self, sig: int) -> None:
+        """The host was asked to stop by a signal: the child gets it, and its end counts as killed."""
+        self.stop.forwarded = sig
+        self.record.events.write("signal_forwarded", signal=sig)
+        signal_child(self.identity, self.mode, sig)

@@ -1,0 +1,92 @@
+"""The host's own record: its entry, written only under its own process generation, and the side
+files addressed to the same key (the events log, the inbox, the agent's notices).
+
+One object for the host's whole life: a session switch re-keys it in place, so every room that
+holds it writes to the session the agent is in now.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import attrs
+
+from ..errors import Conflict, PiMatrixError
+from ..matrix.mailbox import AgentNotices, EventLog, Inbox
+from ..matrix.model import Entry
+from ..matrix.store import MatrixStore
+
+__all__ = ["OwnRecord"]
+
+log = logging.getLogger(__name__)
+
+
+@attrs.define(eq=False)
+class OwnRecord:
+    """Our entry under ``key``, fenced by ``registration`` (our process generation)."""
+
+    store: MatrixStore
+    key: str
+    registration: str = ""
+    entry: Entry | None = None
+    superseded: bool = False  # a newer process generation owns the entry: we never write it again
+    events: EventLog = attrs.field(init=False)
+    inbox: Inbox = attrs.field(init=False)
+    notices: AgentNotices = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.rekey(self.key)
+
+    def rekey(self, key: str) -> None:
+        """Follow the agent to another key (a session switch): its own events, mail and notices."""
+        self.key = key
+        self.events = EventLog(self.store, key)
+        self.inbox = Inbox(self.store, key)
+        self.notices = AgentNotices(self.store, key)
+
+    def register(self, entry: Entry) -> Entry:
+        """Write ``entry`` as a new process generation (an older same-session host loses it)."""
+        self.entry = self.store.register(entry)
+        self.registration = self.entry.registration
+        self.superseded = False
+        return self.entry
+
+    def write(self, change: Callable[[Entry], Entry | None]) -> Entry | None:
+        """Apply ``change`` to our entry; None (and no more writes) once a newer process owns it."""
+        if self.superseded:
+            return None
+        before = self.entry.status if self.entry is not None else None
+        try:
+            entry = self.store.update(self.key, change, registration=self.registration)
+        except Conflict as exc:
+            self.superseded = True
+            log.warning(
+                "%s: a newer process generation owns this entry now (%s); this host will not write it again",
+                self.key,
+                exc.found,
+            )
+            self.events.write("superseded", found=exc.found)
+            return None
+        except PiMatrixError as exc:
+            log.warning("%s: could not update the entry: %s", self.key, exc)
+            return None
+        self.entry = entry
+        if entry.status is not before:
+            self.events.write("status", status=entry.status.value, reason=entry.reason)
+        return entry
+
+    def read(self) -> Entry | None:
+        """Our entry as it is on disk now (lock-free), or None once it is no longer ours."""
+        if self.superseded:
+            return None
+        try:
+            current = self.store.get(self.key)
+        except PiMatrixError as exc:
+            log.warning("%s: cannot read own entry: %s", self.key, exc)
+            return None
+        if current.registration != self.registration:
+            self.superseded = True
+            self.events.write("superseded", found=current.registration)
+            return None
+        return current
