@@ -21,7 +21,6 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import attrs
@@ -36,7 +35,7 @@ from ..matrix.mailbox import Inbox
 from ..matrix.model import Entry, Status
 from ..matrix.store import MatrixStore, RecordStore, now_ms
 from ..programs import spawn_detached, watch_argv
-from ..settings import MatrixSettings, agent_dir
+from ..settings import MatrixSettings
 from .backends import DEFAULT_SOCKET, TMUX_SESSION, Backend, backend_named, backends
 from .jobs import JobStore, new_nonce, result_now
 from .model import AgentLaunch, AgentResult, Job, JobAgent, PlannedAgent, ResultKind
@@ -122,9 +121,8 @@ class Dispatcher:
         self.jobs = JobStore(store)
         self.backends: dict[str, Backend] = backends(store, self.env)
         self.planner = Planner(
-            store, settings, env=self.env, plugins=self.plugins, backends=self.backends,
-            session_file_for=session_file_for, profiles=profiles,
-        )  # fmt: skip
+            store, settings, env=self.env, plugins=self.plugins, backends=self.backends, profiles=profiles
+        )
 
     # -- compile (dispatch/plan.py) ------------------------------------------------------------------
     @property
@@ -196,7 +194,7 @@ class Dispatcher:
 
     def _launch_one(self, job: Job, agent: JobAgent, plan: PlannedAgent) -> JobAgent:
         if agent.provider == "pi" and agent.session_file is not None:
-            write_session_header(agent.session_file, agent.session_id, plan.cwd)
+            pisession.write_header(agent.session_file, agent.session_id, plan.cwd)
         backend = backend_named(self.backends, agent.backend)
         launched = backend.start(job.id, agent, plan).recorded(agent)
         if self.settings.enabled and launched.host is not None:

@@ -14,13 +14,13 @@ import os
 import re
 import secrets
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
 import attrs
 import pluggy
 
-from .. import procs
+from .. import pisession, procs
 from ..contract import (
     ENV_BLOCKED_MARKER,
     ENV_DONE_MARKER,
@@ -43,17 +43,13 @@ from .model import TMUX, AgentLaunch, Job, JobAgent, PlannedAgent
 if TYPE_CHECKING:
     from .profile import ProfileSet, WorkerLaunchProfile
 
-__all__ = ["LIVE", "FireRequest", "Planner", "SessionFileFor", "marker_instruction"]
+__all__ = ["LIVE", "FireRequest", "Planner", "marker_instruction"]
 
 MAX_TASK_BYTES: Final = 32 * 1024
 MAX_DEADLINE_S: Final = 24 * 3600.0
 LIVE: Final = frozenset(
     {Status.LAUNCHING, Status.RUNNING, Status.WINDING_DOWN, Status.ADOPTED, Status.RESUMABLE}
 )
-
-# Where pi keeps a session of a cwd: (cwd, session id, env) -> file. The dispatcher passes its own
-# (manager.session_file_for), so this module does not import the facade that imports it.
-SessionFileFor = Callable[[str, str, Mapping[str, str] | None], str]
 
 
 @attrs.frozen
@@ -156,7 +152,6 @@ class Planner:
     env: Mapping[str, str] = attrs.field(kw_only=True)
     plugins: pluggy.PluginManager = attrs.field(kw_only=True)
     backends: Mapping[str, Backend] = attrs.field(kw_only=True)
-    session_file_for: SessionFileFor = attrs.field(kw_only=True)
     _profiles: ProfileSet | None = attrs.field(default=None, kw_only=True)  # read on first use
 
     @property
@@ -306,7 +301,7 @@ class Planner:
         session_id = str(uuid.uuid4()) if is_pi else secrets.token_hex(8)
         nonce = new_nonce()
         deadline_s = _deadline(request, profile.deadline_s)
-        session_file = self.session_file_for(place.cwd, session_id, self.env) if is_pi else None
+        session_file = pisession.new_session_file(place.cwd, session_id, self.env) if is_pi else None
         text = "\n\n".join(p for p in (instructions.strip(), place.task, marker_instruction(nonce)) if p)
         allowed = resolve_write_paths(profile, cwd=place.cwd, worktree=place.worktree)
         launch = AgentLaunch(
