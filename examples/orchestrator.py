@@ -60,11 +60,12 @@ def main() -> int:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             view = dispatcher.view(dispatcher.jobs.get(fired.job.id))
-            if all(agent["result"] for agent in view["agents"]):
+            if all(agent.result for agent in view.agents):
                 break
             time.sleep(0.2)
-        for agent in view["agents"]:
-            print(f"  {agent['agentId']}: {json.dumps(agent['result'])}")
+        for agent in view.agents:
+            # to_json() is what `pi-matrix job ID --json` prints for the agent.
+            print(f"  {agent.agent.agent_id}: {json.dumps(agent.to_json()['result'])}")
         # 4. Done with the job: its idle agents stop; each host records a terminal handoff.
         dispatcher.dismiss(fired.job.id)
         for agent in fired.job.agents:

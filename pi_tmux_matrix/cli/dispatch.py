@@ -15,6 +15,7 @@ from .base import age, store_of
 
 if TYPE_CHECKING:
     from ..dispatch.manager import Dispatcher
+    from ..dispatch.views import ListedJob
     from .base import Io
 
 __all__ = ["STOP_WORD", "default_socket", "register", "stop_job"]
@@ -159,43 +160,43 @@ def cmd_fire(args: argparse.Namespace, io: Io) -> int:
 
 
 
-def _print_job(io: Io, view: dict[str, Any]) -> None:
-    if view["state"] == "corrupt":
-        io.err.write(f"pi-matrix: warning: {view['path']}: {view['problem']} (job record unreadable)\n")
+def _print_job(io: Io, view: ListedJob) -> None:
+    if view.state == "corrupt":
+        io.err.write(f"pi-matrix: warning: {view.path}: {view.problem} (job record unreadable)\n")
         return
-    if view["state"] == "untracked":
-        for pane in view["agents"]:
-            io.out.write(
-                f"{view['jobId']}  untracked (no job record; from tmux tags)  {pane['key'] or '-'}  "
-                f"{pane['target']}  host pid {pane['hostPid']} ({'alive' if pane['hostAlive'] else 'gone'})\n"
-            )
+    if view.state == "untracked":
+        pane = view.pane
+        io.out.write(
+            f"{view.job_id}  untracked (no job record; from tmux tags)  {pane.key or '-'}  "
+            f"{pane.target}  host pid {pane.host_pid} ({'alive' if pane.host_alive else 'gone'})\n"
+        )
         return
+    job = view.job
     io.out.write(
-        f"{view['jobId']}  {view['state']}  {view['team'] or view['profile']}  task {view['taskRef']}  "
-        f"age {age(view['createdAt'])}\n"
+        f"{job.id}  {view.state}  {job.team or job.profile}  task {job.task_ref}  age {age(job.created_at)}\n"
     )
-    for agent in view["agents"]:
-        result = agent["result"]
+    for shown in view.agents:
+        agent, result = shown.agent, shown.result
         outcome = (
             "working"
             if result is None
-            else result["kind"] + (f" ({result['detail']})" if result["detail"] else "")
+            else result.kind.value + (f" ({result.detail})" if result.detail else "")
         )
         io.out.write(
-            f"  {agent['agentId']}  {agent['key']}  host {'alive' if agent['hostAlive'] else 'gone'}  "
-            f"tmux {agent['tmux']}  {agent['target'] or '-'}  round {agent['round']}: {outcome}\n"
+            f"  {agent.agent_id}  {agent.key}  host {'alive' if shown.host_alive else 'gone'}  "
+            f"tmux {shown.tmux}  {agent.target or '-'}  round {agent.round}: {outcome}\n"
         )
 
 
 def cmd_jobs(args: argparse.Namespace, io: Io) -> int:
     views = _dispatcher(args).reconcile(sockets={args.socket or default_socket()})
     if not args.all:
-        views = [v for v in views if v["state"] != "dismissed"]
+        views = [v for v in views if v.state != "dismissed"]
     if args.json:
-        _dump(io, views)
+        _dump(io, [view.to_json() for view in views])
         return EXIT_OK
     if args.ndjson:
-        io.out.write("".join(json.dumps(view) + "\n" for view in views))
+        io.out.write("".join(json.dumps(view.to_json()) + "\n" for view in views))
         return EXIT_OK
     if not views:
         io.out.write("no jobs\n")
@@ -209,7 +210,7 @@ def cmd_job(args: argparse.Namespace, io: Io) -> int:
     job = dispatcher.jobs.get(validate_id(args.job_id, "ID"))
     view = dispatcher.view(job, tmux_state=dispatcher.tmux_states(job))
     if args.json:
-        _dump(io, view)
+        _dump(io, view.to_json())
     else:
         _print_job(io, view)
     return EXIT_OK
@@ -221,7 +222,7 @@ def cmd_followup(args: argparse.Namespace, io: Io) -> int:
     dispatcher = _dispatcher(args)
     job = dispatcher.followup(validate_id(args.job_id, "ID"), " ".join(args.argv), args.agent)
     if args.json:
-        _dump(io, dispatcher.view(job))
+        _dump(io, dispatcher.view(job).to_json())
     else:
         rearmed = [a.agent_id for a in job.agents if args.agent in (None, a.agent_id)]
         io.out.write(f"follow-up sent to {', '.join(rearmed)} of {job.id}\n")
@@ -232,7 +233,7 @@ def cmd_dismiss(args: argparse.Namespace, io: Io) -> int:
     dispatcher = _dispatcher(args)
     job = dispatcher.dismiss(validate_id(args.job_id, "ID"))
     if args.json:
-        _dump(io, dispatcher.view(job))
+        _dump(io, dispatcher.view(job).to_json())
     else:
         io.out.write(f"dismissed {job.id}\n")
     return EXIT_OK
@@ -247,17 +248,17 @@ def stop_job(args: argparse.Namespace, io: Io) -> int:
         io.out.write(
             f"would stop job {job.id}: for each agent its host's stop sequence, then its own pane:\n"
         )
-        for agent in view["agents"]:
-            alive = "alive" if agent["hostAlive"] else "gone"
+        for shown in view.agents:
+            alive = "alive" if shown.host_alive else "gone"
             io.out.write(
-                f"  {agent['agentId']}  host pid {agent['hostPid']} ({alive})  "
-                f"pane {agent['paneId'] or '-'} ({agent['tmux']})\n"
+                f"  {shown.agent.agent_id}  host pid {shown.agent.host_pid} ({alive})  "
+                f"pane {shown.agent.pane_id or '-'} ({shown.tmux})\n"
             )
         io.err.write(f"pi-matrix: error: nothing was stopped; add --confirm {STOP_WORD} to stop it\n")
         return EXIT_USAGE
     job, written = dispatcher.stop(job.id)
     if getattr(args, "json", False):
-        _dump(io, dispatcher.view(job))
+        _dump(io, dispatcher.view(job).to_json())
     else:
         io.out.write(f"stopped job {job.id} ({len(written)} agent(s) had not finished)\n")
     return EXIT_OK

@@ -7,7 +7,7 @@ contributes to a launch, it never mutates the dispatcher's state.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import pluggy
 
@@ -38,7 +38,7 @@ def launch_argv(launch: AgentLaunch) -> list[str] | None:
 
 
 @hookspec
-def on_launched(job: Job, launch: AgentLaunch, pane: dict[str, Any]) -> None:
+def on_launched(job: Job, launch: AgentLaunch, pane: dict[str, object]) -> None:
     """An agent's host is running (``pane``: ``paneId``, ``panePid``, ``target`` or ``pid``)."""
 
 

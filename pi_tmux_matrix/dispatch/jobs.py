@@ -11,7 +11,6 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any
 
 import attrs
 
@@ -22,7 +21,7 @@ from ..matrix.model import bounded
 from ..matrix.records import Records
 from ..matrix.statedir import Problem
 from ..matrix.store import MatrixStore
-from .model import JOB_SCHEMA_VERSION, AgentResult, Job
+from .model import JOB_SCHEMA_VERSION, AgentResult, Job, ResultKind
 
 __all__ = ["JobStore", "new_job_id", "new_nonce"]
 
@@ -92,8 +91,19 @@ class JobStore:
         return found
 
 
-def result_now(job: Job, agent_id: str, key: str, round_: int, kind: Any, **fields: Any) -> AgentResult:
+def result_now(
+    job: Job,
+    agent_id: str,
+    key: str,
+    round_: int,
+    kind: ResultKind,
+    *,
+    detail: str = "",
+    exit_code: int | None = None,
+    exit_kind: str | None = None,
+) -> AgentResult:
     """An :class:`AgentResult` stamped now."""
     return AgentResult(
-        job_id=job.id, agent_id=agent_id, key=key, round=round_, kind=kind, at=now_ms(), **fields
-    )
+        job_id=job.id, agent_id=agent_id, key=key, round=round_, kind=kind, at=now_ms(), detail=detail,
+        exit_code=exit_code, exit_kind=exit_kind,
+    )  # fmt: skip

@@ -9,6 +9,7 @@ loses a completion.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
 import attrs
@@ -24,15 +25,21 @@ if TYPE_CHECKING:
 
 __all__ = [
     "JOB_SCHEMA_VERSION",
+    "SUBPROCESS",
+    "TMUX",
     "AgentLaunch",
     "AgentResult",
     "Job",
     "JobAgent",
+    "PlannedAgent",
     "Relaunch",
     "ResultKind",
 ]
 
 JOB_SCHEMA_VERSION: Final = 1
+# The backends' names as records keep them (JobAgent.backend); dispatch/backends.py runs them.
+TMUX: Final = "tmux"
+SUBPROCESS: Final = "subprocess"
 
 
 class ResultKind(enum.Enum):
@@ -57,7 +64,7 @@ class JobAgent:
     provider: str
     mode: str
     cwd: str
-    backend: str  # "tmux" | "subprocess"
+    backend: str  # TMUX | SUBPROCESS: the backend that started its host
     nonce: str  # the current round's marker nonce: DONE:<nonce> / BLOCKED:<nonce>
     round: int
     deadline_at: int  # Unix ms of the current round's deadline
@@ -79,6 +86,23 @@ class JobAgent:
             return None
         return ProcessIdentity(self.host_pid, self.host_start, self.boot_id)
 
+    @property
+    def in_tmux(self) -> bool:
+        """Launched into a tmux pane (recorded or not yet)."""
+        return self.backend == TMUX
+
+    @property
+    def tmux_socket(self) -> str | None:
+        """The tmux server its pane is on; None when it was not launched into tmux."""
+        return self.socket if self.in_tmux else None
+
+    @property
+    def pane_ref(self) -> tuple[str, str] | None:
+        """``(socket, pane id)`` of its recorded tmux pane, if it has one."""
+        if self.tmux_socket is None or self.pane_id is None:
+            return None
+        return self.tmux_socket, self.pane_id
+
     def result_name(self, job_id: str, round_: int | None = None) -> str:
         return f"{job_id}.{self.agent_id}.{round_ or self.round}"
 
@@ -95,7 +119,7 @@ class Job:
     agents: tuple[JobAgent, ...]
     task_ref: str | None = None
     lane: str | None = None
-    backend: str = "tmux"
+    backend: str = TMUX
     dismissed_at: int | None = None
     stopped_at: int | None = None
     orphaned_at: int | None = None  # every pane vanished while the job was unfinished
@@ -143,6 +167,17 @@ class AgentLaunch:
 
 
 @attrs.frozen
+class PlannedAgent:
+    """One agent's launch, compiled: what its backend starts, with which env, where."""
+
+    launch: AgentLaunch
+    argv: tuple[str, ...]  # the pane command: the host, then the agent CLI
+    env: Mapping[str, str]  # what goes in with -e
+    cwd: str
+    window: str
+
+
+@attrs.frozen
 class Relaunch:
     """A dead worker to relaunch into its exact session under ``parent``."""
 
@@ -151,4 +186,4 @@ class Relaunch:
     parent_session: str
     state_dir: str
     socket: str | None = None
-    backend: str = "tmux"
+    backend: str = TMUX

@@ -1,14 +1,10 @@
-"""The one place that talks to tmux: launch an argv into a detached window, list, tag, pipe, capture.
+"""The one place that runs tmux: launch an argv into a detached window, list, tag, pipe, capture.
 
 Every call is ``tmux -L <socket> <command> <args...>`` run as an argv list (never a shell string,
-never ``send-keys``), with a timeout, with ``tmux`` looked up on ``PATH`` at call time. tmux itself
-still re-reads its argv, and three of its rules would otherwise change what we pass:
-
-- a word that ends in ``;`` ends the tmux command (the rest of the words would run as another tmux
-  command): every word we pass has a final ``;`` escaped as ``\\;``, which tmux turns back into ``;``;
-- ``-n`` (window name), ``-c`` (start directory) and the ``pipe-pane`` command are format-expanded:
-  ``#`` is doubled there, so ``#{...}`` arrives literally;
-- a single-word pane command runs through ``sh -c``: :meth:`TmuxServer.launch` requires >= 2 words.
+never ``send-keys``), with a timeout, with ``tmux`` looked up on ``PATH`` at call time. Every word
+goes through :mod:`pi_tmux_matrix.dispatch.tmux_model` first, which holds the rules tmux would
+otherwise apply to it (a final ``;``, format expansion, single-word commands), the :class:`Pane`
+and the row format.
 
 Pane tags are tmux user options named ``@pi_matrix_<name>`` set on the pane (``set-option -p``).
 :meth:`TmuxServer.launch` takes tag names with or without the ``@``; :attr:`Pane.tags` always spells
@@ -27,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shlex
 import shutil
 import stat
@@ -39,59 +34,27 @@ import attrs
 
 from ..errors import ContractError, DispatchError, TmuxUnavailable
 from ..identity import ID_PATTERN
+from .tmux_model import (
+    ENV_NAME,
+    FORMAT,
+    TAG_INDEX,
+    TAG_PREFIX,
+    Pane,
+    check_argv,
+    check_cwd,
+    check_pane_id,
+    check_session,
+    check_tags,
+    check_window_name,
+    env_args,
+    literal,
+    parse_row,
+    word,
+)
 
 __all__ = ["TAG_PREFIX", "Pane", "TmuxServer"]
 
-TAG_PREFIX: Final = "@pi_matrix_"
-# Lists the tag names a launch set (space separated, each with its "@"); not itself a tag.
-_TAG_INDEX: Final = "@pi_matrix_tags"
-_TAG_NAME: Final = re.compile(r"@pi_matrix_[A-Za-z0-9_]{1,64}")
-_SESSION: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
-_PANE_ID: Final = re.compile(r"%[0-9]+")
-_ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
-_MAX_TAG_VALUE: Final = 1024
 DEFAULT_TIMEOUT_S: Final = 10.0
-
-# Tab-separated; tmux escapes tabs and newlines in session and window names, and the window name
-# goes last so nothing it holds can shift the fields before it.
-_FIELDS: Final = (
-    "#{pane_id}",
-    "#{pane_pid}",
-    "#{window_id}",
-    "#{pane_dead}",
-    "#{session_name}",
-    f"#{{{_TAG_INDEX}}}",
-    "#{window_name}",
-)
-_FORMAT: Final = "\t".join(_FIELDS)
-
-
-@attrs.frozen
-class Pane:
-    """One tmux pane as the server reported it.
-
-    ``pane_id`` (``%3``) is the machine target: unique for the server's lifetime. ``tags`` holds the
-    pane's ``@pi_matrix_*`` options as ``(name with "@", value)`` pairs sorted by name.
-    """
-
-    pane_id: str
-    pane_pid: int
-    window_id: str
-    session: str
-    window_name: str
-    dead: bool
-    tags: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def target(self) -> str:
-        """For humans: ``session:window (pane id)``; give tmux :attr:`pane_id` itself."""
-        return f"{self.session}:{self.window_name} ({self.pane_id})"
-
-    def tag(self, name: str) -> str | None:
-        """The value of tag ``name`` (``"@pi_matrix_key"`` or ``"pi_matrix_key"``), or None."""
-        wanted = name if name.startswith("@") else f"@{name}"
-        return dict(self.tags).get(wanted)
 
 
 class _Then:
@@ -110,33 +73,6 @@ class _Result:
     @property
     def error(self) -> str:
         return self.stderr.strip() or f"exit status {self.returncode}"
-
-
-def _word(value: str) -> str:
-    """Escape a final ``;`` so tmux keeps the word instead of ending its command there."""
-    return value[:-1] + "\\;" if value.endswith(";") else value
-
-
-def _literal(value: str) -> str:
-    """A value tmux format-expands, made to expand to itself."""
-    return value.replace("#", "##")
-
-
-def _tag_name(name: object) -> str:
-    full = name if isinstance(name, str) and name.startswith("@") else f"@{name}"
-    if not isinstance(name, str) or _TAG_NAME.fullmatch(full) is None or full == _TAG_INDEX:
-        raise ContractError(
-            "tags",
-            f"{name!r} is not a pane tag name",
-            "use @pi_matrix_<letters, digits, _> (the '@' may be left out); @pi_matrix_tags is reserved",
-        )
-    return full
-
-
-def _check_pane_id(pane_id: object) -> str:
-    if not isinstance(pane_id, str) or _PANE_ID.fullmatch(pane_id) is None:
-        raise ContractError("pane", f"{pane_id!r} is not a tmux pane id", "pass an id like %3")
-    return pane_id
 
 
 class TmuxServer:
@@ -165,7 +101,7 @@ class TmuxServer:
                 "use 1-128 characters from A-Z a-z 0-9 . _ - starting with a letter or digit",
             )
         for name in scrub_env:
-            if _ENV_NAME.fullmatch(name) is None:
+            if ENV_NAME.fullmatch(name) is None:
                 raise ContractError("scrub_env", f"{name!r} is not a variable name", "pass names like PI_X")
         self.socket = socket
         # A server named by its socket file (``tmux -S``): the one a caller runs in ($TMUX).
@@ -194,7 +130,7 @@ class TmuxServer:
         if binary is None:
             raise TmuxUnavailable(self.socket, "tmux is not installed (not on PATH); install tmux")
         where = ["-S", self.socket_path] if self.socket_path else ["-L", self.socket]
-        argv = [binary, *where, *(";" if arg is THEN else _word(str(arg)) for arg in args)]
+        argv = [binary, *where, *(";" if arg is THEN else word(str(arg)) for arg in args)]
         try:
             done = subprocess.run(
                 argv,
@@ -234,7 +170,7 @@ class TmuxServer:
 
     def has_session(self, name: str) -> bool:
         """True if a session named exactly ``name`` exists; :class:`TmuxUnavailable` if no server."""
-        result = self._run("has-session", "-t", f"={_check_session(name)}")
+        result = self._run("has-session", "-t", f"={check_session(name)}")
         if result.returncode == 0:
             return True
         if not self.reachable():
@@ -243,14 +179,14 @@ class TmuxServer:
 
     def panes(self) -> list[Pane]:
         """Every pane on the server with its tags; ``[]`` if it answers with none."""
-        result = self._run("list-panes", "-a", "-F", _FORMAT)
+        result = self._run("list-panes", "-a", "-F", FORMAT)
         if result.returncode != 0:
             failure = self._failed(result, "list-panes")
             # A server kept up without sessions has no "current target" for list-panes -a.
             if isinstance(failure, DispatchError) and not self._run("list-sessions").stdout.strip():
                 return []
             raise failure
-        rows = [_parse_row(line) for line in result.stdout.splitlines() if line]
+        rows = [parse_row(line) for line in result.stdout.splitlines() if line]
         names = sorted({name for _pane, index in rows for name in index})
         values = self._tag_values(names) if names else {}
         found: list[Pane] = []
@@ -275,12 +211,12 @@ class TmuxServer:
 
     def pane(self, pane_id: str) -> Pane | None:
         """The pane ``pane_id``, or None if the server answers without it."""
-        _check_pane_id(pane_id)
+        check_pane_id(pane_id)
         return next((pane for pane in self.panes() if pane.pane_id == pane_id), None)
 
     def capture(self, pane_id: str, *, history: bool = True) -> str:
         """The pane's text, wrapped lines joined (``-J``); with ``history`` from its first line."""
-        args = ["capture-pane", "-p", "-J", "-t", _check_pane_id(pane_id)]
+        args = ["capture-pane", "-p", "-J", "-t", check_pane_id(pane_id)]
         if history:
             args += ["-S", "-"]
         result = self._run(*args)
@@ -305,20 +241,15 @@ class TmuxServer:
         is set with ``-e``; ``remain-on-exit`` is turned off for the window (a tmux.conf may turn it
         on), then the pane is tagged. Raises :class:`TmuxUnavailable` if tmux cannot run or start.
         """
-        words = _check_argv(argv)
-        _check_session(session)
-        if not isinstance(window_name, str) or not window_name or _CONTROL.search(window_name):
-            raise ContractError(
-                "window_name", f"{window_name!r} is not a window name", "use printable characters"
-            )
-        if not isinstance(cwd, str) or not os.path.isabs(cwd) or not os.path.isdir(cwd):
-            # tmux would silently start the pane in $HOME instead.
-            raise ContractError("cwd", f"{cwd!r} is not an existing absolute directory", "pass one")
-        env_args = _env_args(env)
-        tag_items = _check_tags(tags)
+        words = check_argv(argv)
+        check_session(session)
+        check_window_name(window_name)
+        check_cwd(cwd)
+        env_words = env_args(env)
+        tag_items = check_tags(tags)
 
         self._scrub(env, session)
-        spec = ["-d", "-n", _literal(window_name), "-c", _literal(cwd), *env_args, "-P", "-F", _FORMAT]
+        spec = ["-d", "-n", literal(window_name), "-c", literal(cwd), *env_words, "-P", "-F", FORMAT]
         tail = ["--", *words]
         result = self._run("new-window", "-t", f"={session}:", *spec, *tail)
         if result.returncode != 0 and not self._has_session_quiet(session):
@@ -336,7 +267,7 @@ class TmuxServer:
         lines = [line for line in result.stdout.splitlines() if line]
         if len(lines) != 1:
             raise DispatchError(f"tmux on socket {self.socket!r} reported {result.stdout!r} for a new window")
-        pane, _index = _parse_row(lines[0])
+        pane, _index = parse_row(lines[0])
         self._configure(pane, tag_items)
         return attrs.evolve(pane, tags=tag_items)
 
@@ -353,21 +284,20 @@ class TmuxServer:
         """Run ``argv`` in a new pane split off ``target`` (half of it; beside it, or below it
         when ``vertical``), without selecting it. The window's options are left alone: it is
         usually the caller's own window."""
-        words = _check_argv(argv)
-        if not isinstance(cwd, str) or not os.path.isabs(cwd) or not os.path.isdir(cwd):
-            raise ContractError("cwd", f"{cwd!r} is not an existing absolute directory", "pass one")
-        env_args = _env_args(env)
-        tag_items = _check_tags(tags)
-        spec = ["-d", "-v" if vertical else "-h", "-l", "50%", "-c", _literal(cwd), *env_args]
+        words = check_argv(argv)
+        check_cwd(cwd)
+        env_words = env_args(env)
+        tag_items = check_tags(tags)
+        spec = ["-d", "-v" if vertical else "-h", "-l", "50%", "-c", literal(cwd), *env_words]
         result = self._run(
-            "split-window", "-t", _check_pane_id(target), *spec, "-P", "-F", _FORMAT, "--", *words
+            "split-window", "-t", check_pane_id(target), *spec, "-P", "-F", FORMAT, "--", *words
         )
         if result.returncode != 0:
             raise self._failed(result, f"split-window of {target}")
         lines = [line for line in result.stdout.splitlines() if line]
         if len(lines) != 1:
             raise DispatchError(f"tmux on socket {self.socket!r} reported {result.stdout!r} for a new pane")
-        pane, _index = _parse_row(lines[0])
+        pane, _index = parse_row(lines[0])
         self._configure(pane, tag_items, window=False)
         return attrs.evolve(pane, tags=tag_items)
 
@@ -379,7 +309,7 @@ class TmuxServer:
             args += ["set-option", "-w", "-t", pane.window_id, "remain-on-exit", "off"]
         if tags:
             index = " ".join(name for name, _ in tags)
-            args += [*([THEN] if args else []), "set-option", "-p", "-t", pane.pane_id, _TAG_INDEX, index]
+            args += [*([THEN] if args else []), "set-option", "-p", "-t", pane.pane_id, TAG_INDEX, index]
         for name, value in tags:
             args += [THEN, "set-option", "-p", "-t", pane.pane_id, name, value]
         if not args:
@@ -424,14 +354,14 @@ class TmuxServer:
         words = [str(word) for word in command]
         if not words or any("\0" in word for word in words):
             raise ContractError("command", f"{command!r} is not a pipe command", "pass a non-empty argv")
-        line = _literal(shlex.join(words))
-        result = self._run("pipe-pane", "-O", "-t", _check_pane_id(pane_id), line)
+        line = literal(shlex.join(words))
+        result = self._run("pipe-pane", "-O", "-t", check_pane_id(pane_id), line)
         if result.returncode != 0:
             raise self._failed(result, f"pipe-pane of {pane_id}")
 
     def kill_pane(self, pane_id: str) -> bool:
         """Kill the pane; True if it was there, False if the server answers without it."""
-        result = self._run("kill-pane", "-t", _check_pane_id(pane_id))
+        result = self._run("kill-pane", "-t", check_pane_id(pane_id))
         if result.returncode == 0:
             return True
         if self.pane(pane_id) is None:  # raises TmuxUnavailable when no server answers
@@ -456,74 +386,3 @@ class TmuxServer:
         if stat.S_ISSOCK(info.st_mode) and info.st_uid == os.geteuid() and not self.reachable():
             with contextlib.suppress(OSError):
                 os.unlink(path)
-
-
-def _env_args(env: Mapping[str, str]) -> list[str]:
-    """``-e K=V`` for each item (the value reaches the pane as is: tmux does not expand it)."""
-    words: list[str] = []
-    for key, value in env.items():
-        if _ENV_NAME.fullmatch(key) is None or "\0" in value:
-            raise ContractError("env", f"{key!r} is not a settable variable", "use names like PI_X")
-        words += ["-e", f"{key}={value}"]
-    return words
-
-
-def _check_session(name: object) -> str:
-    # tmux rewrites '.' and ':' in session names, and a target prefix-matches unless '='-anchored.
-    if not isinstance(name, str) or _SESSION.fullmatch(name) is None:
-        raise ContractError(
-            "session",
-            f"{name!r} is not a tmux session name",
-            "use 1-128 characters from A-Z a-z 0-9 _ - starting with a letter or digit",
-        )
-    return name
-
-
-def _check_argv(argv: Sequence[str]) -> list[str]:
-    words = list(argv) if not isinstance(argv, str) else []
-    if len(words) < 2 or not all(isinstance(word, str) for word in words):
-        raise ValueError(
-            f"launch argv {argv!r}: give a list of at least 2 words "
-            "(tmux runs a single-word command through sh -c)"
-        )
-    if any("\0" in word for word in words):
-        raise ValueError(f"launch argv {argv!r}: a word contains NUL, which no argv can carry")
-    return words
-
-
-def _check_tags(tags: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    items: dict[str, str] = {}
-    for raw, value in tags.items():
-        name = _tag_name(raw)
-        if not isinstance(value, str) or len(value) > _MAX_TAG_VALUE or _CONTROL.search(value):
-            raise ContractError(
-                "tags",
-                f"{name} value {value!r} is not a tag value",
-                f"use up to {_MAX_TAG_VALUE} printable characters",
-            )
-        if name in items:
-            raise ContractError("tags", f"{name} given twice", "give each tag once")
-        items[name] = value
-    return tuple(sorted(items.items()))
-
-
-def _parse_row(line: str) -> tuple[Pane, tuple[str, ...]]:
-    """A pane row of :data:`_FORMAT` and the tag names its index lists."""
-    fields = line.split("\t", len(_FIELDS) - 1)
-    if len(fields) != len(_FIELDS):
-        raise DispatchError(f"tmux reported an unreadable pane row {line!r}; is tmux >= 3.0?")
-    pane_id, pid, window_id, dead, session, index, window_name = fields
-    try:
-        pane_pid = int(pid)
-    except ValueError:
-        raise DispatchError(f"tmux reported pane {pane_id} with pid {pid!r}") from None
-    names = tuple(name for name in index.split() if _TAG_NAME.fullmatch(name) and name != _TAG_INDEX)
-    pane = Pane(
-        pane_id=pane_id,
-        pane_pid=pane_pid,
-        window_id=window_id,
-        session=session,
-        window_name=window_name,
-        dead=dead == "1",
-    )
-    return pane, names

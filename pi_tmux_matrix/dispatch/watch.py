@@ -119,10 +119,18 @@ class Watcher:
         self.events = EventLog(self.store, self.agent.key)
 
     # -- the result ---------------------------------------------------------------------------------
-    def write(self, kind: ResultKind, detail: str = "", **fields: object) -> AgentResult | None:
+    def write(
+        self,
+        kind: ResultKind,
+        detail: str = "",
+        *,
+        exit_code: int | None = None,
+        exit_kind: str | None = None,
+    ) -> AgentResult | None:
         result = result_now(
-            self.job, self.agent.agent_id, self.agent.key, self.round, kind, detail=detail, **fields
-        )
+            self.job, self.agent.agent_id, self.agent.key, self.round, kind, detail=detail,
+            exit_code=exit_code, exit_kind=exit_kind,
+        )  # fmt: skip
         if not self.jobs.put_result(result):
             return None  # someone saw the end first (a stop, another watcher): theirs stands
         self.events.write("result", job=self.job.id, round=self.round, kind=kind.value, detail=detail[:200])
@@ -345,16 +353,18 @@ def _close_pane(agent: JobAgent, host: procs.ProcessIdentity | None) -> None:
     """Close the agent's pane only if it still is that agent's: pane ids restart at %0 with a new
     tmux server, so the id alone could name another job's pane. Its tags must name this agent and,
     while the host lives, its process must be the host."""
-    if agent.backend != "tmux" or agent.socket is None or agent.pane_id is None:
+    if agent.pane_ref is None:
         return
+    socket, pane_id = agent.pane_ref
     from .tmux import TmuxServer
+    from .tmux_model import KEY_TAG
 
     with contextlib.suppress(TmuxUnavailable, PiMatrixError, OSError):
-        server = TmuxServer(agent.socket)
-        pane = server.pane(agent.pane_id)
-        if pane is None or pane.tag("@pi_matrix_key") != agent.key:
+        server = TmuxServer(socket)
+        pane = server.pane(pane_id)
+        if pane is None or pane.tag(KEY_TAG) != agent.key:
             return
         running = procs.identify(pane.pane_pid)
         if running is not None and host is not None and running != host:
             return
-        server.kill_pane(agent.pane_id)
+        server.kill_pane(pane_id)

@@ -1,0 +1,161 @@
+"""Where a fired agent's host runs: the :class:`Backend` protocol, :class:`TmuxBackend` and
+:class:`SubprocessBackend`.
+
+A backend starts the host argv it is given, with the env it is given, in the cwd it is given, and
+says where it runs and which process it is (:class:`Started`). It never judges liveness: that is
+done by process identity. A new backend is one new class here, listed in :func:`backends`; a
+``FireRequest.backend`` names it, and the job record keeps that name (``JobAgent.backend``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Final, Protocol
+
+import attrs
+
+from .. import procs
+from ..contract import NEVER_INHERITED
+from ..errors import ContractError, DispatchError, PiMatrixError, TmuxUnavailable
+from ..identity import ProcessIdentity
+from ..matrix.store import MatrixStore
+from ..programs import spawn_detached
+from .model import SUBPROCESS, TMUX, JobAgent, PlannedAgent
+from .tmux import TmuxServer
+from .tmux_model import JOB_TAG, KEY_TAG, Pane
+
+__all__ = [
+    "DEFAULT_SOCKET",
+    "TMUX_SESSION",
+    "Backend",
+    "Started",
+    "SubprocessBackend",
+    "TmuxBackend",
+    "backend_named",
+    "backends",
+]
+
+DEFAULT_SOCKET: Final = "pi-matrix"
+TMUX_SESSION: Final = "pi-matrix"
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class Started:
+    """Where a host runs and which process it is (``host`` is None if it ended before it could be
+    identified: a quick agent)."""
+
+    host_pid: int
+    host: ProcessIdentity | None
+    target: str  # for humans: session:window, or "pid N"
+    pane_id: str | None = None
+    log: str | None = None  # where its output goes when no pane shows it
+
+    def recorded(self, agent: JobAgent) -> JobAgent:
+        """``agent`` with this start written into it."""
+        return attrs.evolve(
+            agent, pane_id=self.pane_id, target=self.target, host_pid=self.host_pid,
+            host_start=self.host.start_ticks if self.host else None,
+            boot_id=self.host.boot_id if self.host else None, log=self.log,
+        )  # fmt: skip
+
+
+def started_in(pane: Pane) -> Started:
+    """A host that is the process of ``pane`` (tmux execs the pane command: no shell between)."""
+    target = f"{pane.session}:{pane.window_name}"
+    return Started(pane.pane_pid, procs.identify(pane.pane_pid), target, pane_id=pane.pane_id)
+
+
+class Backend(Protocol):
+    """Starts hosts somewhere. Implementations are frozen: one per dispatcher."""
+
+    @property
+    def name(self) -> str:
+        """What ``--backend`` and the job record call it."""
+        ...
+
+    def socket(self, requested: str) -> str | None:
+        """The tmux socket an agent of this backend records (None: it runs in no tmux)."""
+        ...
+
+    def start(self, job_id: str, agent: JobAgent, planned: PlannedAgent) -> Started:
+        """Start ``planned.argv`` with ``planned.env`` in ``planned.cwd``; errors are typed."""
+        ...
+
+    def attach_watcher(self, agent: JobAgent, argv: Sequence[str]) -> bool:
+        """Feed the agent's output to the watcher ``argv`` the backend runs itself; False: the
+        caller starts the watcher detached (it follows ``agent.log`` or only the host)."""
+        ...
+
+
+@attrs.frozen
+class TmuxBackend:
+    """A detached window on the agent's tmux socket whose pane command *is* the host."""
+
+    name = TMUX
+
+    def socket(self, requested: str) -> str | None:
+        return requested
+
+    def start(self, job_id: str, agent: JobAgent, planned: PlannedAgent) -> Started:
+        server = TmuxServer(agent.socket or DEFAULT_SOCKET, scrub_env=sorted(NEVER_INHERITED))
+        pane = server.launch(
+            planned.argv, session=TMUX_SESSION, window_name=planned.window, cwd=planned.cwd,
+            env=planned.env, tags={KEY_TAG: agent.key, JOB_TAG: job_id},
+        )  # fmt: skip
+        return started_in(pane)
+
+    def attach_watcher(self, agent: JobAgent, argv: Sequence[str]) -> bool:
+        if agent.pane_id is None:
+            return False
+        try:
+            TmuxServer(agent.socket or DEFAULT_SOCKET).pipe_pane(agent.pane_id, argv)
+        except (TmuxUnavailable, PiMatrixError) as exc:
+            # The pane is already gone (a quick agent) or tmux is unreachable: a detached
+            # watcher without the pane's output still writes the host's exit or the deadline.
+            log.warning("%s: no pipe on pane %s (%s); watching its host only", agent.key, agent.pane_id, exc)
+            return False
+        return True
+
+
+@attrs.frozen
+class SubprocessBackend:
+    """A detached process (its own session, no terminal) logging to the state dir.
+
+    It inherits the dispatcher's environment, less what no launched agent may inherit; a tmux
+    pane gets only what the launch passes (tmux's own environment is scrubbed instead)."""
+
+    store: MatrixStore
+    env: Mapping[str, str]
+    name = SUBPROCESS
+
+    def socket(self, requested: str) -> str | None:
+        return None
+
+    def start(self, job_id: str, agent: JobAgent, planned: PlannedAgent) -> Started:
+        log_path = self.store.side_dir("logs") / f"{job_id}.{agent.agent_id}.log"
+        env = {k: v for k, v in self.env.items() if k not in NEVER_INHERITED}
+        env.update(planned.env)
+        try:
+            child = spawn_detached(planned.argv, log_path, cwd=planned.cwd, env=env)
+        except OSError as exc:
+            raise DispatchError(f"fire: cannot start {planned.argv[0]}: {exc.strerror}") from None
+        return Started(child.pid, procs.identify(child.pid), f"pid {child.pid}", log=str(log_path))
+
+    def attach_watcher(self, agent: JobAgent, argv: Sequence[str]) -> bool:
+        return False  # the watcher follows the host's log file
+
+
+def backends(store: MatrixStore, env: Mapping[str, str]) -> dict[str, Backend]:
+    """Every backend by name, in the order ``--backend`` lists them."""
+    found: list[Backend] = [TmuxBackend(), SubprocessBackend(store, env)]
+    return {backend.name: backend for backend in found}
+
+
+def backend_named(known: Mapping[str, Backend], name: str) -> Backend:
+    try:
+        return known[name]
+    except KeyError:
+        raise ContractError("--backend", f"{name!r} is unknown", f"use {' or '.join(known)}") from None

@@ -1,0 +1,409 @@
+"""Compiling a launch: a :class:`FireRequest` in, the job and each agent's :class:`PlannedAgent` out.
+
+Everything about a launch is decided here before anything is reserved or started: the task and
+deadline checks, the profiles of a team or one profile, the calling master, the cwd and lane, the
+task ref, each agent's ids, marker nonce, argv (the host, then the agent CLI) and env (the
+profile's, then every plugin's ``launch_env``). The only thing it creates is a lane's worktree
+(not on a dry run). The room checks (concurrency cap, lane bound to a live agent) are here too;
+the dispatcher runs them again under its fire lock.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Final
+
+import attrs
+import pluggy
+
+from .. import pisession, procs
+from ..contract import (
+    ENV_BLOCKED_MARKER,
+    ENV_DONE_MARKER,
+    ENV_PI_COMMAND,
+    ENV_PROFILE,
+    ENV_STATE_DIR,
+    PASS_ENV,
+)
+from ..errors import ContractError, DispatchError, LaneError, PiMatrixError
+from ..identity import AgentIdentityContract, ProcessIdentity, Role, validate_id, validate_task_ref
+from ..matrix.model import Entry, Status, bounded
+from ..matrix.owners import owning_master
+from ..matrix.store import MatrixStore, now_ms
+from ..programs import host_argv, pi_command
+from ..settings import MatrixSettings, agent_dir
+from .backends import DEFAULT_SOCKET, Backend, backend_named
+from .jobs import new_job_id, new_nonce
+from .model import TMUX, AgentLaunch, Job, JobAgent, PlannedAgent
+
+if TYPE_CHECKING:
+    from .profile import ProfileSet, WorkerLaunchProfile
+
+__all__ = ["LIVE", "FireRequest", "Planner", "marker_instruction"]
+
+MAX_TASK_BYTES: Final = 32 * 1024
+MAX_DEADLINE_S: Final = 24 * 3600.0
+LIVE: Final = frozenset(
+    {Status.LAUNCHING, Status.RUNNING, Status.WINDING_DOWN, Status.ADOPTED, Status.RESUMABLE}
+)
+
+
+@attrs.frozen
+class FireRequest:
+    task: str
+    profile: str | None = None
+    team: str | None = None
+    lane: str | None = None
+    goal_id: str | None = None
+    path: str | None = None
+    socket: str = DEFAULT_SOCKET
+    deadline_s: float | None = None
+    backend: str = TMUX
+    dry_run: bool = False
+    parent_pid: int | None = None
+    parent_session: str | None = None
+    agent_id: str | None = None
+
+
+def marker_instruction(nonce: str) -> str:
+    """How an agent is told to end: the marker itself never appears in the text, so an echo of
+    the instruction cannot be taken for the agent's answer."""
+    return (
+        f"When you are finished, print a line holding only DONE, a colon and the code {nonce} "
+        f"(no spaces). If you cannot go on, print BLOCKED, a colon and {nonce}, then a space and "
+        "the reason, on a line of its own."
+    )
+
+
+def _window_name(agent_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "-", agent_id)[:40]
+
+
+def _check_task(task: str) -> str:
+    if not task.strip():
+        raise ContractError("TASK", "empty", "give the task after --")
+    if len(task.encode("utf-8", "surrogatepass")) > MAX_TASK_BYTES:
+        raise ContractError(
+            "TASK", f"over {MAX_TASK_BYTES} bytes", "put long context in a file and point to it"
+        )
+    if "\x00" in task:
+        raise ContractError("TASK", "contains a NUL byte", "remove it (argv cannot carry NUL)")
+    return task
+
+
+def _deadline(request: FireRequest, profile_deadline: float) -> float:
+    deadline = request.deadline_s if request.deadline_s is not None else profile_deadline
+    if not (1 <= deadline <= MAX_DEADLINE_S):
+        raise ContractError(
+            "--deadline", f"{deadline:g}s is outside 1..{MAX_DEADLINE_S:.0f}", "give seconds, at most 24 h"
+        )
+    return float(deadline)
+
+
+def _cwd(request: FireRequest) -> str:
+    path = request.path or os.getcwd()
+    real = os.path.realpath(path)
+    if not os.path.isdir(real):
+        raise ContractError("--path", f"{path} is not a directory", "give an existing folder for the agents")
+    return real
+
+
+@attrs.frozen
+class _JobPlace:
+    """What every agent of one launch shares."""
+
+    job_id: str
+    task: str
+    task_ref: str
+    cwd: str  # the agents' cwd: the lane's worktree, else the request's folder
+    worktree: str | None
+    lane: str | None
+    parent: ProcessIdentity
+    parent_session: str
+    backend: str
+    socket: str | None
+
+
+def _culprit(plugins: pluggy.PluginManager, hook: str, exc: BaseException) -> str:
+    """The plugin whose hook implementation raised ``exc``: the innermost traceback frame that runs
+    one of the hook's implementations (pluggy keeps them on the traceback)."""
+    codes = {
+        getattr(impl.function, "__code__", None): impl.plugin_name
+        for impl in getattr(plugins.hook, hook).get_hookimpls()
+    }
+    name = "unknown"
+    tb = exc.__traceback__
+    while tb is not None:
+        name = codes.get(tb.tb_frame.f_code, name)
+        tb = tb.tb_next
+    return name
+
+
+@attrs.define
+class Planner:
+    """Compiles launches for one dispatcher (its store, settings, env, plugins and backends)."""
+
+    store: MatrixStore
+    settings: MatrixSettings
+    env: Mapping[str, str] = attrs.field(kw_only=True)
+    plugins: pluggy.PluginManager = attrs.field(kw_only=True)
+    backends: Mapping[str, Backend] = attrs.field(kw_only=True)
+    _profiles: ProfileSet | None = attrs.field(default=None, kw_only=True)  # read on first use
+
+    @property
+    def profiles(self) -> ProfileSet:
+        """The launch profiles and teams in force, read on first use."""
+        if self._profiles is None:
+            from .profile import load_profiles
+
+            self._profiles = load_profiles(agent_dir(self.env))
+        return self._profiles
+
+    # -- who, where ----------------------------------------------------------------------------------
+    def _parent(self, request: FireRequest) -> tuple[ProcessIdentity, str]:
+        explicit = request.parent_pid is not None or request.parent_session is not None
+        found = (
+            owning_master(self.store, request.parent_pid, request.parent_session)
+            if explicit or self.settings.enabled
+            else None
+        )
+        if found is None:
+            if not self.settings.enabled:
+                me = procs.current()
+                return me, f"dispatcher-{me.pid}"
+            raise DispatchError(
+                "fire: no calling master (no ancestor process is a registered master); run it under "
+                "'pi-matrix master -- <your shell or agent>', or pass --parent-pid and --parent-session"
+            )
+        return found
+
+    def _members(self, request: FireRequest) -> tuple[str, list[tuple[WorkerLaunchProfile, str | None, str]]]:
+        """(label, [(profile, suffix, instructions)]) — a team or one profile."""
+        if request.team is not None and request.profile is not None:
+            raise ContractError("--team/--profile", "both given", "give one: a team names its own profiles")
+        if request.team is not None:
+            team = self.profiles.team(request.team)
+            return team.name, [
+                (self.profiles.profile(m.profile), m.suffix, m.instructions) for m in team.members
+            ]
+        if request.profile is None:
+            raise ContractError(
+                "--profile", "missing", "name a launch profile (pi-matrix profiles lists them)"
+            )
+        return request.profile, [(self.profiles.profile(request.profile), None, "")]
+
+    def _worktree(self, cwd: str, lane: str | None, *, dry_run: bool) -> str | None:
+        """The lane's worktree (made unless dry; a dry run checks the lane is free instead)."""
+        if lane is None:
+            return None
+        from .lanes import ensure_lane, lane_path
+
+        worktree = lane_path(cwd, lane) if dry_run else ensure_lane(cwd, lane).worktree
+        if dry_run:
+            self.check_lane_free(lane, worktree)
+        return worktree
+
+    def _task_ref(self, request: FireRequest, parent: ProcessIdentity) -> str | None:
+        """The goal id given, else (matrix on) the calling master's own task ref."""
+        if request.goal_id is not None:
+            return validate_task_ref(request.goal_id, "--goal-id")
+        if not self.settings.enabled:
+            return None
+        entries = self.store.list().entries
+        master = next(
+            (e for e in entries if e.pid == parent.pid and e.proc_start == parent.start_ticks), None
+        )
+        return master.task_ref if master is not None else None
+
+    # -- room ----------------------------------------------------------------------------------------
+    def live_entries(self) -> list[Entry]:
+        return [e for e in self.store.list().entries if e.status in LIVE and procs.is_alive(e.process)]
+
+    def check_cap(self, cwd: str, adding: int) -> None:
+        cap = self.settings.max_concurrent_agents
+        live = [e for e in self.live_entries() if e.role is Role.WORKER and e.identity.cwd == cwd]
+        if len(live) + adding > cap:
+            raise DispatchError(
+                f"fire: {len(live)} live agent(s) already run in {cwd} and this launch adds {adding}, over "
+                f"processMatrix.maxConcurrentAgents={cap}; wait for one to finish ('pi-matrix jobs'), stop "
+                "one, or raise the setting"
+            )
+
+    def check_lane_free(self, lane: str, worktree: str) -> None:
+        for entry in self.live_entries():
+            if entry.identity.lane == lane and entry.identity.worktree == worktree:
+                raise LaneError(
+                    f"lane {lane!r} ({worktree}) is bound to live agent {entry.identity.agent_id} "
+                    f"({entry.key}); wait for it, stop it, or pick another lane"
+                )
+
+    def check_room(self, job: Job, planned: Sequence[PlannedAgent]) -> None:
+        """The lane is free and every cwd stays within the cap (matrix on; under the fire lock)."""
+        if not self.settings.enabled:
+            return
+        if job.lane is not None and job.agents[0].worktree is not None:
+            self.check_lane_free(job.lane, job.agents[0].worktree)
+        cwds: dict[str, int] = {}
+        for p in planned:
+            cwds[p.cwd] = cwds.get(p.cwd, 0) + 1
+        for cwd, count in cwds.items():
+            self.check_cap(cwd, count)
+
+    # -- compile -------------------------------------------------------------------------------------
+    def plan(self, request: FireRequest) -> tuple[Job, list[PlannedAgent]]:
+        """Compile everything about a launch; creates nothing except (not dry) the lane worktree."""
+        task = _check_task(request.task)
+        backend = backend_named(self.backends, request.backend)
+        validate_id(request.socket, "--socket")
+        label, members = self._members(request)
+        parent, parent_session = self._parent(request)
+        cwd = _cwd(request)
+        lane = validate_id(request.lane, "--lane") if request.lane is not None else None
+        worktree = self._worktree(cwd, lane, dry_run=request.dry_run)
+        job_id = new_job_id()
+        place = _JobPlace(
+            job_id=job_id, task=task, task_ref=self._task_ref(request, parent) or f"job:{job_id}",
+            cwd=worktree or cwd, worktree=worktree, lane=lane, parent=parent, parent_session=parent_session,
+            backend=backend.name, socket=backend.socket(request.socket),
+        )  # fmt: skip
+        if request.agent_id is not None:
+            base = validate_id(request.agent_id, "--agent-id")
+        else:
+            base = f"{label}-{job_id[-6:]}"
+        compiled = [
+            self._plan_agent(
+                request, place, profile, validate_id(f"{base}-{suffix}" if suffix else base, "agent id"),
+                instructions,
+            )
+            for profile, suffix, instructions in members
+        ]  # fmt: skip
+        job = Job(
+            id=job_id, created_at=now_ms(), parent_pid=parent.pid, parent_session_id=parent_session,
+            task=bounded(task, 2000), profile=request.profile, team=request.team,
+            agents=tuple(agent for _, agent in compiled), task_ref=place.task_ref, lane=lane,
+            backend=request.backend,
+        )  # fmt: skip
+        return job, [planned for planned, _ in compiled]
+
+    def _plan_agent(
+        self, request: FireRequest, place: _JobPlace, profile: WorkerLaunchProfile, agent_id: str,
+        instructions: str,
+    ) -> tuple[PlannedAgent, JobAgent]:  # fmt: skip
+        from .profile import resolve_write_paths
+
+        # pi keeps the id in a session file's header: a pi agent's file is created with ours,
+        # so pi's own session id and the matrix key agree from the first turn.
+        is_pi = profile.provider == "pi"
+        session_id = str(uuid.uuid4()) if is_pi else secrets.token_hex(8)
+        nonce = new_nonce()
+        deadline_s = _deadline(request, profile.deadline_s)
+        session_file = pisession.new_session_file(place.cwd, session_id, self.env) if is_pi else None
+        text = "\n\n".join(p for p in (instructions.strip(), place.task, marker_instruction(nonce)) if p)
+        allowed = resolve_write_paths(profile, cwd=place.cwd, worktree=place.worktree)
+        launch = AgentLaunch(
+            job_id=place.job_id, agent_id=agent_id, session_id=session_id, key=f"worker-{session_id}",
+            profile=profile, task=text, cwd=place.cwd, parent=place.parent,
+            parent_session=place.parent_session, allowed_paths=tuple(allowed), deadline_s=deadline_s,
+            nonce=nonce, worktree=place.worktree, lane=place.lane, task_ref=place.task_ref,
+            session_file=session_file,
+        )  # fmt: skip
+        argv = self._host_argv(launch, profile, place.task)
+        planned = PlannedAgent(
+            launch, argv, self.launch_env(launch, profile), place.cwd, _window_name(agent_id)
+        )
+        agent = JobAgent(
+            agent_id=agent_id, key=launch.key, session_id=session_id, profile=profile.name,
+            provider=profile.provider, mode=profile.mode.value, cwd=place.cwd, backend=place.backend,
+            nonce=nonce, round=1, deadline_at=now_ms() + int(deadline_s * 1000), deadline_s=deadline_s,
+            worktree=place.worktree, lane=place.lane, session_file=session_file, socket=place.socket,
+        )  # fmt: skip
+        return planned, agent
+
+    def _host_argv(self, launch: AgentLaunch, profile: WorkerLaunchProfile, task: str) -> tuple[str, ...]:
+        """The pane command: the host, then the agent CLI with every plugin's ``launch_argv``
+        before the task (when the task is its last word)."""
+        from .providers import agent_command
+
+        command = agent_command(
+            self.pi_located(profile), task=launch.task, session_file=launch.session_file, lane=launch.lane
+        )
+        agent_argv = list(command.argv)
+        extra = [a for part in self.plugins.hook.launch_argv(launch=launch) if part for a in part]
+        if extra:
+            at = len(agent_argv) - 1 if agent_argv and agent_argv[-1] == launch.task else len(agent_argv)
+            agent_argv[at:at] = extra
+        identity = AgentIdentityContract(
+            agent_id=launch.agent_id, session_id=launch.session_id, session_file=launch.session_file,
+            cwd=launch.cwd, worktree=launch.worktree, lane=launch.lane, profile=profile.name,
+            provider=profile.provider, mode=profile.mode,
+        )  # fmt: skip
+        return tuple(
+            host_argv(
+                self.store.root, identity=identity, task_summary=task, task_ref=launch.task_ref,
+                lane=launch.lane, rpc_prompt=command.rpc_prompt, agent_argv=agent_argv,
+            )
+        )  # fmt: skip
+
+    def pi_located(self, profile: WorkerLaunchProfile) -> WorkerLaunchProfile:
+        """A pi profile whose command is plain ``pi`` runs ``$PI_MATRIX_PI_COMMAND`` when set (pi
+        installed off PATH, e.g. the project's pinned ``.pi-cli/``); every other profile as written."""
+        if profile.provider != "pi" or tuple(profile.command) != ("pi",) or not self.env.get(ENV_PI_COMMAND):
+            return profile
+        try:
+            command = pi_command(self.env)
+        except PiMatrixError as exc:
+            raise ContractError(
+                ENV_PI_COMMAND, "not a JSON array of strings", 'set it like ["/usr/bin/pi"], or unset it'
+            ) from exc
+        return attrs.evolve(profile, command=tuple(command))
+
+    # -- env -----------------------------------------------------------------------------------------
+    def launch_env(self, launch: AgentLaunch, profile: WorkerLaunchProfile) -> dict[str, str]:
+        env: dict[str, str] = {k: self.env[k] for k in PASS_ENV if self.env.get(k)}
+        env[ENV_STATE_DIR] = str(self.store.root)
+        env.update(dict(profile.env))
+        env[ENV_DONE_MARKER] = f"DONE:{launch.nonce}"
+        env[ENV_BLOCKED_MARKER] = f"BLOCKED:{launch.nonce}"
+        # The bridge names the worker's profile in its appended system prompt (its identity).
+        env[ENV_PROFILE] = profile.name
+        env.update(self._plugin_env(launch))
+        return env
+
+    def _plugin_env(self, launch: AgentLaunch) -> dict[str, str]:
+        """Every plugin's ``launch_env``, called once through pluggy (so hook wrappers wrap it). No
+        plugin may override another's variable: a disagreement fails the launch naming both."""
+        try:
+            contributions = self.plugins.hook.launch_env(launch=launch)
+        except Exception as exc:  # a plugin's bug must name the plugin
+            name = _culprit(self.plugins, "launch_env", exc)
+            raise DispatchError(
+                f"fire: plugin {name!r} failed in launch_env ({exc}); fix or uninstall it"
+            ) from exc
+        merged: dict[str, str] = {}
+        for contributed in contributions:
+            for key, value in (contributed or {}).items():
+                if key in merged and merged[key] != str(value):
+                    first, second = self._env_owners(launch, key)
+                    raise DispatchError(
+                        f"fire: plugins {first!r} and {second!r} both set {key} to different values; "
+                        "uninstall or fix one of them"
+                    )
+                merged[key] = str(value)
+        return merged
+
+    def _env_owners(self, launch: AgentLaunch, key: str) -> tuple[str, str]:
+        """The two plugins that set ``key`` (only on a conflict): each plugin's hook asked alone,
+        still through pluggy, in registration order."""
+        impls = [i for i in self.plugins.hook.launch_env.get_hookimpls() if not (i.hookwrapper or i.wrapper)]
+        setters: list[str] = []
+        for impl in impls:
+            others = [i.plugin for i in impls if i is not impl]
+            alone = self.plugins.subset_hook_caller("launch_env", remove_plugins=others)
+            if any(key in (part or {}) for part in alone(launch=launch)):
+                setters.append(impl.plugin_name)
+        setters += ["unknown", "unknown"]
+        return setters[0], setters[1]

@@ -1,0 +1,144 @@
+"""The job records held against what tmux shows: each agent's pane tri-state, records completed from
+pane tags, orphaned jobs marked, and tagged panes no record knows listed.
+
+Nothing here kills or starts anything, and nothing here judges an agent dead: an unreachable tmux
+server is reported as ``unreachable``, and a job is orphaned only when the server answers without
+its panes *and* its hosts are gone by process identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Set as AbstractSet
+from pathlib import Path
+
+import attrs
+
+from .. import procs
+from ..errors import TmuxUnavailable
+from ..matrix.store import MatrixStore, now_ms
+from .backends import started_in
+from .jobs import JobStore
+from .model import Job, JobAgent
+from .tmux import TmuxServer
+from .tmux_model import JOB_TAG, KEY_TAG, Pane
+from .views import CorruptJobView, JobView, ListedJob, TmuxState, UntrackedJobView, UntrackedPane, job_view
+
+__all__ = ["PaneCache", "rebuild_from_tags", "reconcile", "tmux_states", "untracked"]
+
+# Panes of a job started by `pi-matrix resume`: tagged, though no job record is ever written.
+_RESUME_JOB = "resume"
+
+
+class PaneCache:
+    """The panes on each socket, asked once per command (None: the server does not answer)."""
+
+    def __init__(self) -> None:
+        self._panes: dict[str, list[Pane] | None] = {}
+
+    def panes(self, socket: str) -> list[Pane] | None:
+        if socket not in self._panes:
+            try:
+                self._panes[socket] = TmuxServer(socket).panes()
+            except TmuxUnavailable:
+                self._panes[socket] = None
+        return self._panes[socket]
+
+
+def tmux_states(job: Job, cache: PaneCache | None = None) -> dict[str, TmuxState]:
+    """Tri-state per agent: ``unreachable`` (no tmux answer: proves nothing), ``gone`` (the
+    server answers, the pane is not there), ``ours`` (the pane's process is the job's host),
+    ``foreign`` (a pane with that id runs something else); ``n/a`` outside tmux."""
+    cache = PaneCache() if cache is None else cache
+    return {agent.agent_id: _state(agent, cache) for agent in job.agents}
+
+
+def _state(agent: JobAgent, cache: PaneCache) -> TmuxState:
+    socket = agent.tmux_socket
+    if socket is None:
+        return "n/a"
+    panes = cache.panes(socket)
+    if panes is None:
+        return "unreachable"
+    pane = next((p for p in panes if p.pane_id == agent.pane_id), None)
+    if pane is None:
+        return "gone"
+    return "ours" if pane.pane_pid == agent.host_pid else "foreign"
+
+
+def rebuild_from_tags(jobs: JobStore, job: Job, cache: PaneCache) -> Job:
+    """A dispatcher that died between starting a pane and recording it: the pane's tags
+    (``@pi_matrix_job``/``@pi_matrix_key``) say which agent it is, so the record is completed."""
+    found: dict[str, JobAgent] = {}
+    for agent in job.agents:
+        socket = agent.tmux_socket
+        if not socket or agent.pane_id is not None:
+            continue
+        for pane in cache.panes(socket) or []:
+            if pane.tag(JOB_TAG) == job.id and pane.tag(KEY_TAG) == agent.key:
+                found[agent.agent_id] = started_in(pane).recorded(agent)
+    if not found:
+        return job
+    return jobs.update(
+        job.id,
+        lambda j: attrs.evolve(
+            j, agents=tuple(found.get(a.agent_id, a) if a.pane_id is None else a for a in j.agents)
+        ),
+    )
+
+
+def untracked(sockets: AbstractSet[str], known: AbstractSet[str], cache: PaneCache) -> list[UntrackedPane]:
+    """Panes tagged by a dispatcher whose job record is gone (a wiped or other state dir)."""
+    rows: list[UntrackedPane] = []
+    for socket in sorted(sockets):
+        for pane in cache.panes(socket) or []:
+            job_id = pane.tag(JOB_TAG)
+            if job_id and job_id not in known:
+                rows.append(
+                    UntrackedPane(
+                        job_id=job_id, key=pane.tag(KEY_TAG), socket=socket, pane_id=pane.pane_id,
+                        target=pane.target, host_pid=pane.pane_pid,
+                        host_alive=procs.identify(pane.pane_pid) is not None,
+                    )
+                )  # fmt: skip
+    return rows
+
+
+def _orphaned(view: JobView, states: dict[str, TmuxState]) -> bool:
+    """Unfinished, every pane recorded, and every unfinished agent's pane gone and host dead."""
+    unfinished = [a for a in view.agents if a.result is None]
+    # A fire still launching has no panes yet: not orphaned.
+    recorded = all(a.pane_id is not None for a in view.job.agents if a.in_tmux)
+    return (
+        view.state == "running"
+        and bool(unfinished)
+        and recorded
+        and all(states.get(a.agent.agent_id) == "gone" and not a.host_alive for a in unfinished)
+    )
+
+
+def reconcile(
+    jobs: JobStore, entries: MatrixStore | None, *, sockets: AbstractSet[str] | None = None
+) -> list[ListedJob]:
+    """On dispatcher start (``jobs``): complete records from pane tags, mark unfinished jobs
+    whose panes all vanished as orphaned (never killing anything), report every job's
+    tri-state; panes tagged with an unknown job are listed as ``untracked``. ``entries`` gives
+    each agent's matrix status (None with the matrix off)."""
+    records, problems = jobs.list_jobs()
+    cache = PaneCache()
+    views: list[ListedJob] = [
+        CorruptJobView(job_id=Path(bad.path).stem, problem=bad.reason, path=bad.path) for bad in problems
+    ]
+    for job in records:
+        current = rebuild_from_tags(jobs, job, cache)
+        states = tmux_states(current, cache)
+        view = job_view(current, jobs.results_of(current), entries=entries, tmux_state=states)
+        if _orphaned(view, states):
+            current = jobs.update(
+                job.id, lambda j: attrs.evolve(j, orphaned_at=now_ms()) if j.orphaned_at is None else None
+            )
+            view = job_view(current, jobs.results_of(current), entries=entries, tmux_state=states)
+        views.append(view)
+    if sockets:
+        known = {job.id for job in records} | {_RESUME_JOB}
+        views.extend(UntrackedJobView(pane) for pane in untracked(sockets, known, cache))
+    return views
