@@ -22,6 +22,7 @@ catches (``python tests/test_layers.py PATH/pi_tmux_matrix``).
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -237,6 +238,39 @@ def test_imports_run_down_the_layers_without_cycles_or_printing_below_cli() -> N
 
 
 MAX_LINES = 450
+
+
+def _public_signatures(path: Path) -> Iterator[tuple[str, str, int]]:
+    """(function, annotation source, line) for every annotation of a public function or method."""
+    tree = ast.parse(path.read_text())
+    scopes: list[tuple[str, ast.AST]] = [("", tree)]
+    while scopes:
+        prefix, scope = scopes.pop()
+        for node in ast.iter_child_nodes(scope):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                scopes.append((f"{node.name}.", node))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                not node.name.startswith("_") or node.name == "__init__"
+            ):
+                arguments = node.args
+                every = [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+                every += [a for a in (arguments.vararg, arguments.kwarg) if a is not None]
+                notes = [a.annotation for a in every if a.annotation is not None]
+                notes += [node.returns] if node.returns is not None else []
+                for note in notes:
+                    yield prefix + node.name, ast.unparse(note), node.lineno
+
+
+def test_the_dispatchers_public_signatures_name_their_types() -> None:
+    """No ``Any`` in a public signature of dispatch/: a plugin author or an orchestrator reads the
+    types off the signatures (mypy --strict checks the rest)."""
+    found = [
+        f"{path.name}:{line}: {function}: {note}"
+        for path in sorted((ROOT / "dispatch").glob("*.py"))
+        for function, note, line in _public_signatures(path)
+        if re.search(r"\bAny\b", note)
+    ]
+    assert found == []
 
 
 def test_no_module_is_over_450_lines() -> None:

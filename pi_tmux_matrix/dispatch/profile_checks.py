@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import re
 import sys
-from collections.abc import Iterable
-from typing import Any, Final
+from collections.abc import Iterable, Mapping
+from typing import Final
 
 from ..contract import CONTRACT_ENV, RESERVED_ENV_PREFIX
 from ..errors import InvalidId, ProfileError
@@ -277,10 +277,10 @@ def check_env(check: Checker, env: object) -> None:
 
 
 # --- the TOML shape -----------------------------------------------------------------------------------
-def load_toml(text: str, source: str) -> dict[str, Any]:
+def load_toml(text: str, source: str) -> dict[str, object]:
     """The parsed file; bad syntax is a :class:`ProfileError` naming ``source``."""
     try:
-        document: dict[str, Any] = tomllib.loads(text)
+        document: dict[str, object] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ProfileError(
             source, "TOML", f"not valid TOML ({exc})", "fix the syntax at the line shown"
@@ -288,7 +288,7 @@ def load_toml(text: str, source: str) -> dict[str, Any]:
     return document
 
 
-def section_of(document: dict[str, Any], name: str, source: str) -> dict[str, Any]:
+def section_of(document: Mapping[str, object], name: str, source: str) -> dict[str, object]:
     """The file's one ``[name]`` table; any other top-level key is refused."""
     for key in document:
         if key != name:
@@ -306,7 +306,7 @@ def section_of(document: dict[str, Any], name: str, source: str) -> dict[str, An
     return section
 
 
-def unknown_keys(section: dict[str, Any], allowed: Iterable[str], source: str, prefix: str) -> None:
+def unknown_keys(section: Mapping[str, object], allowed: Iterable[str], source: str, prefix: str) -> None:
     """Refuse the first key not in ``allowed`` (a misspelt key must not be silently dropped)."""
     allowed = tuple(allowed)
     for key in section:
@@ -316,6 +316,6 @@ def unknown_keys(section: dict[str, Any], allowed: Iterable[str], source: str, p
             )
 
 
-def as_tuple(value: Any) -> Any:
+def as_tuple(value: object) -> object:
     # Lists become tuples; anything else is passed through for the checks to name its type.
     return tuple(value) if isinstance(value, list) else value
