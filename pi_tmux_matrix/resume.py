@@ -25,7 +25,7 @@ from .identity import Mode, ProcessIdentity
 from .matrix import lifecycle
 from .matrix.model import Entry
 from .matrix.store import MatrixStore
-from .programs import host_argv, spawn_detached
+from .programs import spawn_detached
 from .settings import MatrixSettings, load_settings
 from .supervise.relaunch import check_resumable, wake_prompt
 
@@ -64,7 +64,6 @@ def plan_resume(
     from .dispatch.manager import Dispatcher
     from .dispatch.model import AgentLaunch
     from .dispatch.profile import resolve_write_paths
-    from .dispatch.providers import agent_command
 
     payload = check_resumable(entry)
     identity = payload.identity
@@ -111,16 +110,11 @@ def plan_resume(
         allowed_paths=tuple(resolve_write_paths(profile, cwd=identity.cwd, worktree=identity.worktree)),
         deadline_s=profile.deadline_s, nonce="resume", worktree=identity.worktree, lane=lane,
         task_ref=payload.task_ref, session_file=identity.session_file,
+        resource_pointers=identity.resource_pointers,
     )  # fmt: skip
-    command = agent_command(
-        dispatcher.pi_located(profile), task=wake, session_file=identity.session_file, lane=lane
-    )
-    resumed = attrs.evolve(identity, profile=profile.name, provider=profile.provider, mode=profile.mode)
-    argv = host_argv(
-        store.root, identity=resumed, task_summary=payload.task_summary, task_ref=payload.task_ref, lane=lane,
-        rpc_prompt=command.rpc_prompt, agent_argv=command.argv,
-    )  # fmt: skip
-    launch_env = dispatcher._launch_env(launch, profile)
+    # The same door as every fire: the bridge (launch_argv) and the envelope (launch_env) come
+    # from the recorded profile and the plugins, never rebuilt by hand here.
+    argv, launch_env = dispatcher.compose(launch, task_summary=payload.task_summary)
     for name in (ENV_DONE_MARKER, ENV_BLOCKED_MARKER):
         launch_env.pop(name, None)  # a resumed session answers its wake prompt, not a job's marker
     return ResumePlan(entry.key, tuple(argv), launch_env, identity.cwd, identity.agent_id[:40])

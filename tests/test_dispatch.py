@@ -347,6 +347,44 @@ def test_resume_of_a_dead_worker_runs_in_the_same_session_file_same_key_new_gene
     assert back.parent_pid == new_master.pid
 
 
+def test_a_resume_is_built_by_the_same_door_as_its_fire_bridge_and_envelope_included(lab: Lab) -> None:
+    """``resume`` (and every relaunch) composes argv and env through the dispatcher's one launch
+    door from the recorded profile: the bridge (``launch_argv``) and the envelope, profile and
+    contract (``launch_env``) come back exactly as the fire had them."""
+    from pi_tmux_matrix.bridge import bridge_path
+
+    master = lab.start_master()
+    fired = lab.fire("HANG resumable work")
+    (agent,) = fired.job.agents
+    (planned,) = fired.planned
+    entry = lab.worker(agent.key)
+    procs.send_signal(master.process, signal.SIGKILL)  # type: ignore[arg-type]
+    resumable = wait_for(
+        "resumable", lambda: e if (e := lab.store.find(agent.key)) and e.status is Status.RESUMABLE else None
+    )
+    for ident in (resumable.process, resumable.child_process):
+        procs.send_signal(ident, signal.SIGKILL)  # type: ignore[arg-type]
+        procs.wait_for_exit(ident, 5)  # type: ignore[arg-type]
+    new_master = lab.start_master(session="boss2")
+    dry = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "resume", agent.key, "--dry-run", "--json",
+         "--parent-pid", str(new_master.pid), "--parent-session", "boss2", "--socket", lab.socket],
+        capture_output=True, text=True, env=lab.env, timeout=30, check=False,
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    plan = json.loads(dry.stdout)
+    fired_agent = list(planned.argv[planned.argv.index("--") + 1 :])
+    resumed_agent = plan["argv"][plan["argv"].index("--") + 1 :]
+    bridge = ["-e", str(bridge_path())]
+    assert any(fired_agent[i : i + 2] == bridge for i in range(len(fired_agent)))
+    assert any(resumed_agent[i : i + 2] == bridge for i in range(len(resumed_agent)))
+    assert resumed_agent[: resumed_agent.index("--session")] == fired_agent[: fired_agent.index("--session")]
+    for name in (ENV_ALLOWED_PATHS, ENV_AGENT_ID, "PI_MATRIX_PROFILE", ENV_TASK_REF):
+        assert plan["env"].get(name) == planned.env.get(name), name
+    assert plan["env"][ENV_PARENT_PID] == str(new_master.pid)
+    assert entry.identity.session_file == resumed_agent[resumed_agent.index("--session") + 1]
+
+
 # === without tmux ================================================================================
 @pytest.fixture
 def sublab(tmp_path: Path) -> Iterator[Lab]:

@@ -276,7 +276,7 @@ class Lab:
         """A worker whose process is dead, left ``resumable`` with a complete pi context."""
         session_file = self.root / "sessions" / f"{session}.jsonl"
         session_file.parent.mkdir(parents=True, exist_ok=True)
-        header = {"type": "session", "version": 3, "id": f"id-{session}", "cwd": str(self.root)}
+        header = {"type": "session", "version": 3, "id": session, "cwd": str(self.root)}
         first = {"type": "message", "role": "user", "content": "summarise the logs"}
         session_file.write_text(json.dumps(header) + "\n" + json.dumps(first) + "\n")
         identity = make_identity(

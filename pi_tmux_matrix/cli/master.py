@@ -27,7 +27,7 @@ from ..matrix.store import MatrixStore, now_ms
 from ..settings import load_settings
 from ..supervise.host import AgentHost, HostHooks, HostSpec
 from ..supervise.master import TASK_STATES, ActivationReport, Master, TtyPrompter
-from ..supervise.relaunch import DetachedHostRelauncher, Relauncher
+from ..supervise.relaunch import Relauncher
 from .base import add_verb, store_of
 from .host import abort_forks, become, provider_of
 
@@ -90,20 +90,21 @@ def register(sub: Any, epilog: str) -> None:
 
 
 def _relauncher(args: argparse.Namespace, store: MatrixStore) -> Relauncher:
-    """The master's relauncher: detached (issue 3's default) or the dispatcher's relaunch hook."""
-    if args.relaunch == "detached":
-        return DetachedHostRelauncher(store)
-    from ..dispatch.model import Relaunch
+    """The master's relauncher: the dispatcher's relaunch hook (the matrix plugin's exact-session
+    resume, built from the worker's recorded launch profile like every other launch), into a tmux
+    pane on ``--socket`` or, by default, as a detached headless host (print mode)."""
+    from ..dispatch.model import SUBPROCESS, TMUX, Relaunch
     from ..dispatch.plugins import plugin_manager
     from .dispatch import default_socket
 
+    backend = TMUX if args.relaunch == "tmux" else SUBPROCESS
     socket = args.socket or default_socket()
     plugins = plugin_manager()
 
     def relaunch(entry: Entry, parent: procs.ProcessIdentity, parent_session: str) -> int:
         request = Relaunch(
             entry=entry, parent=parent, parent_session=parent_session, state_dir=str(store.root),
-            socket=socket, backend="tmux",
+            socket=socket, backend=backend,
         )  # fmt: skip
         pid: int | None = plugins.hook.relaunch(request=request)
         if pid is None:

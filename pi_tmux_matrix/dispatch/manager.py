@@ -139,6 +139,10 @@ class Dispatcher:
     def _launch_env(self, launch: AgentLaunch, profile: WorkerLaunchProfile) -> dict[str, str]:
         return self.planner.launch_env(launch, profile)
 
+    def compose(self, launch: AgentLaunch, *, task_summary: str) -> tuple[tuple[str, ...], dict[str, str]]:
+        """The one door every agent start is built through (see :meth:`Planner.compose`)."""
+        return self.planner.compose(launch, task_summary=task_summary)
+
     def live_entries(self) -> list[Entry]:
         return self.planner.live_entries()
 

@@ -164,6 +164,8 @@ class AgentLaunch:
     lane: str | None = None
     task_ref: str | None = None
     session_file: str | None = None
+    # Context pointers recorded with the agent's identity (a resumed agent keeps its own).
+    resource_pointers: tuple[str, ...] = ()
 
 
 @attrs.frozen

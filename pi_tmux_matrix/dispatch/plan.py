@@ -311,10 +311,8 @@ class Planner:
             nonce=nonce, worktree=place.worktree, lane=place.lane, task_ref=place.task_ref,
             session_file=session_file,
         )  # fmt: skip
-        argv = self._host_argv(launch, profile, place.task)
-        planned = PlannedAgent(
-            launch, argv, self.launch_env(launch, profile), place.cwd, _window_name(agent_id)
-        )
+        argv, env = self.compose(launch, task_summary=place.task)
+        planned = PlannedAgent(launch, argv, env, place.cwd, _window_name(agent_id))
         agent = JobAgent(
             agent_id=agent_id, key=launch.key, session_id=session_id, profile=profile.name,
             provider=profile.provider, mode=profile.mode.value, cwd=place.cwd, backend=place.backend,
@@ -323,11 +321,19 @@ class Planner:
         )  # fmt: skip
         return planned, agent
 
-    def _host_argv(self, launch: AgentLaunch, profile: WorkerLaunchProfile, task: str) -> tuple[str, ...]:
+    def compose(self, launch: AgentLaunch, *, task_summary: str) -> tuple[tuple[str, ...], dict[str, str]]:
+        """The one door through which every agent start is built (fire, follow-up rounds reuse the
+        host, ``resume`` and every relaunch): the host argv, then the agent CLI from the launch's
+        profile with every plugin's ``launch_argv`` (the bridge) before the task, and the env with
+        every plugin's ``launch_env`` (the contract, the envelope)."""
+        return self._host_argv(launch, task_summary), self.launch_env(launch, launch.profile)
+
+    def _host_argv(self, launch: AgentLaunch, task_summary: str) -> tuple[str, ...]:
         """The pane command: the host, then the agent CLI with every plugin's ``launch_argv``
         before the task (when the task is its last word)."""
         from .providers import agent_command
 
+        profile = launch.profile
         command = agent_command(
             self.pi_located(profile), task=launch.task, session_file=launch.session_file, lane=launch.lane
         )
@@ -339,11 +345,11 @@ class Planner:
         identity = AgentIdentityContract(
             agent_id=launch.agent_id, session_id=launch.session_id, session_file=launch.session_file,
             cwd=launch.cwd, worktree=launch.worktree, lane=launch.lane, profile=profile.name,
-            provider=profile.provider, mode=profile.mode,
+            provider=profile.provider, mode=profile.mode, resource_pointers=launch.resource_pointers,
         )  # fmt: skip
         return tuple(
             host_argv(
-                self.store.root, identity=identity, task_summary=task, task_ref=launch.task_ref,
+                self.store.root, identity=identity, task_summary=task_summary, task_ref=launch.task_ref,
                 lane=launch.lane, rpc_prompt=command.rpc_prompt, agent_argv=agent_argv,
             )
         )  # fmt: skip

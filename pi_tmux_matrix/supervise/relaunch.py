@@ -1,39 +1,28 @@
-"""Relaunching a dead worker into its exact session: the pluggable relauncher.
+"""Relaunching a dead worker into its exact session: what the master needs to know of it.
 
-The default is a detached, headless ``pi-matrix host`` running ``pi -p --session <file> <wake>``
-(the tmux launcher arrives with the dispatcher and plugs in here). Either way the launcher
-publishes the new host's pid (status ``launching``) before the host registers, fenced by the
-generation it observed, so a relaunch that lost a race never overwrites a newer registration.
+The master is handed a :class:`Relauncher` by its program (``pi-matrix master`` passes the
+dispatcher's ``relaunch`` hook, whose matrix implementation is :func:`pi_tmux_matrix.resume.relaunch`:
+the same launch door as every fire, so the bridge and the envelope come from the worker's recorded
+profile). Here stay the pure parts: which entries can be resumed and the wake prompt. The launcher
+claims the entry (``launching``, by CAS) before it starts anything and publishes the new host's
+pid fenced by its claim, so a relaunch that lost a race never starts a second agent.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from contextlib import suppress
 from typing import Final, Protocol
 
-import attrs
-
-from .. import procs
 from ..contract import (
-    ENV_AGENT_ID,
-    ENV_ALLOWED_PATHS,
     ENV_PI_COMMAND,
-    ENV_TASK_REF,
-    ENV_WORKTREE_LANE,
-    NEVER_INHERITED,
 )
-from ..errors import Conflict, PiMatrixError, ResumeRefused
-from ..identity import Mode, ProcessIdentity
-from ..matrix import lifecycle
+from ..errors import ResumeRefused
+from ..identity import ProcessIdentity
 from ..matrix.model import Entry, ResumablePayload, Status, bounded
-from ..matrix.store import MatrixStore
 from ..programs import host_argv, pi_command, spawn_detached
 
 __all__ = [
     "ENV_PI_COMMAND",
-    "DetachedHostRelauncher",
     "Relauncher",
     "ResumeRefused",
     "host_argv",
@@ -90,70 +79,3 @@ def check_resumable(entry: Entry) -> ResumablePayload:
             "restore it or clean the entry up"
         )
     return payload
-
-
-@attrs.define
-class DetachedHostRelauncher:
-    """Relaunch as a detached, headless ``pi-matrix host`` (print mode), logging beside the entry."""
-
-    store: MatrixStore
-    command: Sequence[str] | None = None
-
-    def build(
-        self, entry: Entry, parent: ProcessIdentity, parent_session: str
-    ) -> tuple[list[str], dict[str, str], str]:
-        """The argv, env and cwd of the relaunch (also what ``--dry-run`` shows)."""
-        payload = check_resumable(entry)
-        identity = payload.identity
-        assert identity.session_file is not None and identity.cwd is not None
-        agent = [
-            *(self.command or pi_command()),
-            "-p",
-            "--session",
-            identity.session_file,
-            wake_prompt(payload),
-        ]
-        resumed = attrs.evolve(identity, mode=Mode.PRINT, provider=identity.provider or "pi")
-        host = host_argv(
-            self.store.root, identity=resumed, task_summary=payload.task_summary, task_ref=payload.task_ref,
-            lane=identity.lane, rpc_prompt=None, agent_argv=agent, parent=(parent.pid, parent_session),
-        )  # fmt: skip
-        env = {
-            key: value
-            for key, value in os.environ.items()
-            # The launcher's own contract never passes on: this worker's comes from its payload.
-            if key not in NEVER_INHERITED
-        }
-        env[ENV_AGENT_ID] = identity.agent_id
-        env[ENV_ALLOWED_PATHS] = "[]"
-        if identity.lane:
-            env[ENV_WORKTREE_LANE] = identity.lane
-        if payload.task_ref:
-            env[ENV_TASK_REF] = payload.task_ref
-        return host, env, identity.cwd
-
-    def __call__(self, entry: Entry, parent: ProcessIdentity, parent_session: str) -> int:
-        argv, env, cwd = self.build(entry, parent, parent_session)
-        # Claim by CAS before starting anything: of two masters relaunching one worker, only the
-        # one whose claim lands starts a pi on the session file; the other is told why.
-        try:
-            claimed = self.store.update(entry.key, lifecycle.claim_launch, expected=entry.generation)
-        except Conflict:
-            raise ResumeRefused(
-                f"{entry.key}: changed since it was read (another master relaunched or adopted it); "
-                "look again with 'pi-matrix show KEY'"
-            ) from None
-        try:
-            child = spawn_detached(argv, self.store.side_dir("logs") / f"{entry.key}.log", cwd=cwd, env=env)
-        except BaseException:
-            with suppress(PiMatrixError):
-                self.store.update(entry.key, lifecycle.release_launch, expected=claimed.generation)
-            raise
-        launched = procs.identify(child.pid)
-        if launched is not None:
-            # Conflict: the new host registered first; its registration wins, as it should.
-            with suppress(Conflict):
-                self.store.update(
-                    entry.key, lambda e: lifecycle.launched(e, launched), expected=claimed.generation
-                )
-        return child.pid
