@@ -129,6 +129,7 @@ def relaunch(
     """Launch the plan (tmux on ``request.socket`` when tmux answers, else a detached host) and
     publish the new pid as ``launching``; returns the new host pid."""
     from .dispatch.manager import DEFAULT_SOCKET, TMUX_SESSION
+    from .dispatch.model import TMUX
 
     store = MatrixStore(request.state_dir)
     entry: Entry = request.entry
@@ -149,7 +150,7 @@ def relaunch(
         ) from None
     try:
         pid: int | None = None
-        if request.backend == "tmux":
+        if request.backend == TMUX:
             from .dispatch.tmux import TmuxServer
 
             try:

@@ -8,10 +8,13 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .. import procs
+from ..dispatch.model import SUBPROCESS, TMUX
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ContractError
 from ..identity import parse_key, validate_id
 from ..settings import load_settings
 from .base import age, store_of
+
+BACKEND_NAMES = (TMUX, SUBPROCESS)
 
 if TYPE_CHECKING:
     from ..dispatch.manager import Dispatcher
@@ -48,7 +51,7 @@ def register(sub: Any, epilog: str) -> None:
         "--socket", metavar="NAME", help=f"tmux -L socket (default: ${ENV_SOCKET} or pi-matrix)"
     )
     fire.add_argument(
-        "--backend", choices=["tmux", "subprocess"], default="tmux", help="tmux panes, or detached"
+        "--backend", choices=BACKEND_NAMES, default=TMUX, help="tmux panes, or detached"
     )
     fire.add_argument("--deadline", type=float, metavar="SECONDS", help="per agent (default: the profile's)")
     fire.add_argument("--agent-id", metavar="ID", help="the logical agent id (team members add a suffix)")
@@ -103,7 +106,7 @@ def register(sub: Any, epilog: str) -> None:
     resume.add_argument(
         "--socket", metavar="NAME", help=f"tmux -L socket (default: ${ENV_SOCKET} or pi-matrix)"
     )
-    resume.add_argument("--backend", choices=["tmux", "subprocess"], default="tmux")
+    resume.add_argument("--backend", choices=BACKEND_NAMES, default=TMUX)
     resume.add_argument(
         "--parent-pid", type=int, metavar="PID", help="the resuming master (default: the caller's)"
     )
@@ -120,8 +123,11 @@ def register(sub: Any, epilog: str) -> None:
 
 def _dispatcher(args: argparse.Namespace, cwd: str | None = None) -> Dispatcher:
     from ..dispatch.manager import Dispatcher
+    from ..dispatch.plugins import plugin_manager
 
-    return Dispatcher(store_of(args), load_settings(cwd))
+    settings = load_settings(cwd)
+    # The program builds the plugin manager and hands it in (the dispatcher never picks its own).
+    return Dispatcher(store_of(args), settings, plugins=plugin_manager(matrix=settings.enabled))
 
 
 def _dump(io: Io, value: Any) -> None:
