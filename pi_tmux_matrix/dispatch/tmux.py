@@ -264,12 +264,7 @@ class TmuxServer:
             self._scrub(env, session)
         if result.returncode != 0:
             raise self._failed(result, f"new-window in session {session!r}")
-        lines = [line for line in result.stdout.splitlines() if line]
-        if len(lines) != 1:
-            raise DispatchError(f"tmux on socket {self.socket!r} reported {result.stdout!r} for a new window")
-        pane, _index = parse_row(lines[0])
-        self._configure(pane, tag_items)
-        return attrs.evolve(pane, tags=tag_items)
+        return self._new_pane(result.stdout, "a new window", tag_items, window=True)
 
     def split(
         self,
@@ -294,12 +289,16 @@ class TmuxServer:
         )
         if result.returncode != 0:
             raise self._failed(result, f"split-window of {target}")
-        lines = [line for line in result.stdout.splitlines() if line]
+        return self._new_pane(result.stdout, "a new pane", tag_items, window=False)
+
+    def _new_pane(self, stdout: str, what: str, tags: tuple[tuple[str, str], ...], *, window: bool) -> Pane:
+        """The one pane row tmux printed for a new window or pane, configured and tagged."""
+        lines = [line for line in stdout.splitlines() if line]
         if len(lines) != 1:
-            raise DispatchError(f"tmux on socket {self.socket!r} reported {result.stdout!r} for a new pane")
+            raise DispatchError(f"tmux on socket {self.socket!r} reported {stdout!r} for {what}")
         pane, _index = parse_row(lines[0])
-        self._configure(pane, tag_items, window=False)
-        return attrs.evolve(pane, tags=tag_items)
+        self._configure(pane, tags, window=window)
+        return attrs.evolve(pane, tags=tags)
 
     def _configure(self, pane: Pane, tags: tuple[tuple[str, str], ...], *, window: bool = True) -> None:
         """remain-on-exit off (our own windows only) and the tags, in one tmux call (``;``
