@@ -13,9 +13,6 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ..dispatch.jobs import JobStore
-from ..dispatch.plugins import plugin_manager
-from ..dispatch.watch import Watcher
 from ..errors import EXIT_USAGE
 from ..settings import load_settings
 from .base import store_of
@@ -38,6 +35,11 @@ def register(sub: Any, epilog: str) -> None:
 
 
 def cmd_watch(args: argparse.Namespace, io: Io) -> int:
+    # Imported here: every other verb starts without pluggy and the watcher.
+    from ..dispatch.jobs import JobStore
+    from ..dispatch.plugins import plugin_manager
+    from ..dispatch.watch import Watcher
+
     # tmux closes the pipe when the pane goes; a hang-up must not cost the result.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
