@@ -35,6 +35,7 @@ export type Envelope = {
   allowed: string[]; // real paths; [] is full scope
   privateRoots: Root[];
   sessionsDirs: string[]; // real paths of pi's session folders (own file excepted for reading)
+  agent?: string; // the real agent dir: private for writes, whole
 };
 
 function shown(text: string): string {
@@ -66,12 +67,16 @@ export function parseAllowed(raw: string | undefined): string[] {
   });
 }
 
-/** The absolute path the kernel will act on: symlinks followed one component at a time, `..`
- * taken physically (after a symlink it means the link target's parent), the missing tail kept. */
-export function physical(absolute: string): string {
+/** Where a write of ``absolute`` lands and which folders it makes on the way, as the kernel acts
+ * on it after the tool's `mkdir -p` of the parent: symlinks followed one component at a time
+ * (dangling ones too), `..` taken physically (after a symlink it means the link target's parent),
+ * and a missing component taken as the folder `mkdir -p` makes there. The walk goes on after a
+ * missing component: a later `..` climbs back into what exists, and a symlink there is followed
+ * (`<root>/new/../link/x` is `link`'s target, as the kernel opens it). */
+export function walk(absolute: string): { real: string; made: string[] } {
   const queue = absolute.split("/").filter((p) => p !== "" && p !== ".");
+  const made: string[] = [];
   let current = "/";
-  let exists = true;
   let hops = 0;
   while (queue.length > 0) {
     const part = queue.shift() as string;
@@ -80,19 +85,13 @@ export function physical(absolute: string): string {
       continue;
     }
     const next = path.join(current, part);
-    if (!exists) {
-      current = next;
-      continue;
-    }
-    let stat: fs.Stats;
+    let stat: fs.Stats | null;
     try {
       stat = fs.lstatSync(next);
     } catch {
-      exists = false; // nothing there yet (a new file, mkdir -p): the rest is taken as written
-      current = next;
-      continue;
+      stat = null; // nothing there yet: the write's mkdir -p makes it a folder (unless it is the file)
     }
-    if (stat.isSymbolicLink()) {
+    if (stat !== null && stat.isSymbolicLink()) {
       hops += 1;
       if (hops > MAX_SYMLINKS) throw new Error("too many levels of symbolic links");
       const target = fs.readlinkSync(next);
@@ -100,9 +99,31 @@ export function physical(absolute: string): string {
       if (target.startsWith("/")) current = "/";
       continue; // a relative target is resolved from the link's own folder, `current`
     }
+    if (stat === null && queue.length > 0 && !made.includes(next)) made.push(next);
     current = next;
   }
-  return current;
+  return { real: current, made };
+}
+
+/** The absolute path the kernel will act on (see :func:`walk`). */
+export function physical(absolute: string): string {
+  return walk(absolute).real;
+}
+
+/** What no worker may write whatever its allowed paths: code and prompts pi or git would load
+ * with full rights in the next session (any `.pi` folder: extensions, SYSTEM.md, settings, prompts,
+ * skills; a repository's `.git/config` and `.git/hooks`), and pi's agent dir whole. */
+function writePrivate(real: string, agent: string): string | undefined {
+  const parts = real.split("/");
+  if (agent !== "" && inside(real, agent)) return `pi's agent dir (${shown(agent)})`;
+  if (parts.includes(".pi")) return "a .pi folder (extensions, prompts and settings the next pi loads)";
+  for (let i = 0; i + 1 < parts.length; i += 1) {
+    if (parts[i] !== ".git") continue;
+    if (parts[i + 1] === "hooks" || (parts[i + 1] === "config" && i + 2 === parts.length)) {
+      return "a repository's .git/config or .git/hooks (run by the next git command)";
+    }
+  }
+  return undefined;
 }
 
 function inside(candidate: string, root: string): boolean {
@@ -184,7 +205,7 @@ export function compileEnvelope(cwd: string): Envelope {
   }
   const sessionsDirs = [physical(path.join(agent, "sessions"))];
   if (env.PI_CODING_AGENT_SESSION_DIR) sessionsDirs.push(physical(path.resolve(env.PI_CODING_AGENT_SESSION_DIR)));
-  return { allowed: allowedRaw.map(physical), privateRoots, sessionsDirs };
+  return { allowed: allowedRaw.map(physical), privateRoots, sessionsDirs, agent: physical(agent) };
 }
 
 /** Why ``tool`` may not touch ``raw`` (undefined: allowed). ``ownSession``: this session's file. */
@@ -196,8 +217,9 @@ export function judge(
   ownSession: string | null,
 ): string | undefined {
   let real: string;
+  let made: string[];
   try {
-    real = physical(tool === "read" ? readTarget(raw, cwd) : resolveLikePi(raw, cwd));
+    ({ real, made } = walk(tool === "read" ? readTarget(raw, cwd) : resolveLikePi(raw, cwd)));
   } catch (error) {
     return `pi-matrix envelope: ${tool} of ${JSON.stringify(shown(raw))} is blocked: ${(error as Error).message}.`;
   }
@@ -205,6 +227,16 @@ export function judge(
   const own = ownSession ? physical(ownSession) : null;
   if (own !== null && real === own && READ_ONLY.has(tool)) return undefined; // its own transcript
   const recursive = RECURSIVE.has(tool);
+  // A write also makes the missing folders on its way: each must be as allowed as the file.
+  const touched = READ_ONLY.has(tool) ? [real] : [...made, real];
+  for (const target of touched) {
+    const reason = judgeOne(envelope, tool, target, where, recursive);
+    if (reason !== undefined) return reason;
+  }
+  return undefined;
+}
+
+function judgeOne(envelope: Envelope, tool: string, real: string, where: string, recursive: boolean): string | undefined {
   for (const root of envelope.privateRoots) {
     if (inside(real, root.real) || (recursive && inside(root.real, real))) {
       return (
@@ -220,6 +252,12 @@ export function judge(
         `pi-matrix envelope: ${tool} of ${where} is blocked: pi's session files (${shown(sessions)}) belong to ` +
         "other sessions; only this session's own file may be read."
       );
+    }
+  }
+  if (!READ_ONLY.has(tool)) {
+    const what = writePrivate(real, envelope.agent ?? "");
+    if (what !== undefined) {
+      return `pi-matrix envelope: ${tool} of ${where} is blocked: it writes into ${what}, which no worker may change whatever its allowed paths.`;
     }
   }
   if (envelope.allowed.length === 0 || envelope.allowed.some((root) => inside(real, root))) return undefined;
