@@ -188,7 +188,8 @@ def test_every_generated_path_is_judged_as_the_kernel_acts_on_it(tmp_path: Path)
         outcomes[really] += 1
         shutil.rmtree(top)
         if really is not None and really != (verdict is None):
-            wrong.append(f"{raw}: kernel {'allowed' if really else 'escaped'}, envelope {verdict or 'allowed'}")
+            kernel = "allowed" if really else "escaped"
+            wrong.append(f"{raw}: kernel {kernel}, envelope {verdict or 'allowed'}")
     assert not wrong, f"{len(wrong)} of {len(paths)} wrong, e.g.\n" + "\n".join(wrong[:15])
     # The harness can fail: its paths land inside, escape (outside, the agent dir, a .pi folder,
     # .git hooks), and fail harmlessly, in good numbers each.
