@@ -300,3 +300,41 @@ def test_the_resolver_judges_paths_the_way_the_kernel_will_open_them(tmp_path: P
     wrong = {p: v for p, v in verdicts.items() if (v is None) != cases[p]}
     assert not wrong, wrong
     assert "symbolic links" in str(verdicts["loop/x"])
+
+
+def test_the_host_refuses_a_confined_pi_child_without_the_bridge(tmp_path: Path) -> None:
+    """Fail closed (issue 16): allowed paths or a tool ceiling on a pi child whose argv lacks
+    ``-e <bridge>`` stop the host before anything starts (exit 2, naming the missing bridge); with
+    the bridge, or unconfined, it starts."""
+    marker = tmp_path / "pi-ran"
+    state = tmp_path / "state"
+    fake_pi = tmp_path / "bin" / "pi"
+    fake_pi.parent.mkdir()
+    fake_pi.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    fake_pi.chmod(0o755)
+
+    def host(allowed: str, *agent: str) -> subprocess.CompletedProcess[str]:
+        env = dict(os.environ, PI_MATRIX_STATE_DIR=str(state), **{ENV_ALLOWED_PATHS: allowed})
+        return subprocess.run(
+            [sys.executable, "-m", "pi_tmux_matrix", "host", "--parent-pid", str(os.getpid()),
+             "--mode", "print", "--", str(fake_pi), *agent],
+            capture_output=True, text=True, env=env, timeout=30, check=False, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    for allowed, agent in (
+        (json.dumps([str(tmp_path)]), ["-p", "hello"]),
+        ("[]", ["--tools", "read", "-p", "hello"]),
+        (json.dumps([str(tmp_path)]), ["-e", str(tmp_path / "other.ts"), "-p", "hello"]),
+    ):
+        done = host(allowed, *agent)
+        assert done.returncode == 2, (allowed, agent, done.stderr)
+        assert "-e <bridge>" in done.stderr and str(bridge_path()) in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+        assert not marker.exists(), f"pi was started confined without its bridge: {agent}"
+    assert not state.exists() or not list(state.glob("worker-*.json")), "an entry was left behind"
+
+    done = host(json.dumps([str(tmp_path)]), "-e", str(bridge_path()), "-p", "hello")
+    assert done.returncode == 0, done.stderr
+    assert marker.exists()
+    marker.unlink()
+    assert host("[]", "-p", "hello").returncode == 0 and marker.exists()

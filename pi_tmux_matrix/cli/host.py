@@ -12,6 +12,7 @@ import os
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from ..bridge import bridge_path
 from ..contract import (
     ENV_ALLOWED_PATHS,
     add_contract_arguments,
@@ -86,6 +87,37 @@ def provider_of(argv: list[str], named: str | None = None) -> str | None:
     return None
 
 
+# pi's flags that set a tool ceiling (the profile's ``tools``), and that load an extension.
+_CEILING_FLAGS = frozenset({"--tools", "--no-tools", "-nt", "--no-builtin-tools", "-nbt"})
+_EXTENSION_FLAGS = frozenset({"-e", "--extension"})
+
+
+def require_bridge(argv: list[str], provider: str | None, allowed: tuple[str, ...]) -> None:
+    """Fail closed: a pi child confined by allowed paths or a tool ceiling never starts without
+    the bridge, which is what enforces the envelope inside pi, whoever launched it."""
+    if provider != "pi":
+        return
+    ceiling = any(w in _CEILING_FLAGS or w.startswith("--tools=") for w in argv)
+    if not allowed and not ceiling:
+        return
+    bridge = bridge_path()
+    real = os.path.realpath(bridge)
+    loaded = any(
+        word in _EXTENSION_FLAGS and i + 1 < len(argv) and os.path.realpath(argv[i + 1]) == real
+        for i, word in enumerate(argv)
+    )
+    why = "allowed paths" if allowed else "a tool ceiling"
+    if not loaded:
+        raise ContractError(
+            "-e <bridge>",
+            f"missing: this pi worker is confined by {why} and only the pi-matrix bridge ({bridge}) "
+            "enforces that inside pi",
+            "launch it with 'pi-matrix fire' or 'pi-matrix resume', or add -e to the argv",
+        )
+    if not os.access(bridge, os.R_OK):
+        raise ContractError("bridge", f"{bridge} is not readable", "reinstall pi_tmux_matrix")
+
+
 def become(argv: list[str], io: Io) -> int:
     """The hard off switch: this process becomes the agent and writes nothing. Returns only when
     the agent cannot start (127, as a shell says "command not found")."""
@@ -102,9 +134,11 @@ def cmd_host(args: argparse.Namespace, io: Io) -> int:
     if not argv:
         raise ContractError("ARGV", "no command given", "put the agent command after --, e.g. -- pi")
     settings = load_settings(args.cwd)
+    # A malformed envelope is refused, and a confined pi never starts without its bridge: neither
+    # ever reaches the agent, matrix on or off.
+    allowed = parse_allowed_paths(os.environ.get(ENV_ALLOWED_PATHS))
+    require_bridge(argv, provider_of(argv, args.provider), allowed)
     if not settings.enabled:
-        # A malformed envelope is still refused: it never reaches the agent, matrix or not.
-        parse_allowed_paths(os.environ.get(ENV_ALLOWED_PATHS))
         return become(argv, io)
     contract = contract_from_args(args)
     session_id = validate_id(args.session_id, "--session-id") if args.session_id else uuid.uuid4().hex
