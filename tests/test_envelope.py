@@ -338,3 +338,40 @@ def test_the_host_refuses_a_confined_pi_child_without_the_bridge(tmp_path: Path)
     assert marker.exists()
     marker.unlink()
     assert host("[]", "-p", "hello").returncode == 0 and marker.exists()
+
+
+def test_planted_code_is_never_loaded_and_a_worker_cannot_plant_it(envlab: PiLab) -> None:
+    """Issue 16.2 and 16.3 on real pi: a worker cannot write into a .pi folder, .git/hooks or the
+    agent dir (whatever the path trick: a missing folder, then `..`, then a symlink), and an
+    extension already planted in the project's .pi/extensions is not loaded by the next worker
+    (workers start with --no-extensions; only the bridge and their profile's own come with -e)."""
+    lab, llm = envlab
+    worktree = lab.work
+    marker = lab.tmp / "planted-extension-ran"
+    planted = worktree / ".pi" / "extensions" / "helper.ts"
+    planted.parent.mkdir(parents=True)
+    planted.write_text(
+        'import * as fs from "node:fs";\n'
+        f"export default function () {{ fs.writeFileSync({json.dumps(str(marker))}, 'loaded'); }}\n"
+    )
+    (worktree / ".git" / "hooks").mkdir(parents=True)
+    (worktree / "cfg").symlink_to(lab.agent_dir)
+    _profile(lab, "pi-scoped", tools=["read", "write"], write_paths=["{worktree}"])
+
+    agent = _run_worker(
+        lab, llm, "pi-scoped",
+        Reply(tool="write", arguments={"path": ".pi/extensions/more.ts", "content": "export default 0;"}),
+        Reply(tool="write", arguments={"path": ".git/hooks/post-checkout", "content": "#!/bin/sh\n"}),
+        Reply(tool="write", arguments={"path": f"{worktree}/m-w/../cfg/auth.json", "content": "{}"}),
+        Reply(tool="write", arguments={"path": "fine.txt", "content": "fine"}),
+    )  # fmt: skip
+
+    assert not marker.exists(), "the planted extension ran inside the worker"
+    assert not (worktree / ".pi" / "extensions" / "more.ts").exists()
+    assert not (worktree / ".git" / "hooks" / "post-checkout").exists()
+    assert json.loads((lab.agent_dir / "auth.json").read_text() or "{}") is not None
+    assert (worktree / "fine.txt").read_text() == "fine"
+    results = _tool_results(llm)
+    assert "a .pi folder" in results[0] and ".git/config or .git/hooks" in results[1]
+    assert "pi's agent dir" in results[2] or "auth.json" in results[2]
+    wait_for("3 tool_blocked events", lambda: len(read_events(lab.state, agent.key, "tool_blocked")) == 3)

@@ -486,7 +486,7 @@ def test_pi_argv_in_every_mode() -> None:
     )
     tail = [
         "--session", "/s/f.jsonl", "--model", "anthropic/claude-x", "--thinking", "high", "--tools",
-        "read,grep", "-e", "/ext/a.ts", "-e", "b.ts", "--append-system-prompt", "be brief",
+        "read,grep", "--no-extensions", "-e", "/ext/a.ts", "-e", "b.ts", "--append-system-prompt", "be brief",
         "--worktree-lane", "lane-1",
     ]  # fmt: skip
     build = agent_command
@@ -500,8 +500,9 @@ def test_pi_argv_in_every_mode() -> None:
     )
     rpc = build(attrs.evolve(full, mode=Mode.RPC), task="T", session_file="/s/f.jsonl", lane="lane-1")
     assert rpc == AgentCommand(("pi", "--mode", "rpc", *tail), rpc_prompt="T")
-    assert build(make(), task=None, session_file=None).argv == ("pi",)
-    assert build(make(tools=()), task="T", session_file=None).argv == ("pi", "--no-tools", "T")
+    assert build(make(), task=None, session_file=None).argv == ("pi", "--no-extensions")
+    bare = build(make(tools=()), task="T", session_file=None).argv
+    assert bare == ("pi", "--no-tools", "--no-extensions", "T")
     # The lane flag only when the CLI takes it and there is a lane.
     assert "--worktree-lane" not in build(make(), task="T", session_file=None, lane="l").argv
     assert "--worktree-lane" not in build(full, task="T", session_file=None).argv
@@ -554,7 +555,7 @@ def test_a_one_word_argv_for_a_task_is_refused() -> None:
     object.__setattr__(profile, "command", ("{task}",))
     with pytest.raises(ProfileError, match=r"test\.toml: profile\.command: builds a one-word argv"):
         agent_command(profile, task="T", session_file=None)
-    assert agent_command(make(), task=None, session_file=None).argv == ("pi",)  # no task: fine
+    assert agent_command(make(), task=None, session_file=None).argv == ("pi", "--no-extensions")  # no task
 
 
 def test_python_placeholder_defaults_to_this_interpreter() -> None:
@@ -581,7 +582,8 @@ def test_rpc_prompt_carries_the_task_outside_argv() -> None:
     profile = make(mode=Mode.RPC)
     task = "-starts with a dash and @has an at\n$(id)"
     command = agent_command(profile, task=task, session_file="/s.jsonl")
-    assert command == AgentCommand(("pi", "--mode", "rpc", "--session", "/s.jsonl"), rpc_prompt=task)
+    argv = ("pi", "--mode", "rpc", "--session", "/s.jsonl", "--no-extensions")
+    assert command == AgentCommand(argv, rpc_prompt=task)
     assert agent_command(profile, task=None, session_file=None).rpc_prompt is None
 
 

@@ -124,6 +124,9 @@ def _pi(
         argv += ["--thinking", profile.thinking]
     if profile.tools is not None:
         argv += ["--tools", ",".join(profile.tools)] if profile.tools else ["--no-tools"]
+    # No discovered extensions: a worker could have planted one in the project's .pi/ (seed 002:
+    # agent hosts load only what they name). The bridge and the profile's own come with -e.
+    argv.append("--no-extensions")
     for extension in profile.extensions:
         argv += ["-e", extension]
     if profile.append_system_prompt is not None:
