@@ -171,13 +171,15 @@ def test_a_full_scope_worker_still_cannot_touch_pi_secrets_the_state_dir_or_othe
     assert "pi's auth.json" in results[0] and "no worker may touch" in results[0]
     assert "pi-matrix state dir" in results[1]
     assert "session files" in results[2] and "other sessions" in results[2]
-    assert "it contains pi's" in results[3] and "Search a narrower folder" in results[3]
+    # A search of a folder holding a private root runs (issue 16.4): what it finds inside the
+    # private root is taken out of its result (tests/test_envelope.py::test_a_search_*).
+    assert not results[3].startswith("pi-matrix envelope")
     assert "Successfully wrote" in results[4]
     own = results[5]  # the transcript itself (which quotes the blocks above), not a block
     assert not own.startswith("pi-matrix envelope") and own.replace(" ", "").startswith('{"type":"session"')
-    wait_for("4 tool_blocked events", lambda: len(read_events(lab.state, agent.key, "tool_blocked")) == 4)
+    wait_for("3 tool_blocked events", lambda: len(read_events(lab.state, agent.key, "tool_blocked")) == 3)
     blocked = read_events(lab.state, agent.key, "tool_blocked")
-    assert [r["tool"] for r in blocked] == ["write", "write", "read", "grep"]
+    assert [r["tool"] for r in blocked] == ["write", "write", "read"]
 
 
 def test_the_host_refuses_a_malformed_allowed_paths_value_before_starting_pi(tmp_path: Path) -> None:
@@ -375,3 +377,53 @@ def test_planted_code_is_never_loaded_and_a_worker_cannot_plant_it(envlab: PiLab
     assert "a .pi folder" in results[0] and ".git/config or .git/hooks" in results[1]
     assert "pi's agent dir" in results[2] or "auth.json" in results[2]
     wait_for("3 tool_blocked events", lambda: len(read_events(lab.state, agent.key, "tool_blocked")) == 3)
+
+
+def test_a_search_runs_where_private_roots_are_absent_and_leaves_out_what_is_inside_them(
+    tmp_path: Path,
+) -> None:
+    """Issue 16.4, envelope.ts on its own (through pi's jiti): grep/find of the worktree are not
+    blocked by a private root that does not exist (the project's .pi/settings.json usually does
+    not), nor by one that does; lines from inside an existing one are taken out of the result."""
+    pi_bin()
+    jiti = Path(__file__).resolve().parent.parent / ".pi-cli" / "node_modules" / "jiti" / "lib" / "jiti.mjs"
+    if not jiti.exists():
+        pytest.skip(f"no jiti at {jiti} (it comes with pi)")
+    work = tmp_path / "work"
+    (work / "src").mkdir(parents=True)
+    (work / "secrets").mkdir()
+    (work / "secrets" / "key.txt").write_text("apiKey=1\n")
+    script = tmp_path / "search.mjs"
+    module = json.dumps(str(bridge_path().parent / "envelope.ts"))
+    w = json.dumps(str(work))
+    script.write_text(
+        f"import {{ createJiti }} from {json.dumps(str(jiti))};\n"
+        f"const m = await createJiti(import.meta.url).import({module});\n"
+        f"const e = {{ allowed: [m.physical({w})], sessionsDirs: [], privateRoots: [\n"
+        f"  {{ real: m.physical({w} + '/.pi/settings.json'), what: 'settings' }},\n"
+        f"  {{ real: m.physical({w} + '/secrets'), what: 'secrets' }}] }};\n"
+        "const out = {\n"
+        f"  grepCwd: m.judge(e, 'grep', '.', {w}, null) ?? null,\n"
+        f"  findCwd: m.judge(e, 'find', '.', {w}, null) ?? null,\n"
+        f"  grepInside: m.judge(e, 'grep', 'secrets', {w}, null) ?? null,\n"
+        f"  hidden: m.hiddenFrom(e, m.physical({w})),\n"
+        f"  grep: m.withoutHidden('grep', 'src/a.ts:1: apiKey\\nsecrets/key.txt:1: apiKey=1\\n"
+        f"secrets/key.txt-2- x\\n[50 matches limit reached]', m.physical({w}),\n"
+        f"    m.hiddenFrom(e, m.physical({w}))),\n"
+        f"  find: m.withoutHidden('find', 'src/a.ts\\nsecrets/\\nsecrets/key.txt', m.physical({w}),\n"
+        f"    m.hiddenFrom(e, m.physical({w}))),\n"
+        "};\n"
+        "console.log(JSON.stringify(out));\n"
+    )
+    done = subprocess.run(
+        ["node", str(script)], capture_output=True, text=True, timeout=60, check=False,
+        env=dict(os.environ, TMPDIR=str(tmp_path)),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["grepCwd"] is None and out["findCwd"] is None  # the searches run
+    assert "secrets" in str(out["grepInside"])  # a search inside a private root is still blocked
+    assert out["hidden"] == [str((work / "secrets").resolve())]  # only the one that exists
+    assert out["grep"]["text"] == "src/a.ts:1: apiKey\n[50 matches limit reached]"
+    assert out["grep"]["removed"] == 2
+    assert out["find"] == {"text": "src/a.ts", "removed": 2}

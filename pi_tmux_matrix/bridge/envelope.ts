@@ -226,28 +226,28 @@ export function judge(
   const where = real === raw ? JSON.stringify(shown(raw)) : `${JSON.stringify(shown(raw))} (really ${shown(real)})`;
   const own = ownSession ? physical(ownSession) : null;
   if (own !== null && real === own && READ_ONLY.has(tool)) return undefined; // its own transcript
-  const recursive = RECURSIVE.has(tool);
   // A write also makes the missing folders on its way: each must be as allowed as the file.
   const touched = READ_ONLY.has(tool) ? [real] : [...made, real];
   for (const target of touched) {
-    const reason = judgeOne(envelope, tool, target, where, recursive);
+    const reason = judgeOne(envelope, tool, target, where);
     if (reason !== undefined) return reason;
   }
   return undefined;
 }
 
-function judgeOne(envelope: Envelope, tool: string, real: string, where: string, recursive: boolean): string | undefined {
+function judgeOne(envelope: Envelope, tool: string, real: string, where: string): string | undefined {
+  // A search of a folder that holds a private root is not blocked: what the search returns from
+  // inside that root is taken out of its result (see hiddenFrom and the tool_result handler).
   for (const root of envelope.privateRoots) {
-    if (inside(real, root.real) || (recursive && inside(root.real, real))) {
+    if (inside(real, root.real)) {
       return (
-        `pi-matrix envelope: ${tool} of ${where} is blocked: ${recursive && !inside(real, root.real) ? "it contains" : "it is inside"} ` +
-        `${root.what} (${shown(root.real)}), which no worker may touch whatever its allowed paths.` +
-        (recursive ? " Search a narrower folder." : "")
+        `pi-matrix envelope: ${tool} of ${where} is blocked: it is inside ` +
+        `${root.what} (${shown(root.real)}), which no worker may touch whatever its allowed paths.`
       );
     }
   }
   for (const sessions of envelope.sessionsDirs) {
-    if (inside(real, sessions) || (recursive && inside(sessions, real))) {
+    if (inside(real, sessions)) {
       return (
         `pi-matrix envelope: ${tool} of ${where} is blocked: pi's session files (${shown(sessions)}) belong to ` +
         "other sessions; only this session's own file may be read."
@@ -266,6 +266,39 @@ function judgeOne(envelope: Envelope, tool: string, real: string, where: string,
     `pi-matrix envelope: ${tool} of ${where} is blocked: it is outside this worker's allowed paths (${roots}). ` +
     "Work inside them, or report that the task needs more."
   );
+}
+
+function exists(p: string): boolean {
+  try {
+    fs.lstatSync(p);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** The private roots and other sessions' folders that exist inside ``searched`` (a real path): a
+ * recursive search there runs, and whatever it returns from inside them is taken out. */
+export function hiddenFrom(envelope: Envelope, searched: string): string[] {
+  const roots = [...envelope.privateRoots.map((r) => r.real), ...envelope.sessionsDirs];
+  return roots.filter((root) => root !== searched && inside(root, searched) && exists(root));
+}
+
+const GREP_LINE = /^(.+?)([:-])(\d+)\2 /;
+
+/** A grep or find result with every line from inside ``hidden`` removed (its paths are relative to
+ * ``searched``; grep's lines are `path:N: text` or, for context, `path-N- text`). */
+export function withoutHidden(tool: string, text: string, searched: string, hidden: string[]): { text: string; removed: number } {
+  let removed = 0;
+  const kept = text.split("\n").filter((line) => {
+    const name = tool === "grep" ? GREP_LINE.exec(line)?.[1] : line.replace(/\/$/, "");
+    if (!name || line.startsWith("[")) return true;
+    const real = physical(path.resolve(searched, name));
+    const hide = hidden.some((root) => inside(real, root));
+    if (hide) removed += 1;
+    return !hide;
+  });
+  return { text: kept.join("\n"), removed };
 }
 
 function sentence(text: string, limit = 400): string {
@@ -289,6 +322,7 @@ export function workerPrompt(envelope: Envelope, cwd: string): string {
     "## pi-matrix worker",
     sentence(`You are pi-matrix worker ${agent} (launch profile ${profile}, entry ${KEY})${task}.`),
     sentence(scope, 900),
+    "No worker may write into a .pi folder, a repository's .git/config or .git/hooks, or pi's agent dir: code and prompts there run in later sessions.",
     "The bash tool, where you have it, is not covered by this envelope: it runs with the full rights of the host user, so it is a trust boundary, not a sandbox; keep to the same scope there.",
     sentence(lane),
     "Do not start other agents, forks or pi sessions (by any tool or command); if the task needs more hands, say so in your answer.",
@@ -367,6 +401,32 @@ export function installEnvelope(pi: any): void {
     post("bridge", JSON.stringify({ event: "tool_blocked", tool, path: shownPath === null ? null : shown(shownPath), reason }));
     return { block: true, reason };
   }
+
+  pi.on("tool_result", async (event: any, ctx: any) => {
+    const tool = String((event && event.toolName) || "");
+    if (envelope === null || !RECURSIVE.has(tool)) return undefined;
+    const input = (event && event.input) || {};
+    const raw = typeof input.path === "string" ? input.path : ".";
+    let searched: string;
+    try {
+      searched = physical(resolveLikePi(raw, sessionCwd(ctx)));
+    } catch {
+      return undefined; // the call itself was blocked
+    }
+    const hidden = hiddenFrom(envelope, searched);
+    if (hidden.length === 0) return undefined;
+    let removed = 0;
+    const content = (Array.isArray(event.content) ? event.content : []).map((part: any) => {
+      if (!part || part.type !== "text" || typeof part.text !== "string") return part;
+      const filtered = withoutHidden(tool, part.text, searched, hidden);
+      removed += filtered.removed;
+      return { ...part, text: filtered.text };
+    });
+    if (removed === 0) return undefined;
+    post("bridge", JSON.stringify({ event: "search_filtered", tool, removed }));
+    const note = `[pi-matrix envelope: ${removed} line(s) from private folders (${hidden.map(shown).join(", ")}) were left out]`;
+    return { content: [...content, { type: "text", text: note }] };
+  });
 
   pi.on("tool_call", async (event: any, ctx: any) => {
     const tool = String((event && event.toolName) || "");
