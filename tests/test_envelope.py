@@ -427,3 +427,30 @@ def test_a_search_runs_where_private_roots_are_absent_and_leaves_out_what_is_ins
     assert out["grep"]["text"] == "src/a.ts:1: apiKey\n[50 matches limit reached]"
     assert out["grep"]["removed"] == 2
     assert out["find"] == {"text": "src/a.ts", "removed": 2}
+
+
+def test_a_real_pi_search_of_the_worktree_runs_and_leaves_out_a_private_root(envlab: PiLab) -> None:
+    """Issue 16.4 on real pi (ripgrep and fd from Debian's packages): grep and find of the worktree
+    run; the project's .pi/settings.json, a private root that exists inside it, is left out."""
+    import shutil
+
+    if shutil.which("rg") is None or not (shutil.which("fd") or shutil.which("fdfind")):
+        pytest.skip("ripgrep and fd are needed for pi's grep and find (.ci/run installs them)")
+    lab, llm = envlab
+    worktree = lab.work
+    (worktree / "src").mkdir()
+    (worktree / "src" / "a.txt").write_text("apiKey in the code\n")
+    (worktree / ".pi").mkdir()
+    (worktree / ".pi" / "settings.json").write_text('{"apiKey": "secret-value"}\n')
+    _profile(lab, "pi-search", tools=["read", "grep", "find"], write_paths=["{worktree}"])
+
+    _run_worker(
+        lab, llm, "pi-search",
+        Reply(tool="grep", arguments={"pattern": "apiKey", "hidden": True}),
+        Reply(tool="find", arguments={"pattern": "*.json", "hidden": True}),
+    )  # fmt: skip
+
+    grep, find = _tool_results(llm)
+    assert "src/a.txt" in grep and "secret-value" not in grep, grep
+    assert not grep.startswith("pi-matrix envelope")
+    assert "settings.json" not in find.replace("left out", ""), find
