@@ -810,3 +810,22 @@ def test_a_built_wheel_ships_the_profiles_and_loads_them_outside_the_checkout(tm
     module, shipped, names, teams = json.loads(out.stdout)
     assert module.startswith(str(tmp_path / "site")) and shipped.startswith(str(tmp_path / "site"))
     assert names == SHIPPED_PROFILES and teams == SHIPPED_TEAMS
+
+
+def test_profiles_say_plainly_what_is_confined_and_bash_is_never_confined() -> None:
+    """Issue 16.5: every shipped profile whose tools include bash says so in its description, and
+    ``profiles --json`` (the tool's list_profiles) carries the confinement of each."""
+    shipped = load_profiles(None)
+    for name in shipped.names():
+        profile = shipped.profile(name)
+        if profile.tools is not None and "bash" in profile.tools:
+            assert "full rights" in profile.description, name
+    assert shipped.profile("pi-worker").confinement == "confined: paths (bash not confined)"
+    assert shipped.profile("pi-reviewer").confinement == "confined: paths and tools"
+    assert shipped.profile("claude").confinement == "not confined"
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "profiles", "--json"],
+        capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    rows = {row["name"]: row for row in json.loads(done.stdout)["profiles"]}
+    assert rows["pi-rpc-worker"]["confined"] == "confined: paths (bash not confined)"

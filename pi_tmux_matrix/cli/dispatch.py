@@ -319,7 +319,8 @@ def cmd_profiles(args: argparse.Namespace, io: Io) -> int:
     found = load_profiles(agent_dir())
     rows = [
         {"name": name, "provider": found.profile(name).provider, "mode": found.profile(name).mode.value,
-         "source": found.profile(name).source, "description": found.profile(name).description}
+         "source": found.profile(name).source, "description": found.profile(name).description,
+         "confined": found.profile(name).confinement}
         for name in found.names()
     ]  # fmt: skip
     teams = [
@@ -334,7 +335,8 @@ def cmd_profiles(args: argparse.Namespace, io: Io) -> int:
         _dump(io, {"profiles": rows, "teams": teams})
         return EXIT_OK
     for row in rows:
-        io.out.write(f"{row['name']:<16} {row['provider']:<9} {row['mode']:<12} {row['description']}\n")
+        name, provider, mode, confined = row["name"], row["provider"], row["mode"], row["confined"]
+        io.out.write(f"{name:<16} {provider:<9} {mode:<12} {confined:<36} {row['description']}\n")
     for team in teams:
         io.out.write(f"team {team['name']:<11} {' + '.join(team['members'])}\n")
     return EXIT_OK

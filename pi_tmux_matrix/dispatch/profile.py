@@ -145,6 +145,21 @@ class WorkerLaunchProfile:
     def is_pi(self) -> bool:
         return self.provider == "pi"
 
+    @property
+    def confinement(self) -> str:
+        """What the envelope holds for this profile, said plainly: only pi's bridge enforces paths
+        and tools, and bash is never confined (it runs with the user's full rights)."""
+        paths = self.is_pi and bool(self.write_paths)
+        tools = self.is_pi and self.tools is not None
+        bash = not tools or "bash" in (self.tools or ())
+        if paths and not bash:
+            return "confined: paths and tools"
+        if paths:
+            return "confined: paths (bash not confined)"
+        if tools and not bash:
+            return "confined: tools"
+        return "not confined"
+
 
 @attrs.frozen
 class ProfileSet:
