@@ -862,6 +862,21 @@ def test_send_to_a_dead_host_fails_clearly_and_queues_nothing(
     assert not mailbox.exists() or list(mailbox.iterdir()) == []
 
 
+def test_send_to_an_agent_that_takes_no_message_refuses_and_queues_nothing(
+    reaper: Reaper, store: MatrixStore, work: Path
+) -> None:
+    """Issue 16.1: a print-mode agent (one turn) has no channel from its host; ``send`` says so
+    and exits non-zero instead of printing "sent" for a message that never arrives."""
+    host = start_host(reaper, store, work, "print1", mode="print", agent=["HANG one turn"])
+    host.wait_child(reaper)
+    done = pi_matrix(store, "send", host.key, "--prompt", "more work", cwd=work)
+    assert done.returncode == 1, done.stdout
+    assert "takes no message from its host; nothing was sent" in done.stderr
+    assert "sent" not in done.stdout
+    mailbox = store.root / "mailbox" / host.key
+    assert not mailbox.exists() or list(mailbox.iterdir()) == []
+
+
 # === 7. rpc mode ================================================================================
 def test_rpc_events_go_to_the_events_file_and_stdin_stays_open_until_stopped(
     reaper: Reaper, store: MatrixStore, work: Path

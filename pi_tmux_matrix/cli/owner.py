@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import procs
 from ..errors import EXIT_OK, EXIT_USAGE, ContractError, PiMatrixError
-from ..identity import Role, parse_key
+from ..identity import Mode, Role, parse_key
 from ..matrix import lifecycle
 from ..matrix.mailbox import Inbox
 from ..matrix.model import Entry, Status
@@ -200,7 +200,16 @@ def _live_host(store: MatrixStore, key: str) -> Entry:
 def cmd_send(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix send KEY (--steer T | --prompt T | --abort)``."""
     store = store_of(args)
-    _live_host(store, args.key)
+    entry = _live_host(store, args.key)
+    mode, provider = entry.identity.mode, entry.identity.provider
+    # The host reaches its agent over the rpc pipe, or through the bridge's mailbox in an
+    # interactive pi; anything else would only be recorded, and "sent" would be a lie.
+    if mode is not Mode.RPC and not (mode is Mode.INTERACTIVE and provider == "pi"):
+        how = f"{mode.value if mode else 'unknown'} mode" + (f" ({provider})" if provider else "")
+        raise PiMatrixError(
+            f"{args.key}: its agent runs in {how} and takes no message from its host; nothing was "
+            "sent. Fire a new job for more work, or stop it with 'pi-matrix stop KEY --confirm'"
+        )
     if args.abort:
         kind, text = "abort", ""
     elif args.steer is not None:
