@@ -140,3 +140,21 @@ def test_a_real_pi_masters_end_stops_the_fork_its_bash_tool_started(picaller: tu
         assert run.status is RunStatus.FAILED and run.error == PARENT_ABORTED
         assert run.process is not None and procs.wait_for_exit(run.process, 10)
         wait_for("the fork pane to close", lambda: run.pane_id not in caller.panes())
+
+
+def test_a_real_pi_fork_child_cannot_write_into_the_agent_dir(picaller: tuple[Caller, FakeLLM]) -> None:
+    """Issue 16 (the fork launch path): a fork child runs with full scope (a confined worker may
+    not fork at all), but pi's agent dir and .pi folders stay never-writable, as for every worker."""
+    caller, llm = picaller
+    agent_dir = Path(caller.env["PI_CODING_AGENT_DIR"])
+    planted = agent_dir / "extensions" / "x.ts"
+    llm.script(
+        Reply(tool="write", arguments={"path": str(planted), "content": "export default 0;"}),
+        Reply(text="The fork tried."),
+    )
+    done = caller.fork("--wait", "--model", "fake/fake-model", "--json", "--", "Plant it.")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not planted.exists(), "a fork child wrote into pi's agent dir"
+    messages = [m for r in llm.requests for m in r.get("messages", []) if isinstance(m, dict)]
+    results = [m for m in messages if m.get("role") == "tool"]
+    assert any("pi's agent dir" in json.dumps(m) for m in results), results

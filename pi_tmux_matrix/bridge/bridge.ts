@@ -20,8 +20,9 @@ import { handoffDelivery, installMaster } from "./master.ts";
 export default function (pi: any) {
   // A fork child (PI_FORK=1) writes its result.json and exits after its one run, host or not.
   installFork(pi);
-  if (!underHost()) return;
+  // The envelope: a worker's under its host; a fork child's (private roots only) without one.
   installEnvelope(pi);
+  if (!underHost()) return;
   installMaster(pi);
   let ctxRef: any = null;
   let offset = 0;

@@ -330,7 +330,10 @@ export function workerPrompt(envelope: Envelope, cwd: string): string {
 }
 
 export function installEnvelope(pi: any): void {
-  if (role() !== "worker") return;
+  // A fork child is not a worker (no host, full scope: a confined worker may not fork at all),
+  // but it gets the same private roots and never-writable folders.
+  const forkChild = env.PI_FORK === "1" && Boolean(env.PI_FORK_RESULT_PATH);
+  if (role() !== "worker" && !forkChild) return;
   let envelope: Envelope | null = null;
   let refused: string | null = null;
   let cwd = process.cwd();
@@ -393,7 +396,7 @@ export function installEnvelope(pi: any): void {
   pi.on("input", async () => (refused !== null ? { action: "handled" } : undefined));
 
   pi.on("before_agent_start", async (event: any) => {
-    if (envelope === null) return undefined;
+    if (envelope === null || forkChild) return undefined; // a fork has its own system prompt
     return { systemPrompt: `${event.systemPrompt || ""}\n\n${workerPrompt(envelope, cwd)}` };
   });
 
