@@ -61,31 +61,27 @@ def host_argv(
 ) -> list[str]:
     """``pi-matrix host …`` for one agent. The parent comes as flags when given, else through the
     env contract (a tmux launch); the allowed-paths envelope always comes through the env."""
-    argv = cli_argv(
-        state_dir, "host",
-        "--session-id", identity.session_id, "--agent-id", identity.agent_id,
-        "--cwd", identity.cwd or os.getcwd(),
-        "--mode", identity.mode.value if identity.mode else "interactive",
-        "--task-summary", bounded(task_summary, 400),
-        python=python,
-    )  # fmt: skip
-    flags = (
-        ("--profile", identity.profile),
-        ("--provider", identity.provider),
-        ("--session-file", identity.session_file),
-        ("--worktree", identity.worktree),
-        ("--worktree-lane", lane),
-        ("--task-ref", task_ref),
-    )
-    for flag, value in flags:
-        if value:
-            argv += [flag, value]
-    if rpc_prompt is not None:
-        argv += ["--rpc-prompt", rpc_prompt]
+    # Every value goes as --flag=VALUE: a task summary (or a path) that starts with "-" must
+    # never be read as a flag by the host's parser.
+    values: list[tuple[str, str | None]] = [
+        ("--session-id", identity.session_id),
+        ("--agent-id", identity.agent_id),
+        ("--cwd", identity.cwd or os.getcwd()),
+        ("--mode", identity.mode.value if identity.mode else "interactive"),
+        ("--task-summary", bounded(task_summary, 400)),
+        ("--profile", identity.profile or None),
+        ("--provider", identity.provider or None),
+        ("--session-file", identity.session_file or None),
+        ("--worktree", identity.worktree or None),
+        ("--worktree-lane", lane or None),
+        ("--task-ref", task_ref or None),
+        ("--rpc-prompt", rpc_prompt),
+    ]
     if parent is not None:
-        argv += ["--parent-pid", str(parent[0]), "--parent-session", parent[1]]
-    for pointer in identity.resource_pointers:
-        argv += ["--resource", pointer]
+        values += [("--parent-pid", str(parent[0])), ("--parent-session", parent[1])]
+    values += [("--resource", pointer) for pointer in identity.resource_pointers]
+    argv = cli_argv(state_dir, "host", python=python)
+    argv += [f"{flag}={value}" for flag, value in values if value is not None]
     return [*argv, "--", *agent_argv]
 
 
