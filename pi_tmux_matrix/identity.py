@@ -18,6 +18,7 @@ import attrs
 from .errors import InvalidId
 
 __all__ = [
+    "ID_MAX",
     "ID_PATTERN",
     "KEY_PATTERN",
     "AgentIdentityContract",
@@ -32,6 +33,7 @@ __all__ = [
 
 # Ids end up in file names: this allowlist means an accepted id can only ever name a file
 # directly inside the state dir (no separators, no leading dot, no "..", bounded length).
+ID_MAX: Final = 128  # characters of an id: every file name the matrix derives from ids stays valid
 ID_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # A task ref never names a file, and goal ids in the wild carry ':' '#' '@' '+' '/'.
 TASK_REF_PATTERN: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:#@+/-]{0,255}")

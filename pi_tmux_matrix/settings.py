@@ -18,6 +18,7 @@ from typing import Any, Final
 import attrs
 
 from . import strictjson
+from .errors import StateDirError
 
 __all__ = [
     "BOUNDS",
@@ -93,10 +94,14 @@ def agent_dir(env: Mapping[str, str] | None = None) -> Path:
 def resolve_state_dir(cli_value: str | None = None, env: Mapping[str, str] | None = None) -> Path:
     """``--state-dir``, else ``$PI_MATRIX_STATE_DIR``, else ``<agent dir>/state/process-matrix``."""
     source = os.environ if env is None else env
-    if cli_value:
-        return Path(cli_value).expanduser()
+    # Made absolute once, here: hosts and watchers start in other folders (--path, lanes), and a
+    # relative state dir would silently be a second matrix there.
+    if cli_value is not None:
+        if not cli_value.strip():
+            raise StateDirError("--state-dir is empty; name a folder, or leave the flag out for the default")
+        return Path(os.path.abspath(os.path.expanduser(cli_value)))
     if source.get(ENV_STATE_DIR):
-        return Path(source[ENV_STATE_DIR]).expanduser()
+        return Path(os.path.abspath(os.path.expanduser(source[ENV_STATE_DIR])))
     return agent_dir(source) / "state" / "process-matrix"
 
 

@@ -5,9 +5,15 @@ One test per numbered case of the issue, each seen to fail on the code before it
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 from test_dispatch import Lab, sublab, wait_for  # noqa: F401 - sublab is a fixture
 
 from pi_tmux_matrix import procs
+from pi_tmux_matrix.dispatch.jobs import JobStore
 
 
 def test_8_a_task_starting_with_a_dash_reaches_every_team_member(sublab: Lab) -> None:  # noqa: F811
@@ -22,3 +28,85 @@ def test_8_a_task_starting_with_a_dash_reaches_every_team_member(sublab: Lab) ->
         entry = sublab.worker(agent.key)
         assert entry.task_summary == "-x"
         assert procs.is_alive(entry.process)
+
+
+def cli(lab: Lab, *words: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(lab.state), *words],
+        capture_output=True, text=True, env=lab.env, timeout=60, check=False, cwd=cwd or lab.work,
+    )  # fmt: skip
+
+
+def test_7_an_oversized_followup_or_steer_is_refused_before_anything_moves(sublab: Lab) -> None:  # noqa: F811
+    sublab.start_master()
+    fired = sublab.fire("HANG long work", backend="subprocess")
+    (agent,) = fired.job.agents
+    assert agent.host is not None
+    sublab.started.append(agent.host)
+    sublab.worker(agent.key)
+    huge = "x" * 70_000
+    follow = cli(sublab, "followup", fired.job.id, "--", huge)
+    assert follow.returncode == 2, follow.stderr
+    assert "TEXT" in follow.stderr and "bytes once encoded" in follow.stderr
+    assert "Traceback" not in follow.stderr
+    assert JobStore(sublab.store).get(fired.job.id).agents[0].round == 1  # the round did not move
+    steer = cli(sublab, "send", agent.key, "--steer", huge)
+    assert steer.returncode == 2 and "--steer" in steer.stderr and "Traceback" not in steer.stderr
+    mailbox = sublab.state / "mailbox" / agent.key
+    assert not mailbox.exists() or list(mailbox.iterdir()) == []
+
+
+def test_9_an_agent_id_too_long_for_its_result_names_is_refused_before_the_job_is_written(
+    sublab: Lab,  # noqa: F811
+) -> None:
+    master = sublab.start_master()
+    done = cli(
+        sublab, "fire", "--profile", "stand-in", "--backend", "subprocess", "--parent-pid", str(master.pid),
+        "--parent-session", "boss", "--agent-id", "a" * 120, "--", "HANG",
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--agent-id" in done.stderr and "use at most" in done.stderr
+    assert not (sublab.state / "jobs").exists() or not list((sublab.state / "jobs").glob("job-*.json"))
+    assert cli(sublab, "jobs").returncode == 0
+
+
+def test_10_a_relative_state_dir_is_made_absolute_once_for_every_process(sublab: Lab, tmp_path: Path) -> None:  # noqa: F811
+    master = sublab.start_master()
+    other = tmp_path / "other"
+    other.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", "relstate", "fire", "--dry-run", "--json",
+         "--profile", "stand-in", "--path", str(other), "--parent-pid", str(master.pid),
+         "--parent-session", "boss", "--", "HANG"],
+        capture_output=True, text=True, env=sublab.env, timeout=60, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (planned,) = json.loads(done.stdout)["agents"]
+    argv = planned["argv"]
+    assert argv[argv.index("--state-dir") + 1] == str(tmp_path / "relstate")
+    assert planned["env"]["PI_MATRIX_STATE_DIR"] == str(tmp_path / "relstate")
+
+
+def test_12_a_job_record_claiming_a_billion_rounds_is_reported_corrupt_not_a_hang(sublab: Lab) -> None:  # noqa: F811
+    sublab.start_master()
+    fired = sublab.fire("HANG", backend="subprocess")
+    for agent in fired.job.agents:
+        if agent.host is not None:
+            sublab.started.append(agent.host)
+    record = sublab.state / "jobs" / f"{fired.job.id}.json"
+    raw = json.loads(record.read_text())
+    raw["agents"][0]["round"] = 10**9
+    record.write_text(json.dumps(raw))
+    done = cli(sublab, "jobs", "--json")
+    assert done.returncode in (0, 1), done.stderr
+    assert "Traceback" not in done.stderr
+    assert fired.job.id in done.stdout + done.stderr and "round" in done.stdout + done.stderr
+
+
+def test_18_an_empty_state_dir_is_refused(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", "", "ls"],
+        capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--state-dir is empty" in done.stderr

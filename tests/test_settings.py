@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pi_tmux_matrix.errors import StateDirError
 from pi_tmux_matrix.settings import (
     BOUNDS,
     DEFAULTS,
@@ -540,7 +541,8 @@ def test_resolve_state_dir_precedence() -> None:
     env = {"PI_MATRIX_STATE_DIR": "/env/state", "PI_CODING_AGENT_DIR": "/agent", "HOME": "/h"}
     assert resolve_state_dir("/cli/state", env) == Path("/cli/state")
     assert resolve_state_dir(None, env) == Path("/env/state")
-    assert resolve_state_dir("", env) == Path("/env/state")
+    with pytest.raises(StateDirError, match="--state-dir is empty"):  # issue 17.18: never the default
+        resolve_state_dir("", env)
     del env["PI_MATRIX_STATE_DIR"]
     assert resolve_state_dir(None, env) == Path("/agent/state/process-matrix")
     assert resolve_state_dir(None, {**env, "PI_MATRIX_STATE_DIR": ""}) == Path("/agent/state/process-matrix")

@@ -15,7 +15,7 @@ from .. import procs
 from ..errors import EXIT_OK, EXIT_USAGE, ContractError, PiMatrixError
 from ..identity import Mode, Role, parse_key
 from ..matrix import lifecycle
-from ..matrix.mailbox import Inbox
+from ..matrix.mailbox import Inbox, encode_message
 from ..matrix.model import Entry, Status
 from ..matrix.reconcile import reconcile
 from ..matrix.store import MatrixStore, now_ms
@@ -216,6 +216,7 @@ def cmd_send(args: argparse.Namespace, io: Io) -> int:
         kind, text = "steer", args.steer
     else:
         kind, text = "prompt", args.prompt
+    encode_message(kind, text, "pi-matrix send", field=f"--{kind}")
     Inbox(store, args.key).post(kind, text, sender="pi-matrix send")
     io.out.write(f"sent {kind} to {args.key}\n")
     return EXIT_OK

@@ -31,14 +31,14 @@ from ..contract import NEVER_INHERITED
 from ..errors import ContractError, DispatchError, EntryExists, PiMatrixError
 from ..identity import AgentIdentityContract, ProcessIdentity, Role
 from ..matrix import lifecycle
-from ..matrix.mailbox import Inbox
+from ..matrix.mailbox import Inbox, encode_message
 from ..matrix.model import Entry, Status
 from ..matrix.store import MatrixStore, RecordStore, now_ms
 from ..programs import spawn_detached, watch_argv
 from ..settings import MatrixSettings
 from .backends import DEFAULT_SOCKET, TMUX_SESSION, Backend, backend_named, backends
 from .jobs import JobStore, new_nonce, result_now
-from .model import AgentLaunch, AgentResult, Job, JobAgent, PlannedAgent, ResultKind
+from .model import MAX_ROUND, AgentLaunch, AgentResult, Job, JobAgent, PlannedAgent, ResultKind
 from .plan import LIVE, MAX_DEADLINE_S, MAX_TASK_BYTES, FireRequest, Planner, marker_instruction
 from .plugins import plugin_manager
 from .reconcile_tmux import PaneCache, reconcile, tmux_states, untracked
@@ -260,10 +260,15 @@ class Dispatcher:
                 "--agent", f"job {job_id} has no agent {agent_id!r}", "pick one from 'pi-matrix job ID'"
             )
         live = [a for a in targets if procs.is_alive(a.host)]
+        if any(a.round >= MAX_ROUND for a in live):
+            raise DispatchError(f"followup: {job_id} has had {MAX_ROUND} rounds; fire a new job for more")
         if not live:
             raise DispatchError(f"followup: no agent of {job_id} is alive to take it; fire a new job")
         live_ids = {a.agent_id for a in live}
         rearmed: dict[str, JobAgent] = {}
+        # The message as it will be posted (its nonce's length is fixed): checked before the round
+        # moves on, so a refused follow-up changes nothing.
+        encode_message("prompt", _followup(text, new_nonce()), "pi-matrix followup")
 
         def rearm(current: Job) -> Job:
             # Computed under the job's lock from the record as it stands: two follow-ups at once
@@ -286,8 +291,7 @@ class Dispatcher:
             if agent.agent_id not in rearmed:
                 continue
             self._start_watcher(job, agent)
-            marker = f"[pi-matrix] marker code {agent.nonce}"
-            message = f"{text.strip()}\n\n{marker_instruction(agent.nonce)}\n{marker}"
+            message = _followup(text, agent.nonce)
             Inbox(self.store, agent.key).post("prompt", message, sender="pi-matrix followup")
         return job
 
@@ -324,6 +328,12 @@ class Dispatcher:
         if survivors:
             raise DispatchError(_survived("stop", job_id, survivors))
         return job, written
+
+
+def _followup(text: str, nonce: str) -> str:
+    """A follow-up's prompt: the text, then how to end this round (its own marker nonce)."""
+    marker = f"[pi-matrix] marker code {nonce}"
+    return f"{text.strip()}\n\n{marker_instruction(nonce)}\n{marker}"
 
 
 def _survived(verb: str, job_id: str, survivors: Sequence[JobAgent]) -> str:

@@ -38,6 +38,9 @@ __all__ = [
 
 JOB_SCHEMA_VERSION: Final = 1
 # The backends' names as records keep them (JobAgent.backend); dispatch/backends.py runs them.
+# Marker rounds per agent: a job record is read round by round, so the number is bounded (a record
+# claiming 10^9 rounds is corrupt, never a hang), and result names stay valid ids.
+MAX_ROUND: Final = 9999
 TMUX: Final = "tmux"
 SUBPROCESS: Final = "subprocess"
 
@@ -66,7 +69,7 @@ class JobAgent:
     cwd: str
     backend: str  # TMUX | SUBPROCESS: the backend that started its host
     nonce: str  # the current round's marker nonce: DONE:<nonce> / BLOCKED:<nonce>
-    round: int
+    round: int = attrs.field(validator=[attrs.validators.ge(1), attrs.validators.le(MAX_ROUND)])
     deadline_at: int  # Unix ms of the current round's deadline
     deadline_s: float
     worktree: str | None = None

@@ -30,7 +30,7 @@ from ..contract import (
     PASS_ENV,
 )
 from ..errors import ContractError, DispatchError, LaneError, PiMatrixError
-from ..identity import AgentIdentityContract, ProcessIdentity, Role, validate_id, validate_task_ref
+from ..identity import ID_MAX, AgentIdentityContract, ProcessIdentity, Role, validate_id, validate_task_ref
 from ..matrix.model import Entry, Status, bounded
 from ..matrix.owners import owning_master
 from ..matrix.store import MatrixStore, now_ms
@@ -38,7 +38,7 @@ from ..programs import host_argv, pi_command
 from ..settings import MatrixSettings, agent_dir
 from .backends import DEFAULT_SOCKET, Backend, backend_named
 from .jobs import new_job_id, new_nonce
-from .model import TMUX, AgentLaunch, Job, JobAgent, PlannedAgent
+from .model import MAX_ROUND, TMUX, AgentLaunch, Job, JobAgent, PlannedAgent
 
 if TYPE_CHECKING:
     from .profile import ProfileSet, WorkerLaunchProfile
@@ -77,6 +77,19 @@ def marker_instruction(nonce: str) -> str:
         f"(no spaces). If you cannot go on, print BLOCKED, a colon and {nonce}, then a space and "
         "the reason, on a line of its own."
     )
+
+
+def _agent_id(job_id: str, agent_id: str) -> str:
+    """A valid agent id short enough that every name derived from it (the result record
+    ``<job>.<agent>.<round>``) is a valid id too: checked before anything is written."""
+    validate_id(agent_id, "--agent-id")
+    room = ID_MAX - len(f"{job_id}..{MAX_ROUND}")
+    if len(agent_id) > room:
+        raise ContractError(
+            "--agent-id", f"{agent_id[:40]!r}... is {len(agent_id)} characters (a team adds its suffix)",
+            f"use at most {room} characters: its result records are named <job>.<agent>.<round>",
+        )  # fmt: skip
+    return agent_id
 
 
 def _window_name(agent_id: str) -> str:
@@ -276,7 +289,7 @@ class Planner:
             base = f"{label}-{job_id[-6:]}"
         compiled = [
             self._plan_agent(
-                request, place, profile, validate_id(f"{base}-{suffix}" if suffix else base, "agent id"),
+                request, place, profile, _agent_id(job_id, f"{base}-{suffix}" if suffix else base),
                 instructions,
             )
             for profile, suffix, instructions in members

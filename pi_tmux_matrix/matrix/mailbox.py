@@ -22,9 +22,10 @@ from typing import Any, Final
 import attrs
 
 from .. import strictjson
+from ..errors import ContractError
 from .store import MatrixStore, now_ms
 
-__all__ = ["MESSAGE_KINDS", "AgentNotices", "EventLog", "Inbox", "Message"]
+__all__ = ["MESSAGE_KINDS", "AgentNotices", "EventLog", "Inbox", "Message", "encode_message"]
 
 # Owner commands, plus what the pi bridge reports from inside the session (identity, result, bridge).
 MESSAGE_KINDS: Final = frozenset(
@@ -32,6 +33,21 @@ MESSAGE_KINDS: Final = frozenset(
 )
 MAX_MESSAGE_BYTES: Final = 64 * 1024
 _O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+
+
+def encode_message(kind: str, text: str, sender: str | None = None, *, field: str = "TEXT") -> bytes:
+    """A message as it goes on disk; a :class:`ContractError` naming ``field`` when it is not one
+    a host would take (checked before anything is written, so nothing is half-done)."""
+    if kind not in MESSAGE_KINDS:
+        raise ContractError("kind", f"{kind!r} is not a message kind", f"use one of {sorted(MESSAGE_KINDS)}")
+    body = json.dumps({"kind": kind, "text": text, "at": now_ms(), "sender": sender}).encode()
+    if len(body) > MAX_MESSAGE_BYTES:
+        raise ContractError(
+            field,
+            f"{len(body)} bytes once encoded, over the mailbox's {MAX_MESSAGE_BYTES}",
+            "put long context in a file and send its path",
+        )
+    return body
 
 
 @attrs.frozen
@@ -66,12 +82,8 @@ class Inbox:
 
     def post(self, kind: str, text: str = "", sender: str | None = None) -> Path:
         """Queue a command (atomic: temp + rename, so the host never reads half of it)."""
-        if kind not in MESSAGE_KINDS:
-            raise ValueError(f"unknown message kind {kind!r}")
+        body = encode_message(kind, text, sender)
         directory = self.store.side_dir("mailbox", self.key)
-        body = json.dumps({"kind": kind, "text": text, "at": now_ms(), "sender": sender}).encode()
-        if len(body) > MAX_MESSAGE_BYTES:
-            raise ValueError(f"message is {len(body)} bytes; keep it under {MAX_MESSAGE_BYTES}")
         name = f"{now_ms():015d}-{secrets.token_hex(4)}.json"
         tmp = directory / f".{name}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _O_CLOEXEC, 0o600)
