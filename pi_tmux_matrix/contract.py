@@ -216,6 +216,10 @@ def parse_allowed_paths(raw: str | None) -> tuple[str, ...]:
             raise fail(f"item {index} is not a non-empty string")
         if "\0" in item:
             raise fail(f"item {index} contains a NUL character")
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError:
+            raise fail(f"item {index} is not valid UTF-8 (a lone surrogate): no file has that name") from None
         if not item.startswith("/"):
             raise fail(f"item {index} ({item[:60]!r}) is relative")
         parts = item.rstrip("/").split("/")[1:]
@@ -234,7 +238,10 @@ def path_allowed(path: str, allowed: Iterable[str]) -> bool:
     roots = tuple(allowed)
     if not roots:
         return True
-    real = os.path.realpath(path)
+    try:
+        real = os.path.realpath(path)
+    except (UnicodeEncodeError, ValueError):
+        return False  # a name no file can have (a lone surrogate, a NUL) is never inside
     for root in roots:
         real_root = os.path.realpath(root)
         if os.path.commonpath([real, real_root]) == real_root:

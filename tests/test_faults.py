@@ -6,10 +6,12 @@ One test per numbered case of the issue, each seen to fail on the code before it
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from test_dispatch import Lab, sublab, wait_for  # noqa: F401 - sublab is a fixture
 
 from pi_tmux_matrix import procs
@@ -110,3 +112,28 @@ def test_18_an_empty_state_dir_is_refused(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
     assert "--state-dir is empty" in done.stderr
+
+
+def test_13_a_deeply_nested_profile_is_a_clear_error_not_a_recursion_crash(tmp_path: Path) -> None:
+    agent = tmp_path / "agent"
+    (agent / "launch_profiles").mkdir(parents=True)
+    (agent / "launch_profiles" / "deep.toml").write_text(
+        '[profile]\nname = "deep"\nprovider = "pi"\ncommand = ["pi"]\nx = ' + "[" * 5000 + "]" * 5000 + "\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "profiles"], capture_output=True, text=True, timeout=60,
+        check=False, env={**os.environ, "PI_CODING_AGENT_DIR": str(agent)},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "deep.toml" in done.stderr and "nested too deeply" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_14_a_lone_surrogate_in_allowed_paths_is_refused_whole() -> None:
+    from pi_tmux_matrix.contract import parse_allowed_paths, path_allowed
+    from pi_tmux_matrix.errors import ContractError
+
+    raw = json.dumps(["/work/ok", "/work/\udcff"])
+    with pytest.raises(ContractError, match="item 1 is not valid UTF-8"):
+        parse_allowed_paths(raw)
+    assert path_allowed("/work/\ud800/x", ["/work"]) is False  # never raises

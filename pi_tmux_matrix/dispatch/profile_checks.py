@@ -285,6 +285,9 @@ def load_toml(text: str, source: str) -> dict[str, object]:
         raise ProfileError(
             source, "TOML", f"not valid TOML ({exc})", "fix the syntax at the line shown"
         ) from None
+    except RecursionError:
+        # tomllib recurses per nesting level: a hostile file must be an error, never a crash.
+        raise ProfileError(source, "TOML", "nested too deeply to read", "a profile is a flat table") from None
     return document
 
 
