@@ -137,3 +137,26 @@ def test_14_a_lone_surrogate_in_allowed_paths_is_refused_whole() -> None:
     with pytest.raises(ContractError, match="item 1 is not valid UTF-8"):
         parse_allowed_paths(raw)
     assert path_allowed("/work/\ud800/x", ["/work"]) is False  # never raises
+
+
+def test_15_worker_text_reaches_the_terminal_with_its_escape_sequences_shown_not_run(tmp_path: Path) -> None:
+    """``show`` prints a worker's task summary and its blocked-tool paths; a master prints a
+    handoff's summary: every control character goes through one sanitiser (``cat -v`` style)."""
+    from helpers import make_entry
+
+    from pi_tmux_matrix.cli.base import printable
+    from pi_tmux_matrix.matrix.mailbox import EventLog
+    from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
+
+    hostile = "\x1b]0;PWNED-TITLE\x07\x1b[2K\x1b[1A\x9b31m"
+    store = MatrixStore(tmp_path / "state")
+    store.create(make_entry("w1", task_summary=f"fix it {hostile}"))
+    EventLog(store, "worker-w1").write("tool_blocked", tool="write", path=f"/x/{hostile}", reason=hostile)
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(store.root), "show", "worker-w1"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout and "\x07" not in done.stdout and "\x9b" not in done.stdout
+    assert "^[]0;PWNED-TITLE^G^[[2K^[[1AM-^[31m" in done.stdout
+    assert printable("a\tb\nc") == "a^Ib^Jc" and now_ms() > 0

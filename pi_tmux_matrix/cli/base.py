@@ -15,7 +15,7 @@ from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
 from ..matrix.store import MatrixStore, now_ms
 from ..settings import resolve_state_dir
 
-__all__ = ["EPILOG", "Io", "Parser", "add_verb", "age", "public_verbs", "store_of"]
+__all__ = ["EPILOG", "Io", "Parser", "add_verb", "age", "printable", "public_verbs", "store_of"]
 
 EPILOG: Final = f"""\
 exit codes:
@@ -84,3 +84,19 @@ def public_verbs(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argpars
             for name, sub in action.choices.items():
                 if name in listed:
                     yield name, sub
+
+
+def printable(text: str) -> str:
+    """Worker-controlled text made safe for a person's terminal: every control character shown
+    as ``cat -v`` does (``^[`` for ESC, ``^G`` for BEL, ``M-^[`` for the 8-bit CSI), so an agent's
+    output can never retitle the window, move the cursor or rewrite what is above it."""
+    out: list[str] = []
+    for char in text:
+        code = ord(char)
+        if code < 0x20 or code == 0x7F:
+            out.append("^" + chr(code ^ 0x40))
+        elif 0x80 <= code < 0xA0:
+            out.append("M-^" + chr((code - 0x80) ^ 0x40))
+        else:
+            out.append(char)
+    return "".join(out)

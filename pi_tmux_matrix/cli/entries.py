@@ -14,7 +14,7 @@ from ..identity import parse_key
 from ..matrix.model import Entry
 from ..matrix.store import MatrixStore, Problem, now_ms
 from ..settings import load_settings
-from .base import age, store_of
+from .base import age, printable, store_of
 
 if TYPE_CHECKING:
     from .base import Io
@@ -174,7 +174,7 @@ def cmd_show(args: argparse.Namespace, io: Io) -> int:
     for block in blocked:
         lines.append(f"  blocked      {age(block['at'], now)} ago {block['tool']} {block['path'] or '-'}")
         lines.append(f"    reason     {str(block['reason'] or '-')[:300]}")
-    io.out.write("\n".join(lines) + "\n")
+    io.out.write("\n".join(printable(line) for line in lines) + "\n")
     return EXIT_OK
 
 
@@ -217,11 +217,12 @@ def cmd_repair(args: argparse.Namespace, io: Io) -> int:
     verb = "would " if args.dry_run else ""
     for action in actions:
         if action.action == "quarantine":
-            io.out.write(f"{verb}quarantine {action.path}: {action.reason} -> {action.target}\n")
+            line = f"{verb}quarantine {action.path}: {action.reason} -> {action.target}"
+            io.out.write(printable(line) + "\n")
         elif action.action == "remove-temp":
-            io.out.write(f"{verb}remove {action.path}: {action.reason}\n")
+            io.out.write(printable(f"{verb}remove {action.path}: {action.reason}") + "\n")
         else:
-            io.out.write(f"skip {action.path}: {action.reason}\n")
+            io.out.write(printable(f"skip {action.path}: {action.reason}") + "\n")
     if not actions:
         io.out.write("nothing to repair\n")
     return EXIT_OK

@@ -28,7 +28,7 @@ from ..settings import load_settings
 from ..supervise.host import AgentHost, HostHooks, HostSpec
 from ..supervise.master import TASK_STATES, ActivationReport, Master, TtyPrompter
 from ..supervise.relaunch import Relauncher
-from .base import add_verb, store_of
+from .base import add_verb, printable, store_of
 from .host import abort_forks, become, provider_of
 
 if TYPE_CHECKING:
@@ -180,7 +180,7 @@ def handoff_message(entry: Entry, handoff: Handoff) -> str:
 def _print_handoff(io: Io, key: str, handoff: Handoff) -> None:
     code = f" code {handoff.code}" if handoff.code is not None else ""
     sig = f" signal {handoff.signal}" if handoff.signal is not None else ""
-    io.out.write(f"handoff {key}: {handoff.outcome.value}{code}{sig}: {handoff.summary[:500]}\n")
+    io.out.write(f"handoff {key}: {handoff.outcome.value}{code}{sig}: {printable(handoff.summary[:500])}\n")
     io.out.flush()
 
 
