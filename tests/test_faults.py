@@ -160,3 +160,48 @@ def test_15_worker_text_reaches_the_terminal_with_its_escape_sequences_shown_not
     assert "\x1b" not in done.stdout and "\x07" not in done.stdout and "\x9b" not in done.stdout
     assert "^[]0;PWNED-TITLE^G^[[2K^[[1AM-^[31m" in done.stdout
     assert printable("a\tb\nc") == "a^Ib^Jc" and now_ms() > 0
+
+
+def test_3_two_activations_relaunching_one_dead_worker_start_one_agent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Claim before start: two masters that read the same resumable entry both try to relaunch it;
+    the first claim (CAS on the generation both saw) wins and starts one agent, the second is
+    refused before it starts anything (the detached relauncher used to start first and swallow
+    the conflict: two pi on one session file)."""
+    from argparse import Namespace
+
+    from helpers import make_entry, make_identity
+    from test_dispatch import STANDIN
+    from test_master import dead_identity
+
+    from pi_tmux_matrix.cli.master import _relauncher
+    from pi_tmux_matrix.errors import ResumeRefused
+    from pi_tmux_matrix.matrix.model import ResumablePayload, Status
+    from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
+
+    monkeypatch.setenv("PI_MATRIX_PI_COMMAND", json.dumps(STANDIN))
+    monkeypatch.setenv("PI_CODING_AGENT_DIR", str(tmp_path / "agent"))
+    store = MatrixStore(tmp_path / "state")
+    session = tmp_path / "sessions" / "w3.jsonl"
+    session.parent.mkdir()
+    session.write_text(json.dumps({"type": "session", "version": 3, "id": "w3", "cwd": str(tmp_path)}) + "\n")
+    identity = make_identity("w3", session_file=str(session), cwd=str(tmp_path), provider="pi")
+    payload = ResumablePayload(identity=identity, reason="parent_lost", at=now_ms(), task_ref="goal-1")
+    dead = make_entry(
+        "w3", status=Status.RESUMABLE, identity=identity, process=dead_identity(), reason="parent_lost",
+        resumable=payload, task_ref="goal-1",
+    )  # fmt: skip
+    store.register(dead)
+    seen = store.get("worker-w3")  # what both activations read
+    relaunch = _relauncher(Namespace(relaunch="detached", socket=None), store)
+    me = procs.current()
+    first = relaunch(seen, me, "boss")
+    host = procs.identify(first)
+    try:
+        with pytest.raises(ResumeRefused, match="changed since it was read"):
+            relaunch(seen, me, "boss")
+        assert store.get("worker-w3").status is not Status.RESUMABLE  # claimed once, by the first
+    finally:
+        if host is not None and not procs.wait_for_exit(host, 30):
+            procs.send_signal(host, 9)
