@@ -205,3 +205,24 @@ def test_3_two_activations_relaunching_one_dead_worker_start_one_agent(
     finally:
         if host is not None and not procs.wait_for_exit(host, 30):
             procs.send_signal(host, 9)
+
+
+def test_16_the_off_switch_forbids_every_write(tmp_path: Path) -> None:
+    """With ``processMatrix.enabled: false``, ``runs``, ``fork``, ``adopt`` and ``cleanup`` refuse
+    (exit 2, naming the setting) and leave no state dir, lock or entry behind."""
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    (agent / "settings.json").write_text(json.dumps({"processMatrix": {"enabled": False}}))
+    state = tmp_path / "state"
+    env = {**os.environ, "PI_CODING_AGENT_DIR": str(agent), "PI_MATRIX_STATE_DIR": str(state)}
+    for words in (
+        ("runs",), ("runs", "run-x"), ("adopt", "worker-w1"), ("cleanup", "worker-w1"),
+        ("fork", "--session", str(tmp_path / "s.jsonl"), "--", "task"),
+    ):  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "pi_tmux_matrix", *words],
+            capture_output=True, text=True, timeout=60, check=False, env=env, cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 2, (words, done.stdout, done.stderr)
+        assert "processMatrix.enabled" in done.stderr and "Traceback" not in done.stderr
+        assert not state.exists(), f"{words} wrote the state dir"

@@ -11,11 +11,13 @@ from typing import IO, Any, Final
 
 import attrs
 
-from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
+from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, ContractError
 from ..matrix.store import MatrixStore, now_ms
-from ..settings import resolve_state_dir
+from ..settings import load_settings, resolve_state_dir
 
-__all__ = ["EPILOG", "Io", "Parser", "add_verb", "age", "printable", "public_verbs", "store_of"]
+__all__ = [
+    "EPILOG", "Io", "Parser", "add_verb", "age", "printable", "public_verbs", "require_matrix", "store_of",
+]  # fmt: skip
 
 EPILOG: Final = f"""\
 exit codes:
@@ -100,3 +102,14 @@ def printable(text: str) -> str:
         else:
             out.append(char)
     return "".join(out)
+
+
+def require_matrix(verb: str) -> None:
+    """The off switch: with ``processMatrix.enabled: false`` nothing may be written, so a verb
+    that writes (or whose reads would create the state dir) refuses, saying why."""
+    if not load_settings().enabled:
+        raise ContractError(
+            "processMatrix.enabled",
+            f"is false, so the matrix writes nothing and '{verb}' cannot run",
+            "enable the matrix in settings.json (processMatrix.enabled: true) to use it",
+        )

@@ -28,7 +28,7 @@ from ..supervise.master import (
     owning_master,
     require_master,
 )
-from .base import add_verb, store_of
+from .base import add_verb, require_matrix, store_of
 
 if TYPE_CHECKING:
     from .base import Io
@@ -163,6 +163,7 @@ def _worker(store: MatrixStore, key: str) -> Entry:
 
 def cmd_adopt(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix adopt KEY [--parent-pid P --parent-session S]``."""
+    require_matrix("adopt")
     store = store_of(args)
     entry = _worker(store, args.key)
     master, session = require_master(owning_master(store, args.parent_pid, args.parent_session))
@@ -178,6 +179,7 @@ def cmd_adopt(args: argparse.Namespace, io: Io) -> int:
 
 def cmd_cleanup(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix cleanup KEY``."""
+    require_matrix("cleanup")
     store = store_of(args)
     entry = _worker(store, args.key)
     found = calling_master(store)

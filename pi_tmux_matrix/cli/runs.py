@@ -16,7 +16,7 @@ from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ContractError
 from ..identity import ProcessIdentity
 from ..matrix.store import MatrixStore
 from ..settings import load_settings
-from .base import age, store_of
+from .base import age, require_matrix, store_of
 
 if TYPE_CHECKING:
     from ..fork import ForkRun, ForkUsage, RunStore, StopRequest
@@ -167,6 +167,7 @@ def cmd_fork(args: argparse.Namespace, io: Io) -> int:
         raise ContractError(
             "TASK", "missing", "give the task after --, e.g. pi-matrix fork --session F -- check X"
         )
+    require_matrix("fork")
     mode = RunMode.BACKGROUND if args.background else RunMode.WAIT
     timeout = _timeout(args.timeout)
     request = ForkRequest(
@@ -205,6 +206,7 @@ def cmd_fork(args: argparse.Namespace, io: Io) -> int:
 def cmd_runs(args: argparse.Namespace, io: Io) -> int:
     from ..fork import RunStore, abort_run, refresh
 
+    require_matrix("runs")
     store = store_of(args)
     runs = RunStore(store)
     if args.run_id is None:
