@@ -226,3 +226,22 @@ def test_16_the_off_switch_forbids_every_write(tmp_path: Path) -> None:
         assert done.returncode == 2, (words, done.stdout, done.stderr)
         assert "processMatrix.enabled" in done.stderr and "Traceback" not in done.stderr
         assert not state.exists(), f"{words} wrote the state dir"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        '["pi", "--tools", "read,tmux_agent_manager"]',
+        '["pi", "--tools=read,fork"]',
+        '["pi", "-e", "/tmp/evil.ts"]',
+        '["opencode", "--allow", "subagent"]',
+    ],
+)
+def test_18_a_profile_cannot_set_tools_or_extensions_in_its_command_words(command: str) -> None:
+    from pi_tmux_matrix.dispatch.profile import parse_profile
+    from pi_tmux_matrix.errors import ProfileError
+
+    provider = "pi" if command.startswith('["pi"') else "opencode"
+    text = f'[profile]\nname = "p"\nprovider = "{provider}"\ncommand = {command}\n'
+    with pytest.raises(ProfileError, match=r"p\.toml: profile\.command\[\d\]"):
+        parse_profile(text, "p.toml")

@@ -144,6 +144,12 @@ class Checker:
             raise self.fail(field, exc.problem, exc.fix) from None
 
 
+_PI_AUTHORITY_FLAGS: Final = frozenset(
+    {"--tools", "--no-tools", "-nt", "--no-builtin-tools", "-nbt", "-e", "--extension", "--no-extensions",
+     "-ne"}
+)  # fmt: skip
+
+
 def check_command(check: Checker, value: object, provider: str) -> None:
     command = check.words(value, "command", MAX_COMMAND_WORDS)
     if not command:
@@ -157,6 +163,20 @@ def check_command(check: Checker, value: object, provider: str) -> None:
             "uses {task} on a known provider",
             f"remove it: the {provider} argv builder places the task",
         )
+    for index, word in enumerate(command[1:], start=1):
+        # The tool ceiling and the extensions are the profile's own fields, checked there; set in
+        # the command words they would slip past those checks (an agent-launching tool, say).
+        flag = word.split("=", 1)[0]
+        if provider == "pi" and flag in _PI_AUTHORITY_FLAGS:
+            raise check.fail(
+                f"command[{index}]", f"{shown(word)} sets pi's tools or extensions",
+                "use the profile's tools and extensions fields instead",
+            )  # fmt: skip
+        if AGENT_LAUNCHING_TOOLS & set(re.split(r"[,= ]", word)):
+            raise check.fail(
+                f"command[{index}]", f"{shown(word)} names a tool that launches agents",
+                "remove it: every dispatched agent is a worker",
+            )  # fmt: skip
 
 
 def check_mode(check: Checker, mode: object, provider: str) -> None:
