@@ -245,3 +245,29 @@ def test_18_a_profile_cannot_set_tools_or_extensions_in_its_command_words(comman
     text = f'[profile]\nname = "p"\nprovider = "{provider}"\ncommand = {command}\n'
     with pytest.raises(ProfileError, match=r"p\.toml: profile\.command\[\d\]"):
         parse_profile(text, "p.toml")
+
+
+def test_11_a_failed_event_append_costs_the_line_not_the_host_and_a_failed_post_is_one_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The disk refuses: the event log is best effort (a folder where its file goes), and a
+    message that cannot be queued (ENOSPC forced at the mailbox's own write seam) is a
+    StoreError naming the key, with no half message left behind."""
+    import errno
+
+    from pi_tmux_matrix.errors import StoreError
+    from pi_tmux_matrix.matrix import mailbox
+    from pi_tmux_matrix.matrix.mailbox import EventLog, Inbox
+    from pi_tmux_matrix.matrix.store import MatrixStore
+
+    store = MatrixStore(tmp_path / "state")
+    (store.side_dir("events") / "worker-w1.jsonl").mkdir()
+    EventLog(store, "worker-w1").write("child_exited", code=0)  # no exception: the host lives on
+
+    def full(_fd: int, _data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(mailbox, "_write_all", full)
+    with pytest.raises(StoreError, match="worker-w1: the message could not be queued"):
+        Inbox(store, "worker-w1").post("stop", sender="test")
+    assert list((store.root / "mailbox" / "worker-w1").iterdir()) == []

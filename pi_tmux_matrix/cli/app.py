@@ -97,6 +97,11 @@ def main(argv: Sequence[str] | None = None, *, io: Io | None = None) -> int:
         return 130
     except BrokenPipeError:
         return EXIT_FAILED
+    except OSError as exc:
+        # A full disk, a read-only folder, a file where a folder should be: one line, never a
+        # traceback (what the library could name, it already raised as a PiMatrixError).
+        io.err.write(f"pi-matrix: error: {exc}\n")
+        return EXIT_FAILED
     finally:
         package_log.removeHandler(handler)
 

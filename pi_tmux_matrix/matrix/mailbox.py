@@ -13,7 +13,9 @@ Three small append-or-drop channels beside the entries (never the entries themse
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import secrets
 from pathlib import Path
@@ -22,10 +24,12 @@ from typing import Any, Final
 import attrs
 
 from .. import strictjson
-from ..errors import ContractError
+from ..errors import ContractError, PiMatrixError, StoreError
 from .store import MatrixStore, now_ms
 
 __all__ = ["MESSAGE_KINDS", "AgentNotices", "EventLog", "Inbox", "Message", "encode_message"]
+
+log = logging.getLogger(__name__)
 
 # Owner commands, plus what the pi bridge reports from inside the session (identity, result, bridge).
 MESSAGE_KINDS: Final = frozenset(
@@ -69,6 +73,11 @@ def _append_line(path: Path, record: dict[str, Any]) -> None:
         os.close(fd)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
 class Inbox:
     """``mailbox/<key>/``: the host's command queue."""
 
@@ -83,17 +92,26 @@ class Inbox:
     def post(self, kind: str, text: str = "", sender: str | None = None) -> Path:
         """Queue a command (atomic: temp + rename, so the host never reads half of it)."""
         body = encode_message(kind, text, sender)
-        directory = self.store.side_dir("mailbox", self.key)
         name = f"{now_ms():015d}-{secrets.token_hex(4)}.json"
-        tmp = directory / f".{name}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _O_CLOEXEC, 0o600)
+        tmp = self.path / f".{name}.tmp"
         try:
-            os.write(fd, body)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        final = directory / name
-        os.replace(tmp, final)
+            directory = self.store.side_dir("mailbox", self.key)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _O_CLOEXEC, 0o600)
+            try:
+                _write_all(fd, body)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            final = directory / name
+            os.replace(tmp, final)
+        except OSError as exc:
+            # A full disk (or any other refusal): one clear error, and no half message left to read.
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise StoreError(
+                f"{self.key}: the message could not be queued ({exc.strerror or exc}); nothing was sent",
+                path=str(tmp), errno=exc.errno,
+            ) from None  # fmt: skip
         return final
 
     def take(self) -> list[Message]:
@@ -161,8 +179,13 @@ class EventLog:
         return self.store.root / "events" / f"{self.key}.jsonl"
 
     def write(self, event: str, /, **fields: Any) -> None:
-        self.store.side_dir("events")
-        _append_line(self.path, {**fields, "event": event, "at": now_ms()})
+        """Append one event. Best effort: the entry is the truth and the log its story, so a full
+        disk (or any refusal) costs the line, never the host that writes it."""
+        try:
+            self.store.side_dir("events")
+            _append_line(self.path, {**fields, "event": event, "at": now_ms()})
+        except (OSError, PiMatrixError) as exc:
+            log.warning("%s: event %r not recorded: %s", self.key, event, exc)
 
     def tail(self, count: int = 20) -> list[dict[str, Any]]:
         """The last ``count`` events (bad lines skipped)."""
