@@ -268,6 +268,12 @@ def group_members(leader: ProcessIdentity) -> list[ProcessIdentity]:
     if leader.boot_id != boot_id():
         return []
     table = _scan()
+    holder = table.get(leader.pid)
+    if holder is not None and holder[3] != leader.start_ticks:
+        # The leader's pid has a new owner: Linux hands a pid out again only once no group or
+        # session carries it, so the leader's group is gone, and whatever now has that pid (and
+        # its own group) is someone else's.
+        return []
     chosen = {
         pid
         for pid, (_ppid, pgrp, session, ticks) in table.items()

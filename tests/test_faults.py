@@ -271,3 +271,35 @@ def test_11_a_failed_event_append_costs_the_line_not_the_host_and_a_failed_post_
     with pytest.raises(StoreError, match="worker-w1: the message could not be queued"):
         Inbox(store, "worker-w1").post("stop", sender="test")
     assert list((store.root / "mailbox" / "worker-w1").iterdir()) == []
+
+
+def _spawn_on_pid(pid: int) -> subprocess.Popen[bytes] | None:
+    """A sleeper that gets ``pid`` (via ns_last_pid, root only); None if another process took it."""
+    for _ in range(20):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as handle:
+            handle.write(str(pid - 1))
+        child = subprocess.Popen(["sleep", "60"], start_new_session=True)
+        if child.pid == pid:
+            return child
+        child.kill()
+        child.wait()
+    return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="forcing a pid's reuse needs root (ns_last_pid)")
+def test_1_a_dead_leaders_reused_pid_is_never_signalled() -> None:
+    leader_proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    leader = procs.identify(leader_proc.pid)
+    assert leader is not None
+    leader_proc.kill()
+    leader_proc.wait()
+    stranger = _spawn_on_pid(leader.pid)
+    if stranger is None:
+        pytest.skip("the pid was taken by another process each time")
+    try:
+        assert procs.group_members(leader) == []
+        assert procs.stop_group(leader, grace_s=0.5) is True
+        assert stranger.poll() is None, "the process that reused the dead leader's pid was signalled"
+    finally:
+        stranger.kill()
+        stranger.wait()
