@@ -40,6 +40,7 @@ __all__ = [
     "ENV_MAILBOX",
     "ENV_PARENT_PID",
     "ENV_PARENT_SESSION",
+    "ENV_PARENT_START",
     "ENV_PI_COMMAND",
     "ENV_PROFILE",
     "ENV_STATE_DIR",
@@ -69,10 +70,16 @@ ENV_AGENT_ID: Final = "PI_ORCHESTRATION_AGENT_ID"
 ENV_TASK_REF: Final = "PI_TASK_REF"
 ENV_ALLOWED_PATHS: Final = "PI_WORKER_ALLOWED_PATHS"
 ENV_WORKTREE_LANE: Final = "PI_WORKTREE_LANE"
+# The parent's kernel start time (clock ticks) beside its pid: a pid alone may name whoever got it
+# next, so a host whose parent pid is now held by another process knows its parent is gone.
+ENV_PARENT_START: Final = "PI_PARENT_START"
 # The seed's contract: authority the launcher grants per launch, never taken from a profile.
 CONTRACT_ENV: Final = frozenset(
-    {ENV_PARENT_PID, ENV_PARENT_SESSION, ENV_AGENT_ID, ENV_TASK_REF, ENV_ALLOWED_PATHS, ENV_WORKTREE_LANE}
-)
+    {
+        ENV_PARENT_PID, ENV_PARENT_START, ENV_PARENT_SESSION, ENV_AGENT_ID, ENV_TASK_REF, ENV_ALLOWED_PATHS,
+        ENV_WORKTREE_LANE,
+    }
+)  # fmt: skip
 
 # What a host tells its own agent (the bridge and the stand-in read them).
 ENV_KEY: Final = "PI_MATRIX_KEY"
@@ -127,6 +134,7 @@ class LaunchContract:
 
     parent_pid: int | None = None
     parent_session: str | None = None
+    parent_start: int | None = None  # the parent's start ticks, when the launcher knows them
     agent_id: str | None = None
     task_ref: str | None = None
     allowed_paths: tuple[str, ...] = ()
@@ -146,6 +154,8 @@ class LaunchContract:
         env: dict[str, str] = {ENV_ALLOWED_PATHS: json.dumps(list(self.allowed_paths))}
         if self.parent_pid is not None:
             env[ENV_PARENT_PID] = str(self.parent_pid)
+        if self.parent_pid is not None and self.parent_start is not None:
+            env[ENV_PARENT_START] = str(self.parent_start)
         if self.parent_session is not None:
             env[ENV_PARENT_SESSION] = self.parent_session
         if self.agent_id is not None:
@@ -161,6 +171,8 @@ class LaunchContract:
         args: list[str] = []
         if self.parent_pid is not None:
             args += ["--parent-pid", str(self.parent_pid)]
+        if self.parent_pid is not None and self.parent_start is not None:
+            args += ["--parent-start", str(self.parent_start)]
         if self.parent_session is not None:
             args += ["--parent-session", self.parent_session]
         if self.task_ref is not None:
@@ -185,6 +197,18 @@ def parse_parent_pid(raw: str | None, source: str = ENV_PARENT_PID) -> int | Non
         raw[:40],
         PID_LIMIT - 1,
     )
+    return None
+
+
+def parse_parent_start(raw: str | None, source: str = ENV_PARENT_START) -> int | None:
+    """The parent's start ticks, or ``None`` (with one warning) for anything malformed: then the
+    host reads them itself, as before the contract carried them."""
+    if raw is None or raw == "":
+        return None
+    text = raw.strip()
+    if text.isascii() and text.isdigit() and len(text) <= 20:
+        return int(text)
+    log.warning("%s=%r is not a start time in clock ticks; ignoring it", source, raw[:40])
     return None
 
 
@@ -260,6 +284,7 @@ def parse_env(env: Mapping[str, str] | None = None) -> LaunchContract:
     return _build(
         parent_pid_raw=source.get(ENV_PARENT_PID),
         parent_pid_source=ENV_PARENT_PID,
+        parent_start=parse_parent_start(source.get(ENV_PARENT_START)),
         parent_session=_optional(source, ENV_PARENT_SESSION),
         parent_session_source=ENV_PARENT_SESSION,
         agent_id=_optional(source, ENV_AGENT_ID),
@@ -275,6 +300,7 @@ def _build(
     *,
     parent_pid_raw: str | None,
     parent_pid_source: str,
+    parent_start: int | None = None,
     parent_session: str | None,
     parent_session_source: str,
     agent_id: str | None,
@@ -302,6 +328,7 @@ def _build(
     return LaunchContract(
         parent_pid=parent_pid,
         parent_session=parent_session if parent_pid is not None else None,
+        parent_start=parent_start if parent_pid is not None else None,
         agent_id=agent_id,
         task_ref=task_ref,
         allowed_paths=parse_allowed_paths(allowed_raw),
@@ -313,6 +340,9 @@ def add_contract_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the CLI sugar of the contract; every flag falls back to its env variable."""
     group = parser.add_argument_group("matrix contract (each flag falls back to its env variable)")
     group.add_argument("--parent-pid", metavar="PID", help=f"declares a worker of PID ({ENV_PARENT_PID})")
+    group.add_argument(
+        "--parent-start", metavar="TICKS", help=f"the parent's kernel start ticks ({ENV_PARENT_START})"
+    )
     group.add_argument(
         "--parent-session", metavar="ID", help=f"the parent's session id ({ENV_PARENT_SESSION})"
     )
@@ -337,6 +367,7 @@ def contract_from_args(args: argparse.Namespace, env: Mapping[str, str] | None =
         return _optional(source, name), name
 
     pid_raw, pid_src = pick(getattr(args, "parent_pid", None), ENV_PARENT_PID, "--parent-pid")
+    start_raw, start_src = pick(getattr(args, "parent_start", None), ENV_PARENT_START, "--parent-start")
     session, session_src = pick(getattr(args, "parent_session", None), ENV_PARENT_SESSION, "--parent-session")
     agent, _ = pick(getattr(args, "agent_id", None), ENV_AGENT_ID, "--agent-id")
     task, task_src = pick(getattr(args, "task_ref", None), ENV_TASK_REF, "--task-ref")
@@ -344,6 +375,7 @@ def contract_from_args(args: argparse.Namespace, env: Mapping[str, str] | None =
     return _build(
         parent_pid_raw=pid_raw,
         parent_pid_source=pid_src,
+        parent_start=parse_parent_start(start_raw, start_src),
         parent_session=session,
         parent_session_source=session_src,
         agent_id=agent,

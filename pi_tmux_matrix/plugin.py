@@ -22,6 +22,7 @@ class MatrixPlugin:
     def launch_env(self, launch: AgentLaunch) -> dict[str, str]:
         contract = LaunchContract(
             parent_pid=launch.parent.pid,
+            parent_start=launch.parent.start_ticks,
             parent_session=launch.parent_session,
             agent_id=launch.agent_id,
             task_ref=launch.task_ref,

@@ -303,3 +303,42 @@ def test_1_a_dead_leaders_reused_pid_is_never_signalled() -> None:
     finally:
         stranger.kill()
         stranger.wait()
+
+
+def test_2_a_worker_never_takes_the_new_owner_of_its_parents_pid_for_its_parent(tmp_path: Path) -> None:
+    """The parent's start ticks travel with its pid (``PI_PARENT_START``): a host whose parent pid
+    is held by a process with another start time knows its parent is gone and winds down (it used
+    to re-read whatever held the pid and stay ``running``)."""
+    from pi_tmux_matrix.matrix.store import MatrixStore
+
+    stranger = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    state = tmp_path / "state"
+    host: subprocess.Popen[bytes] | None = None
+    try:
+        ident = procs.identify(stranger.pid)
+        assert ident is not None
+        env = {
+            **os.environ, "PI_MATRIX_STATE_DIR": str(state), "PI_PARENT_PID": str(stranger.pid),
+            "PI_PARENT_START": str(ident.start_ticks + 1), "PI_PARENT_SESSION": "gone",
+        }  # fmt: skip
+        host = subprocess.Popen(
+            [sys.executable, "-m", "pi_tmux_matrix", "host", "--session-id", "w2", "--mode", "print",
+             "--", "sleep", "30"],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        store = MatrixStore(state)
+        entry = wait_for(
+            "the worker to see its parent gone",
+            lambda: e if (e := store.find("worker-w2")) and e.reason == "parent_lost" else None,
+        )
+        assert entry.parent_pid == stranger.pid and entry.parent_proc_start == ident.start_ticks + 1
+    finally:
+        for proc in (host, stranger):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+        for entry in MatrixStore(state).list().entries if state.exists() else ():
+            for leftover in (entry.process, entry.child_process):
+                if leftover is not None:
+                    procs.send_signal(leftover, 9)

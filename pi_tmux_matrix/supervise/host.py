@@ -34,7 +34,7 @@ import attrs
 from .. import procs
 from ..contract import LaunchContract
 from ..errors import PiMatrixError
-from ..identity import AgentIdentityContract, Mode, Role, validate_id, validate_task_ref
+from ..identity import AgentIdentityContract, Mode, ProcessIdentity, Role, validate_id, validate_task_ref
 from ..inotify import DirWatch
 from ..inotify import available as inotify_available
 from ..matrix import lifecycle
@@ -161,7 +161,13 @@ class AgentHost:
         """Write our entry as a new process generation (an older same-session host loses it)."""
         contract = self.spec.contract
         if self.role is Role.WORKER and contract.parent_pid is not None:
-            self.worker.parent = procs.identify(contract.parent_pid)
+            if contract.parent_start is not None:
+                # The launcher's own record of its identity: whatever holds the pid now may be
+                # someone else, and then the parent is already lost (seen right after registering).
+                declared = ProcessIdentity(contract.parent_pid, contract.parent_start, self.me.boot_id)
+                self.worker.parent = declared
+            else:
+                self.worker.parent = procs.identify(contract.parent_pid)
         entry = lifecycle.new_entry(
             role=self.role,
             identity=self.spec.identity,
