@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -293,6 +294,9 @@ def test_1_a_dead_leaders_reused_pid_is_never_signalled() -> None:
     assert leader is not None
     leader_proc.kill()
     leader_proc.wait()
+    # A later clock tick: identity is pid + start ticks, and two starts within one tick on one pid
+    # cannot be told apart by anyone (the kernel's wrap of the pid space takes far longer).
+    time.sleep(0.05)
     stranger = _spawn_on_pid(leader.pid)
     if stranger is None:
         pytest.skip("the pid was taken by another process each time")
@@ -342,3 +346,85 @@ def test_2_a_worker_never_takes_the_new_owner_of_its_parents_pid_for_its_parent(
             for leftover in (entry.process, entry.child_process):
                 if leftover is not None:
                     procs.send_signal(leftover, 9)
+
+
+def _host(state: Path, session: str, *agent: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(state), "host",
+         "--session-id", session, "--mode", "print", "--", *agent],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def test_4_a_stop_posted_to_a_host_that_died_is_not_taken_by_the_next_host_of_the_key(tmp_path: Path) -> None:
+    from helpers import read_events
+
+    from pi_tmux_matrix.matrix.mailbox import Inbox
+    from pi_tmux_matrix.matrix.store import MatrixStore
+
+    state = tmp_path / "state"
+    store = MatrixStore(state)
+    first = _host(state, "k4", "sleep", "60")
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        old = wait_for(
+            "the first host", lambda: e if (e := store.find("master-k4")) and e.child_pid else None
+        )
+        assert old.process is not None and old.child_process is not None
+        for ident in (old.process, old.child_process):
+            procs.send_signal(ident, 9)
+            procs.wait_for_exit(ident, 5)
+        first.wait()
+        # A stop meant for the dead host, still in the mailbox when the next host of the key starts.
+        Inbox(store, "master-k4").post("stop", sender="test", to=old.registration)
+        second = _host(state, "k4", "sleep", "60")
+        new = wait_for(
+            "the second host's agent",
+            lambda: e if (e := store.find("master-k4")) and e.pid == second.pid and e.child_pid else None,
+        )
+        wait_for("the stale stop dropped", lambda: read_events(state, "master-k4", "message_dropped"))
+        assert second.poll() is None and procs.is_alive(new.child_process), "the stale stop stopped it"
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for entry in store.list().entries:
+            if entry.child_process is not None:
+                procs.send_signal(entry.child_process, 9)
+
+
+def test_5_readers_racing_for_one_mailbox_take_each_message_once_and_never_fail(tmp_path: Path) -> None:
+    """A superseded host and its successor both draining the key's mailbox: a message that
+    vanishes under a reader (the other took it) is skipped, never an error, never handled twice."""
+    import threading
+
+    from pi_tmux_matrix.matrix.mailbox import Inbox
+    from pi_tmux_matrix.matrix.store import MatrixStore
+
+    store = MatrixStore(tmp_path / "state")
+    inbox = Inbox(store, "worker-w5")
+    taken: list[str] = []
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def reader() -> None:
+        try:
+            while not done.is_set() or any(p.suffix == ".json" for p in inbox.path.iterdir()):
+                taken.extend(m.text for m in inbox.take())
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            failures.append(exc)
+
+    for i in range(20):
+        inbox.post("steer", f"warm-{i}", sender="test")
+    readers = [threading.Thread(target=reader) for _ in range(4)]
+    for thread in readers:
+        thread.start()
+    for i in range(400):
+        inbox.post("steer", str(i), sender="test")
+    done.set()
+    for thread in readers:
+        thread.join(30)
+    assert not failures, failures
+    assert sorted(taken) == sorted([f"warm-{i}" for i in range(20)] + [str(i) for i in range(400)])

@@ -219,7 +219,7 @@ def cmd_send(args: argparse.Namespace, io: Io) -> int:
     else:
         kind, text = "prompt", args.prompt
     encode_message(kind, text, "pi-matrix send", field=f"--{kind}")
-    Inbox(store, args.key).post(kind, text, sender="pi-matrix send")
+    Inbox(store, args.key).post(kind, text, sender="pi-matrix send", to=entry.registration)
     io.out.write(f"sent {kind} to {args.key}\n")
     return EXIT_OK
 
@@ -237,6 +237,6 @@ def cmd_stop(args: argparse.Namespace, io: Io) -> int:
         io.out.write(f"would stop {what}: request -> grace -> SIGTERM -> SIGKILL, recorded as killed\n")
         io.err.write("pi-matrix: error: nothing was stopped; add --confirm to stop it\n")
         return EXIT_USAGE
-    Inbox(store, args.key).post("stop", sender="pi-matrix stop")
+    Inbox(store, args.key).post("stop", sender="pi-matrix stop", to=entry.registration)
     io.out.write(f"stop requested: {what}\n")
     return EXIT_OK

@@ -318,4 +318,4 @@ def _notify(store: MatrixStore, key: str, text: str) -> None:
     entry = store.find(key)
     if entry is None or not procs.is_alive(entry.process):
         return
-    Inbox(store, key).post("prompt", text, sender="pi-matrix fork")
+    Inbox(store, key).post("prompt", text, sender="pi-matrix fork", to=entry.registration)

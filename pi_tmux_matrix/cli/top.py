@@ -193,7 +193,7 @@ class Top:
                 if not procs.is_alive(entry.process):
                     self.message = f"{entry.key}: its host is not running"
                 elif terminal.ask(f"stop {who} (request -> SIGTERM -> SIGKILL)?"):
-                    Inbox(self.store, entry.key).post("stop", sender="pi-matrix top")
+                    Inbox(self.store, entry.key).post("stop", sender="pi-matrix top", to=entry.registration)
                     self.message = f"stop requested: {entry.key}"
             elif key == "r":
                 self.resume(entry, who, terminal)

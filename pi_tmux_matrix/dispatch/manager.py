@@ -31,7 +31,7 @@ from ..contract import NEVER_INHERITED
 from ..errors import ContractError, DispatchError, EntryExists, PiMatrixError
 from ..identity import AgentIdentityContract, ProcessIdentity, Role
 from ..matrix import lifecycle
-from ..matrix.mailbox import Inbox, encode_message
+from ..matrix.mailbox import Inbox, addressee, encode_message
 from ..matrix.model import Entry, Status
 from ..matrix.store import MatrixStore, RecordStore, now_ms
 from ..programs import spawn_detached, watch_argv
@@ -292,7 +292,8 @@ class Dispatcher:
                 continue
             self._start_watcher(job, agent)
             message = _followup(text, agent.nonce)
-            Inbox(self.store, agent.key).post("prompt", message, sender="pi-matrix followup")
+            to = addressee(self.store, agent.key, agent.host_pid)
+            Inbox(self.store, agent.key).post("prompt", message, sender="pi-matrix followup", to=to)
         return job
 
     def dismiss(self, job_id: str) -> Job:

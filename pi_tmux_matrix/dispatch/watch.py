@@ -35,7 +35,7 @@ from .. import procs
 from ..errors import PiMatrixError, TmuxUnavailable
 from ..inotify import DirWatch
 from ..inotify import available as inotify_available
-from ..matrix.mailbox import EventLog, Inbox
+from ..matrix.mailbox import EventLog, Inbox, addressee
 from ..matrix.store import MatrixStore, now_ms
 from .jobs import JobStore, result_now
 from .model import AgentResult, Job, JobAgent, ResultKind
@@ -331,7 +331,8 @@ def stop_agents(
     hosts = [(agent, agent.host) for agent in agents]
     for agent, host in hosts:
         if host is not None and procs.is_alive(host):
-            Inbox(store, agent.key).post("stop", reason, sender=f"pi-matrix {reason}")
+            to = addressee(store, agent.key, host.pid)
+            Inbox(store, agent.key).post("stop", reason, sender=f"pi-matrix {reason}", to=to)
     for sig, grace in ((None, wait_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
         alive = [(a, h) for a, h in hosts if h is not None and procs.is_alive(h)]
         if not alive:

@@ -27,7 +27,7 @@ from .. import strictjson
 from ..errors import ContractError, PiMatrixError, StoreError
 from .store import MatrixStore, now_ms
 
-__all__ = ["MESSAGE_KINDS", "AgentNotices", "EventLog", "Inbox", "Message", "encode_message"]
+__all__ = ["MESSAGE_KINDS", "AgentNotices", "EventLog", "Inbox", "Message", "addressee", "encode_message"]
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +39,17 @@ MAX_MESSAGE_BYTES: Final = 64 * 1024
 _O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 
 
-def encode_message(kind: str, text: str, sender: str | None = None, *, field: str = "TEXT") -> bytes:
+def encode_message(
+    kind: str, text: str, sender: str | None = None, *, field: str = "TEXT", to: str | None = None
+) -> bytes:
     """A message as it goes on disk; a :class:`ContractError` naming ``field`` when it is not one
     a host would take (checked before anything is written, so nothing is half-done)."""
     if kind not in MESSAGE_KINDS:
         raise ContractError("kind", f"{kind!r} is not a message kind", f"use one of {sorted(MESSAGE_KINDS)}")
-    body = json.dumps({"kind": kind, "text": text, "at": now_ms(), "sender": sender}).encode()
+    record: dict[str, Any] = {"kind": kind, "text": text, "at": now_ms(), "sender": sender}
+    if to is not None:
+        record["to"] = to
+    body = json.dumps(record).encode()
     if len(body) > MAX_MESSAGE_BYTES:
         raise ContractError(
             field,
@@ -62,6 +67,9 @@ class Message:
     text: str = ""
     at: int = 0
     sender: str | None = None
+    # The host generation (its registration token) the message was addressed to: a message
+    # posted to a host that died before reading it is never taken by the next host of the key.
+    to: str | None = None
 
 
 def _append_line(path: Path, record: dict[str, Any]) -> None:
@@ -89,9 +97,10 @@ class Inbox:
     def path(self) -> Path:
         return self.store.root / "mailbox" / self.key
 
-    def post(self, kind: str, text: str = "", sender: str | None = None) -> Path:
-        """Queue a command (atomic: temp + rename, so the host never reads half of it)."""
-        body = encode_message(kind, text, sender)
+    def post(self, kind: str, text: str = "", sender: str | None = None, *, to: str | None = None) -> Path:
+        """Queue a command (atomic: temp + rename, so the host never reads half of it), addressed
+        to the host generation ``to`` when the sender knows it (see :class:`Message`)."""
+        body = encode_message(kind, text, sender, to=to)
         name = f"{now_ms():015d}-{secrets.token_hex(4)}.json"
         tmp = self.path / f".{name}.tmp"
         try:
@@ -131,20 +140,38 @@ class Inbox:
                 data = os.read(fd, MAX_MESSAGE_BYTES + 1)
             finally:
                 os.close(fd)
-            os.unlink(path)
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                continue  # another reader took it first: it is theirs, never handled twice
             try:
                 raw = strictjson.loads(data, max_bytes=MAX_MESSAGE_BYTES)
+                to = raw.get("to")
                 message = Message(
                     kind=str(raw["kind"]),
                     text=str(raw.get("text", "")),
                     at=int(raw.get("at", 0)),
                     sender=raw.get("sender"),
+                    to=to if isinstance(to, str) else None,
                 )
             except (strictjson.StrictJSONError, KeyError, TypeError, ValueError):
                 continue
             if message.kind in MESSAGE_KINDS:
                 messages.append(message)
         return messages
+
+
+def addressee(store: MatrixStore, key: str, host_pid: int | None = None) -> str | None:
+    """The registration of the host holding ``key`` now (only if its pid is ``host_pid``, when
+    given): what a message to that host is addressed to. None when unknown: the message is then
+    taken by whichever host reads the key."""
+    try:
+        entry = store.find(key)
+    except PiMatrixError:
+        return None
+    if entry is None or (host_pid is not None and entry.pid != host_pid):
+        return None
+    return entry.registration
 
 
 class AgentNotices:

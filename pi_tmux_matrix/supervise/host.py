@@ -292,7 +292,7 @@ class AgentHost:
 
     def wake(self) -> None:
         """New mail, or a directive announced: look now rather than at the next tick."""
-        self.handle_messages(self.record.inbox.take())
+        self.handle_messages(self.record.mail())
         self.worker.check_entry()
 
     def _watch_inbox(self) -> None:
@@ -392,7 +392,7 @@ class AgentHost:
         self.agent.rpc.drain()
         # The bridge's last reports (its final result, a tool block) may land just before pi
         # exits: read them before the end is recorded.
-        self.handle_messages([m for m in self.record.inbox.take() if m.kind in BRIDGE_KINDS])
+        self.handle_messages([m for m in self.record.mail() if m.kind in BRIDGE_KINDS])
         self._record_end(returncode)
         return exit_code_of(returncode)
 
@@ -411,7 +411,7 @@ class AgentHost:
             self.worker.poll()
             self.wake()
         if self._inbox_watch is None and timers.inbox.due(now):
-            self.handle_messages(self.record.inbox.take())
+            self.handle_messages(self.record.mail())
         if timers.beat.due(now):
             beat = now_ms()
             self.record.write(lambda e: lifecycle.heartbeat(e, beat))

@@ -137,7 +137,7 @@ def handshake(store: MatrixStore, observed: Entry, step: Callable[[Entry], Entry
         return step(current)
 
     written = store.update(observed.key, apply, registration=observed.registration)
-    Inbox(store, observed.key).post("wake", sender=sender)
+    Inbox(store, observed.key).post("wake", sender=sender, to=observed.registration)
     return written
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import attrs
 
 from ..errors import Conflict, PiMatrixError
-from ..matrix.mailbox import AgentNotices, EventLog, Inbox
+from ..matrix.mailbox import AgentNotices, EventLog, Inbox, Message
 from ..matrix.model import Entry
 from ..matrix.store import MatrixStore
 
@@ -90,3 +90,17 @@ class OwnRecord:
             self.events.write("superseded", found=current.registration)
             return None
         return current
+
+    def mail(self) -> list[Message]:
+        """Our owner's messages. None once a newer generation owns the key (it reads them now);
+        a message addressed to another generation of our key (a host that died before reading
+        it) is dropped, never acted on: a stale stop must not stop a freshly resumed agent."""
+        if self.superseded:
+            return []
+        kept: list[Message] = []
+        for message in self.inbox.take():
+            if message.to is not None and message.to != self.registration:
+                self.events.write("message_dropped", kind=message.kind, to=message.to)
+                continue
+            kept.append(message)
+        return kept
