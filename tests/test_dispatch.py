@@ -293,6 +293,27 @@ def test_killing_the_tmux_server_never_marks_a_live_host_dead(lab: Lab) -> None:
 
 
 # === resume ======================================================================================
+def lose_and_plan_resume(
+    lab: Lab, master: Entry, key: str
+) -> tuple[Entry, Entry, subprocess.CompletedProcess[str]]:
+    """Kill the master (the worker winds down to resumable), then the worker; start a new master
+    (session boss2) and ask ``resume KEY --dry-run --json`` for it: (resumable, master, the run)."""
+    procs.send_signal(master.process, signal.SIGKILL)  # type: ignore[arg-type]
+    resumable = wait_for(
+        "resumable", lambda: e if (e := lab.store.find(key)) and e.status is Status.RESUMABLE else None
+    )
+    for ident in (resumable.process, resumable.child_process):
+        procs.send_signal(ident, signal.SIGKILL)  # type: ignore[arg-type]
+        procs.wait_for_exit(ident, 5)  # type: ignore[arg-type]
+    new_master = lab.start_master(session="boss2")
+    dry = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "resume", key, "--dry-run", "--json",
+         "--parent-pid", str(new_master.pid), "--parent-session", "boss2", "--socket", lab.socket],
+        capture_output=True, text=True, env=lab.env, timeout=30, check=False,
+    )  # fmt: skip
+    return resumable, new_master, dry
+
+
 def test_resume_of_a_dead_worker_runs_in_the_same_session_file_same_key_new_generation(lab: Lab) -> None:
     master = lab.start_master()
     fired = lab.fire("HANG resumable work")
@@ -303,20 +324,7 @@ def test_resume_of_a_dead_worker_runs_in_the_same_session_file_same_key_new_gene
     wait_for("the session file", lambda: Path(session_file).exists())
 
     # The master dies: the worker winds down to resumable; then the worker itself is lost.
-    procs.send_signal(master.process, signal.SIGKILL)  # type: ignore[arg-type]
-    resumable = wait_for(
-        "resumable", lambda: e if (e := lab.store.find(agent.key)) and e.status is Status.RESUMABLE else None
-    )
-    for ident in (resumable.process, resumable.child_process):
-        procs.send_signal(ident, signal.SIGKILL)  # type: ignore[arg-type]
-        procs.wait_for_exit(ident, 5)  # type: ignore[arg-type]
-
-    new_master = lab.start_master(session="boss2")
-    dry = subprocess.run(
-        [sys.executable, "-m", "pi_tmux_matrix", "resume", agent.key, "--dry-run", "--json",
-         "--parent-pid", str(new_master.pid), "--parent-session", "boss2", "--socket", lab.socket],
-        capture_output=True, text=True, env=lab.env, timeout=30, check=False,
-    )  # fmt: skip
+    resumable, new_master, dry = lose_and_plan_resume(lab, master, agent.key)
     assert dry.returncode == 0, dry.stderr
     plan = json.loads(dry.stdout)
     assert set(plan) >= {"argv", "env", "cwd"}
@@ -358,19 +366,7 @@ def test_a_resume_is_built_by_the_same_door_as_its_fire_bridge_and_envelope_incl
     (agent,) = fired.job.agents
     (planned,) = fired.planned
     entry = lab.worker(agent.key)
-    procs.send_signal(master.process, signal.SIGKILL)  # type: ignore[arg-type]
-    resumable = wait_for(
-        "resumable", lambda: e if (e := lab.store.find(agent.key)) and e.status is Status.RESUMABLE else None
-    )
-    for ident in (resumable.process, resumable.child_process):
-        procs.send_signal(ident, signal.SIGKILL)  # type: ignore[arg-type]
-        procs.wait_for_exit(ident, 5)  # type: ignore[arg-type]
-    new_master = lab.start_master(session="boss2")
-    dry = subprocess.run(
-        [sys.executable, "-m", "pi_tmux_matrix", "resume", agent.key, "--dry-run", "--json",
-         "--parent-pid", str(new_master.pid), "--parent-session", "boss2", "--socket", lab.socket],
-        capture_output=True, text=True, env=lab.env, timeout=30, check=False,
-    )  # fmt: skip
+    _resumable, new_master, dry = lose_and_plan_resume(lab, master, agent.key)
     assert dry.returncode == 0, dry.stderr
     plan = json.loads(dry.stdout)
     fired_agent = list(planned.argv[planned.argv.index("--") + 1 :])

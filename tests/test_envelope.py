@@ -46,6 +46,15 @@ def envlab(tmp_path: Path, tmux_socket: str) -> Iterator[PiLab]:
             lab.cleanup()
 
 
+def pi_jiti() -> Path:
+    """pi's own TypeScript loader (it comes with the pinned pi), to run a bridge module in node."""
+    pi_bin()
+    jiti = Path(__file__).resolve().parent.parent / ".pi-cli" / "node_modules" / "jiti" / "lib" / "jiti.mjs"
+    if not jiti.exists():
+        pytest.skip(f"no jiti at {jiti} (it comes with pi)")
+    return jiti
+
+
 def _profile(lab: Lab, name: str, *, tools: list[str], write_paths: list[str]) -> None:
     folder = lab.agent_dir / "launch_profiles"
     folder.mkdir(exist_ok=True)
@@ -261,10 +270,7 @@ def test_a_profile_may_not_grant_an_agent_launching_tool(tool: str) -> None:
 def test_the_resolver_judges_paths_the_way_the_kernel_will_open_them(tmp_path: Path) -> None:
     """envelope.ts's judge() on its own (through pi's jiti, no LLM): `..` after a symlink is the
     target's parent, a dangling link is followed, pi's `@`/`~` forms are expanded first."""
-    pi_bin()
-    jiti = Path(__file__).resolve().parent.parent / ".pi-cli" / "node_modules" / "jiti" / "lib" / "jiti.mjs"
-    if not jiti.exists():
-        pytest.skip(f"no jiti at {jiti} (it comes with pi)")
+    jiti = pi_jiti()
     root = tmp_path / "root"
     (root / "sub").mkdir(parents=True)
     (tmp_path / "outside").mkdir()
@@ -385,10 +391,7 @@ def test_a_search_runs_where_private_roots_are_absent_and_leaves_out_what_is_ins
     """Issue 16.4, envelope.ts on its own (through pi's jiti): grep/find of the worktree are not
     blocked by a private root that does not exist (the project's .pi/settings.json usually does
     not), nor by one that does; lines from inside an existing one are taken out of the result."""
-    pi_bin()
-    jiti = Path(__file__).resolve().parent.parent / ".pi-cli" / "node_modules" / "jiti" / "lib" / "jiti.mjs"
-    if not jiti.exists():
-        pytest.skip(f"no jiti at {jiti} (it comes with pi)")
+    jiti = pi_jiti()
     work = tmp_path / "work"
     (work / "src").mkdir(parents=True)
     (work / "secrets").mkdir()

@@ -13,15 +13,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM, Reply, write_pi_agent_dir
+from fake_llm import FakeLLM, Reply
 from helpers import read_events
-from pi_support import pi_bin
 from test_dispatch import Lab, wait_for
+from test_envelope import envlab  # noqa: F401 - a fixture
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.matrix.model import Entry, Status
@@ -30,30 +29,19 @@ SECRET = "the-outside-secret"
 
 
 @pytest.fixture
-def scoped(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Lab, FakeLLM, Path]]:
-    binary = pi_bin()
-    with FakeLLM() as llm:
-        lab = Lab(tmp_path, tmux_socket)
-        write_pi_agent_dir(lab.agent_dir, llm.base_url)
-        tmp = tmp_path / "tmp"
-        tmp.mkdir()
-        lab.env.update(
-            PI_MATRIX_PI_COMMAND=json.dumps([binary]), PI_OFFLINE="1", NO_PROXY="127.0.0.1,localhost",
-            TMPDIR=str(tmp),
-        )  # fmt: skip
-        secret = tmp_path / "outside" / "secret.txt"
-        secret.parent.mkdir()
-        secret.write_text(SECRET)
-        folder = lab.agent_dir / "launch_profiles"
-        folder.mkdir(exist_ok=True)
-        (folder / "pi-scoped.toml").write_text(
-            '[profile]\nname = "pi-scoped"\nprovider = "pi"\ncommand = ["pi"]\nmode = "interactive"\n'
-            'deadline = 300\ntools = ["read", "write"]\nwrite_paths = ["{worktree}"]\n'
-        )
-        try:
-            yield lab, llm, secret
-        finally:
-            lab.cleanup()
+def scoped(envlab: tuple[Lab, FakeLLM], tmp_path: Path) -> tuple[Lab, FakeLLM, Path]:  # noqa: F811
+    """test_envelope's lab (real pi on the fake LLM) with a confined profile and a file outside."""
+    lab, llm = envlab
+    secret = tmp_path / "outside" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text(SECRET)
+    folder = lab.agent_dir / "launch_profiles"
+    folder.mkdir(exist_ok=True)
+    (folder / "pi-scoped.toml").write_text(
+        '[profile]\nname = "pi-scoped"\nprovider = "pi"\ncommand = ["pi"]\nmode = "interactive"\n'
+        'deadline = 300\ntools = ["read", "write"]\nwrite_paths = ["{worktree}"]\n'
+    )
+    return lab, llm, secret
 
 
 def escapes(lab: Lab, secret: Path) -> tuple[Reply, Reply]:

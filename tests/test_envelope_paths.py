@@ -20,8 +20,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 from pi_support import pi_bin
+from test_envelope import pi_jiti
 
 from pi_tmux_matrix.bridge import bridge_path
 
@@ -142,9 +142,7 @@ def truth(top: Path, raw: str) -> bool | None:
 
 def judge_all(tmp: Path, base: Path, paths: list[str]) -> list[str | None]:
     """envelope.ts's verdict for each path: None (allowed) or the reason."""
-    jiti = Path(__file__).resolve().parent.parent / ".pi-cli" / "node_modules" / "jiti" / "lib" / "jiti.mjs"
-    if not jiti.exists():
-        pytest.skip(f"no jiti at {jiti} (it comes with pi)")
+    jiti = pi_jiti()
     concrete = [p.replace("@ABS", str(base)) for p in paths]
     listing = tmp / "paths.json"
     listing.write_text(json.dumps(concrete))
