@@ -17,7 +17,7 @@ import pytest
 
 from pi_tmux_matrix import contract
 from pi_tmux_matrix.bridge import bridge_path
-from pi_tmux_matrix.cli.dispatch import STOP_WORD
+from pi_tmux_matrix.cli.base import STOP_WORD
 from pi_tmux_matrix.dispatch.profile import AGENT_LAUNCHING_TOOLS
 from pi_tmux_matrix.identity import ID_PATTERN, Role
 from pi_tmux_matrix.matrix.mailbox import MESSAGE_KINDS, AgentNotices, Inbox

@@ -794,8 +794,15 @@ def test_stop_needs_confirm_and_then_stops_the_agent_as_killed(
         until=time.monotonic() + POLL_S + 0.3,
     )
     assert host.events("stop_requested") == [] and host.events("message") == []
+    # One rule for every stop (issue 20.1): any other word is a preview too, and so is
+    # `stop --confirm KEY` (argparse hands KEY to --confirm; it is read as the key).
+    for words in (("stop", host.key, "--confirm", "no"), ("stop", "--confirm", host.key)):
+        refused = pi_matrix(store, *words, cwd=work)
+        assert refused.returncode == 2, refused.stderr
+        assert "--confirm yes-tmux-stop" in refused.stderr and "Traceback" not in refused.stderr
+    assert host.popen.poll() is None and procs.is_alive(child)
 
-    done = pi_matrix(store, "stop", host.key, "--confirm", cwd=work)
+    done = pi_matrix(store, "stop", host.key, "--confirm", "yes-tmux-stop", cwd=work)
     assert done.returncode == 0, done.stderr
     code = host.wait_exit(15)
     wait_for("the agent process to be gone", gone(child), timeout=5)
@@ -906,7 +913,7 @@ def test_rpc_events_go_to_the_events_file_and_stdin_stays_open_until_stopped(
     )
     assert host.events("child_exited") == []
 
-    assert pi_matrix(store, "stop", host.key, "--confirm", cwd=work).returncode == 0
+    assert pi_matrix(store, "stop", host.key, "--confirm", "yes-tmux-stop", cwd=work).returncode == 0
     code = host.wait_exit(15)
     entry = host.entry()
     assert entry is not None and entry.exit is not None

@@ -6,6 +6,7 @@ Kept apart from ``app`` so verb modules never import the module that imports the
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterator
 from typing import IO, Any, Final
 
@@ -16,7 +17,8 @@ from ..matrix.store import MatrixStore, now_ms
 from ..settings import load_settings, resolve_state_dir
 
 __all__ = [
-    "EPILOG", "Io", "Parser", "add_verb", "age", "printable", "public_verbs", "require_matrix", "store_of",
+    "EPILOG", "STOP_WORD", "Io", "Parser", "add_verb", "age", "confirmed", "printable", "public_verbs",
+    "require_matrix", "stop_target", "store_of",
 ]  # fmt: skip
 
 EPILOG: Final = f"""\
@@ -113,3 +115,29 @@ def require_matrix(verb: str) -> None:
             f"is false, so the matrix writes nothing and '{verb}' cannot run",
             "enable the matrix in settings.json (processMatrix.enabled: true) to use it",
         )
+
+
+STOP_WORD: Final = "yes-tmux-stop"
+
+
+def confirmed(args: argparse.Namespace, io: Io, what: str) -> bool:
+    """One rule for every stop: the word ``yes-tmux-stop``, or a y/N answered on a terminal
+    (``--confirm`` alone); any other word, or no answer, is a preview (the caller exits 2)."""
+    if args.confirm == STOP_WORD:
+        return True
+    if args.confirm is True and io.err.isatty() and sys.stdin.isatty():
+        io.err.write(f"stop {what}? [y/N] ")
+        io.err.flush()
+        return sys.stdin.readline().strip().lower() in ("y", "yes")
+    return False
+
+
+def stop_target(args: argparse.Namespace) -> str:
+    """The KEY or job ID a ``stop`` names. ``stop --confirm KEY`` reads as ``stop KEY --confirm``:
+    argparse hands the word to ``--confirm``, and a key is never the confirming word."""
+    if args.key is None and isinstance(args.confirm, str) and args.confirm != STOP_WORD:
+        args.key, args.confirm = args.confirm, True
+    if args.key is None:
+        raise ContractError("KEY|ID", "missing", "name the agent's entry key (worker-...) or the job id")
+    key: str = args.key
+    return key

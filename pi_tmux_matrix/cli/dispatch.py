@@ -12,7 +12,7 @@ from ..dispatch.model import SUBPROCESS, TMUX
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ContractError
 from ..identity import parse_key, validate_id
 from ..settings import load_settings
-from .base import age, store_of
+from .base import STOP_WORD, age, confirmed, store_of
 
 BACKEND_NAMES = (TMUX, SUBPROCESS)
 
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
 
 __all__ = ["STOP_WORD", "default_socket", "register", "stop_job"]
 
-STOP_WORD = "yes-tmux-stop"
 ENV_SOCKET = "PI_MATRIX_TMUX_SOCKET"
 
 
@@ -250,7 +249,7 @@ def stop_job(args: argparse.Namespace, io: Io) -> int:
     dispatcher = _dispatcher(args)
     job = dispatcher.jobs.get(validate_id(args.key, "ID"))
     view = dispatcher.view(job, tmux_state=dispatcher.tmux_states(job))
-    if args.confirm != STOP_WORD:
+    if not confirmed(args, io, f"job {job.id}"):
         io.out.write(
             f"would stop job {job.id}: for each agent its host's stop sequence, then its own pane:\n"
         )

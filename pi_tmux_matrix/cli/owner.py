@@ -28,7 +28,7 @@ from ..supervise.master import (
     owning_master,
     require_master,
 )
-from .base import add_verb, require_matrix, store_of
+from .base import STOP_WORD, add_verb, confirmed, require_matrix, stop_target, store_of
 
 if TYPE_CHECKING:
     from .base import Io
@@ -71,15 +71,15 @@ def register(sub: Any, epilog: str) -> None:
         sub,
         "stop",
         epilog,
-        help="stop an agent (KEY, needs --confirm) or a whole job (ID, needs --confirm yes-tmux-stop)",
+        help="stop an agent (KEY) or a whole job (ID); needs --confirm yes-tmux-stop",
     )
-    stop.add_argument("key", metavar="KEY|ID", help="an entry key (worker-…) or a job id (job-…)")
+    stop.add_argument("key", nargs="?", metavar="KEY|ID", help="an entry key (worker-…) or a job id (job-…)")
     stop.add_argument(
         "--confirm",
         nargs="?",
         const=True,
         metavar="WORD",
-        help="really stop it (without: a preview); a job needs the word yes-tmux-stop",
+        help="really stop it with the word yes-tmux-stop (alone: asks y/N on a terminal); else a preview",
     )
     stop.add_argument("--json", action="store_true", help="a job stop: print the job afterwards")
     stop.set_defaults(handler=cmd_stop)
@@ -210,7 +210,7 @@ def cmd_send(args: argparse.Namespace, io: Io) -> int:
         how = f"{mode.value if mode else 'unknown'} mode" + (f" ({provider})" if provider else "")
         raise PiMatrixError(
             f"{args.key}: its agent runs in {how} and takes no message from its host; nothing was "
-            "sent. Fire a new job for more work, or stop it with 'pi-matrix stop KEY --confirm'"
+            "sent. Fire a new job for more work, or stop it with 'pi-matrix stop KEY --confirm yes-tmux-stop'"
         )
     if args.abort:
         kind, text = "abort", ""
@@ -225,17 +225,17 @@ def cmd_send(args: argparse.Namespace, io: Io) -> int:
 
 
 def cmd_stop(args: argparse.Namespace, io: Io) -> int:
-    """``pi-matrix stop KEY --confirm`` or ``pi-matrix stop JOB --confirm yes-tmux-stop``."""
-    if args.key.startswith("job-"):
+    """``pi-matrix stop KEY|JOB --confirm yes-tmux-stop`` (a preview, exit 2, without the word)."""
+    if stop_target(args).startswith("job-"):
         from .dispatch import stop_job
 
         return stop_job(args, io)
     store = store_of(args)
     entry = _live_host(store, args.key)
     what = f"{args.key} (agent {entry.identity.agent_id}, host pid {entry.pid}, child pid {entry.child_pid})"
-    if not args.confirm:
+    if not confirmed(args, io, what):
         io.out.write(f"would stop {what}: request -> grace -> SIGTERM -> SIGKILL, recorded as killed\n")
-        io.err.write("pi-matrix: error: nothing was stopped; add --confirm to stop it\n")
+        io.err.write(f"pi-matrix: error: nothing was stopped; add --confirm {STOP_WORD} to stop it\n")
         return EXIT_USAGE
     Inbox(store, args.key).post("stop", sender="pi-matrix stop", to=entry.registration)
     io.out.write(f"stop requested: {what}\n")
