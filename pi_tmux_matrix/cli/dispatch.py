@@ -8,13 +8,11 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .. import procs
-from ..dispatch.model import SUBPROCESS, TMUX
+from ..dispatch import BACKEND_NAMES, TMUX
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ContractError
 from ..identity import parse_key, validate_id
 from ..settings import load_settings
 from .base import STOP_WORD, age, confirmed, store_of
-
-BACKEND_NAMES = (TMUX, SUBPROCESS)
 
 if TYPE_CHECKING:
     from ..dispatch.manager import Dispatcher

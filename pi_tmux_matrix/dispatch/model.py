@@ -17,6 +17,7 @@ import attrs
 from ..identity import ProcessIdentity
 from ..matrix.codec import register_enum
 from ..matrix.model import Entry
+from . import SUBPROCESS, TMUX
 
 if TYPE_CHECKING:
     # Only for the annotation: at run time the hook specs (which import this module) stay
@@ -41,8 +42,6 @@ JOB_SCHEMA_VERSION: Final = 1
 # Marker rounds per agent: a job record is read round by round, so the number is bounded (a record
 # claiming 10^9 rounds is corrupt, never a hang), and result names stay valid ids.
 MAX_ROUND: Final = 9999
-TMUX: Final = "tmux"
-SUBPROCESS: Final = "subprocess"
 
 
 class ResultKind(enum.Enum):
