@@ -56,11 +56,10 @@ def host_argv(
     lane: str | None,
     rpc_prompt: str | None,
     agent_argv: Sequence[str],
-    parent: tuple[int, str] | None = None,
     python: str = sys.executable,
 ) -> list[str]:
-    """``pi-matrix host …`` for one agent. The parent comes as flags when given, else through the
-    env contract (a tmux launch); the allowed-paths envelope always comes through the env."""
+    """``pi-matrix host …`` for one agent. The parent and the allowed-paths envelope come through
+    the env contract (every launch's env is composed by the plugins' ``launch_env``)."""
     # Every value goes as --flag=VALUE: a task summary (or a path) that starts with "-" must
     # never be read as a flag by the host's parser.
     values: list[tuple[str, str | None]] = [
@@ -77,8 +76,6 @@ def host_argv(
         ("--task-ref", task_ref or None),
         ("--rpc-prompt", rpc_prompt),
     ]
-    if parent is not None:
-        values += [("--parent-pid", str(parent[0])), ("--parent-session", parent[1])]
     values += [("--resource", pointer) for pointer in identity.resource_pointers]
     argv = cli_argv(state_dir, "host", python=python)
     argv += [f"{flag}={value}" for flag, value in values if value is not None]

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 from .. import procs
 from ..errors import EXIT_OK, EXIT_USAGE, ContractError, PiMatrixError
-from ..identity import Mode, Role, parse_key
+from ..identity import Role, parse_key
 from ..matrix import lifecycle
 from ..matrix.mailbox import Inbox, encode_message
 from ..matrix.model import Entry, Status
 from ..matrix.reconcile import reconcile
 from ..matrix.store import MatrixStore, now_ms
 from ..settings import load_settings
+from ..supervise.child import reachable
 from ..supervise.master import (
     apply_plan,
     calling_master,
@@ -204,9 +205,8 @@ def cmd_send(args: argparse.Namespace, io: Io) -> int:
     store = store_of(args)
     entry = _live_host(store, args.key)
     mode, provider = entry.identity.mode, entry.identity.provider
-    # The host reaches its agent over the rpc pipe, or through the bridge's mailbox in an
-    # interactive pi; anything else would only be recorded, and "sent" would be a lie.
-    if mode is not Mode.RPC and not (mode is Mode.INTERACTIVE and provider == "pi"):
+    # Anything the host cannot pass on would only be recorded, and "sent" would be a lie.
+    if not reachable(mode, entry.identity.is_pi):
         how = f"{mode.value if mode else 'unknown'} mode" + (f" ({provider})" if provider else "")
         raise PiMatrixError(
             f"{args.key}: its agent runs in {how} and takes no message from its host; nothing was "

@@ -33,6 +33,7 @@ __all__ = [
     "child_env",
     "describe_end",
     "exit_code_of",
+    "reachable",
     "signal_child",
     "spawn",
 ]
@@ -161,6 +162,12 @@ def describe_end(record: ExitRecord) -> str:
     )
 
 
+def reachable(mode: Mode | None, is_pi: bool) -> bool:
+    """Whether a host can tell its agent anything: over the rpc pipe, or through the bridge's
+    mailbox in an interactive pi. Anything else is only recorded (``pi-matrix send`` refuses it)."""
+    return mode is Mode.RPC or (mode is Mode.INTERACTIVE and is_pi)
+
+
 class AgentChild:
     """The one agent child: started, told things the way its mode allows, stopped, signalled."""
 
@@ -191,7 +198,7 @@ class AgentChild:
         when no channel reaches the agent)."""
         if self.mode is Mode.RPC:
             return "rpc" if self.rpc.send(command_for(kind, text)) else "lost"
-        if self.mode is Mode.INTERACTIVE and self.is_pi:
+        if reachable(self.mode, self.is_pi):
             self.record.notices.notify(kind, text)
             return "mailbox"
         return "recorded"
