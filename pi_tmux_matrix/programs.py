@@ -56,10 +56,12 @@ def host_argv(
     lane: str | None,
     rpc_prompt: str | None,
     agent_argv: Sequence[str],
+    ticket: str | None = None,
     python: str = sys.executable,
 ) -> list[str]:
     """``pi-matrix host …`` for one agent. The parent and the allowed-paths envelope come through
-    the env contract (every launch's env is composed by the plugins' ``launch_env``)."""
+    the env contract (every launch's env is composed by the plugins' ``launch_env``); ``ticket``
+    is the launch's ticket (``matrix.tickets``), taken by the host before it starts anything."""
     # Every value goes as --flag=VALUE: a task summary (or a path) that starts with "-" must
     # never be read as a flag by the host's parser.
     values: list[tuple[str, str | None]] = [
@@ -75,6 +77,7 @@ def host_argv(
         ("--worktree-lane", lane or None),
         ("--task-ref", task_ref or None),
         ("--rpc-prompt", rpc_prompt),
+        ("--launch-ticket", ticket),
     ]
     values += [("--resource", pointer) for pointer in identity.resource_pointers]
     argv = cli_argv(state_dir, "host", python=python)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -29,6 +29,9 @@ from .programs import spawn_detached
 from .settings import MatrixSettings, load_settings
 from .supervise.relaunch import check_resumable, wake_prompt
 
+if TYPE_CHECKING:
+    from .dispatch.tmux import TmuxServer
+
 __all__ = ["ResumePlan", "plan_resume", "relaunch", "session_header_cwd"]
 
 log = logging.getLogger(__name__)
@@ -41,6 +44,7 @@ class ResumePlan:
     env: dict[str, str]
     cwd: str
     window: str
+    ticket: str | None = None  # the launch's ticket (matrix.tickets), when its host takes one
 
     def to_json(self) -> dict[str, Any]:
         return {"key": self.key, "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd}
@@ -117,7 +121,8 @@ def plan_resume(
     argv, launch_env = dispatcher.compose(launch, task_summary=payload.task_summary)
     for name in (ENV_DONE_MARKER, ENV_BLOCKED_MARKER):
         launch_env.pop(name, None)  # a resumed session answers its wake prompt, not a job's marker
-    return ResumePlan(entry.key, tuple(argv), launch_env, identity.cwd, identity.agent_id[:40])
+    ticket = launch.ticket if dispatcher.settings.enabled else None
+    return ResumePlan(entry.key, tuple(argv), launch_env, identity.cwd, identity.agent_id[:40], ticket)
 
 
 def relaunch(
@@ -153,14 +158,18 @@ def relaunch(
         if request.backend == TMUX:
             from .dispatch.tmux import TmuxServer
 
+            server = TmuxServer(request.socket or DEFAULT_SOCKET, scrub_env=sorted(NEVER_INHERITED))
+            tags = {"@pi_matrix_key": entry.key, "@pi_matrix_job": "resume"}
             try:
-                pane = TmuxServer(request.socket or DEFAULT_SOCKET, scrub_env=sorted(NEVER_INHERITED)).launch(
+                pane = server.launch(
                     plan.argv, session=TMUX_SESSION, window_name=plan.window, cwd=plan.cwd, env=plan.env,
-                    tags={"@pi_matrix_key": entry.key, "@pi_matrix_job": "resume"},
+                    tags=tags,
                 )  # fmt: skip
                 pid = pane.pane_pid
-            except TmuxUnavailable:
-                pid = None  # no tmux here: the detached host below still brings the agent back
+            except TmuxUnavailable as exc:
+                # No tmux here, or one that did not answer in time: close this launch (a pane a
+                # stalled server makes later starts nothing) unless its host already took it.
+                pid = _late_host(store, plan, exc, server, tags)
         if pid is None:
             # Without a terminal an interactive agent cannot run: the detached host runs it in print
             # mode (one turn on the wake prompt, into the same session file).
@@ -188,6 +197,23 @@ def relaunch(
         except PiMatrixError as exc:
             log.warning("%s: relaunched (host pid %d) but its pid was not published: %s", entry.key, pid, exc)
     return pid
+
+
+def _late_host(
+    store: MatrixStore, plan: ResumePlan, exc: Exception, server: TmuxServer, tags: dict[str, str]
+) -> int | None:
+    """The host of a tmux launch that failed yet started (it took the ticket first), tagged when
+    its pane can be found; None when the launch is closed (the detached host runs instead)."""
+    if plan.ticket is None:
+        return None
+    from .matrix.tickets import LaunchTickets, Taken
+
+    taken = LaunchTickets(store).take(plan.ticket, Taken(None, f"resume fell back to a detached host: {exc}"))
+    if taken is None or taken.host is None:
+        return None
+    with contextlib.suppress(PiMatrixError):
+        server.adopt(taken.host.pid, tags=tags)
+    return taken.host.pid
 
 
 def _spawn_detached(store: MatrixStore, plan: ResumePlan, base_env: dict[str, str] | None = None) -> int:

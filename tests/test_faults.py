@@ -12,11 +12,13 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import pytest
-from test_dispatch import Lab, sublab, wait_for  # noqa: F401 - sublab is a fixture
+from test_dispatch import Lab, lab, sublab, wait_for  # noqa: F401 - lab and sublab are fixtures
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore
+from pi_tmux_matrix.dispatch.manager import Dispatcher, FireRequest
 
 
 def test_8_a_task_starting_with_a_dash_reaches_every_team_member(sublab: Lab) -> None:  # noqa: F811
@@ -33,10 +35,10 @@ def test_8_a_task_starting_with_a_dash_reaches_every_team_member(sublab: Lab) ->
         assert procs.is_alive(entry.process)
 
 
-def cli(lab: Lab, *words: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def cli(at: Lab, *words: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(lab.state), *words],
-        capture_output=True, text=True, env=lab.env, timeout=60, check=False, cwd=cwd or lab.work,
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(at.state), *words],
+        capture_output=True, text=True, env=at.env, timeout=60, check=False, cwd=cwd or at.work,
     )  # fmt: skip
 
 
@@ -428,3 +430,102 @@ def test_5_readers_racing_for_one_mailbox_take_each_message_once_and_never_fail(
         thread.join(30)
     assert not failures, failures
     assert sorted(taken) == sorted([f"warm-{i}" for i in range(20)] + [str(i) for i in range(400)])
+
+
+# --- case 6: a stalled tmux server --------------------------------------------------------------
+def _tmux(socket: str, *words: str) -> str:
+    argv = ["tmux", "-L", socket, *words]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=10, check=True).stdout
+
+
+def _workers(at: Lab) -> list[object]:
+    return [e for e in at.store.list().entries if e.key.startswith("worker-")]
+
+
+def _slow_tmux(at: Lab, hook: str, *, slow_python: bool = False) -> Dispatcher:
+    """A tmux server on the lab's socket whose every new window runs ``hook`` before tmux answers
+    (the window exists, the client waits: a stalled server as the launcher sees it), and a
+    dispatcher that gives tmux 1.5 s. With ``slow_python`` every Python in its panes (the host)
+    takes 4 s to start (a ``sitecustomize`` on the server's ``PYTHONPATH``); a SIGSTOP would not
+    do, tmux continues a stopped pane process."""
+    from pi_tmux_matrix.dispatch.backends import TmuxBackend
+
+    env = dict(os.environ)
+    if slow_python:
+        slow = at.tmp / "slow-python"
+        slow.mkdir()
+        (slow / "sitecustomize.py").write_text("import time\ntime.sleep(4)\n")
+        env["PYTHONPATH"] = str(slow)
+    subprocess.run(
+        ["tmux", "-L", at.socket, "new-session", "-d", "-s", "pi-matrix", "sleep", "600"],
+        env=env, check=True, timeout=10,
+    )  # fmt: skip
+    _tmux(at.socket, "set-hook", "-g", "after-new-window", f"run-shell '{hook}'")
+    dispatcher = at.dispatcher()
+    dispatcher.backends["tmux"] = TmuxBackend(timeout=1.5)
+    return dispatcher
+
+
+def _request(at: Lab) -> FireRequest:
+    assert at.master is not None
+    return FireRequest(
+        task="HANG long work", profile="stand-in", path=str(at.work), socket=at.socket,
+        parent_pid=at.master.pid, parent_session=at.master.identity.session_id,
+    )  # fmt: skip
+
+
+def test_6_a_pane_made_after_the_fire_gave_up_starts_nothing(lab: Lab) -> None:  # noqa: F811
+    """``new-window`` does not answer in time (its host is slow to start and has not taken its ticket);
+    the fire fails and takes the launch's ticket. When the host runs on it finds the ticket
+    abandoned and starts nothing (it used to run the agent with no tags, watcher or deadline)."""
+    from pi_tmux_matrix.errors import DispatchError
+
+    lab.start_master()
+    dispatcher = _slow_tmux(lab, "sleep 3", slow_python=True)
+    with pytest.raises(DispatchError, match="did not answer") as failed:
+        dispatcher.fire(_request(lab))
+    assert "nothing runs for it" in str(failed.value)
+    rows = _tmux(lab.socket, "list-panes", "-a", "-F", "#{pane_pid} #{pane_start_command}").splitlines()
+    (late,) = [int(row.split()[0]) for row in rows if " host " in row]
+    held = procs.identify(late)
+    assert held is not None
+    lab.started.append(held)
+    assert procs.wait_for_exit(held, 30), "the late host did not give up"
+    tickets = list((lab.state / "launches").iterdir())
+    assert len(tickets) == 1 and tickets[0].read_text().startswith("abandoned ")
+    assert _workers(lab) == [], "a host started an agent for a launch its fire gave up on"
+
+
+def test_6_a_host_that_took_its_ticket_before_the_fire_gave_up_is_adopted_tagged_and_watched(
+    lab: Lab,  # noqa: F811
+) -> None:
+    """The other order: tmux made the pane and its host took the ticket, but tmux answered too late.
+    The fire finds the pane by the host's pid, tags it and goes on (a job with its agent)."""
+    lab.start_master()
+    dispatcher = _slow_tmux(lab, "sleep 4")
+    fired = dispatcher.fire(_request(lab))
+    (agent,) = fired.job.agents
+    assert agent.pane_id is not None and agent.host is not None
+    lab.started.append(agent.host)
+    entry = lab.worker(agent.key)
+    assert entry.pid == agent.host_pid
+    tags = _tmux(lab.socket, "show-options", "-p", "-t", agent.pane_id)
+    assert agent.key in tags and fired.job.id in tags
+
+
+def test_6_stop_of_a_job_reaches_the_live_host_the_matrix_knows_and_fails_if_it_survives(sublab: Lab) -> None:  # noqa: F811
+    """A job whose record lacks the host the matrix has registered for its key (a launch recorded as
+    failed, or an agent resumed after a crash): ``stop JOB`` stops that host; it used to print
+    ``stopped job`` while ``ls`` showed the worker running."""
+    sublab.start_master()
+    fired = sublab.fire("HANG long work", backend="subprocess")
+    (agent,) = fired.job.agents
+    entry = sublab.worker(agent.key)
+    jobs = JobStore(sublab.store)
+    jobs.update(
+        fired.job.id,
+        lambda j: attrs.evolve(j, agents=tuple(attrs.evolve(a, host_pid=None) for a in j.agents)),
+    )
+    stopped = cli(sublab, "stop", fired.job.id, "--confirm", "yes-tmux-stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert procs.wait_for_exit(entry.process, 15), "the live host the matrix knows was not stopped"  # type: ignore[arg-type]

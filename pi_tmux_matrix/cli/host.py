@@ -12,6 +12,7 @@ import os
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from .. import procs
 from ..bridge import bridge_path
 from ..contract import (
     ENV_ALLOWED_PATHS,
@@ -21,6 +22,7 @@ from ..contract import (
 )
 from ..errors import ContractError, PiMatrixError
 from ..identity import ID_PATTERN, AgentIdentityContract, Mode, validate_id
+from ..matrix.tickets import LaunchTickets, Taken
 from ..settings import load_settings
 from ..supervise.host import AgentHost, HostHooks, HostSpec
 from .base import add_verb, store_of
@@ -51,6 +53,11 @@ def register(sub: Any, epilog: str) -> None:
         help="grace between the stop request, SIGTERM and SIGKILL (default 3)",
     )
     host.add_argument("--rpc-prompt", metavar="TEXT", help="rpc mode: the first prompt to send")
+    host.add_argument(
+        "--launch-ticket",
+        metavar="TICKET",
+        help="the launcher's ticket: taken before anything starts; nothing starts if the launcher gave up",
+    )
     host.set_defaults(handler=cmd_host, takes_argv=True)
 
 
@@ -164,8 +171,22 @@ def cmd_host(args: argparse.Namespace, io: Io) -> int:
         stop_grace_s=args.stop_grace,
         rpc_prompt=args.rpc_prompt,
     )
+    store = store_of(args)
+    if args.launch_ticket:
+        # Before registering or starting anything: a launcher that gave up on this launch (a
+        # stalled tmux made the pane after its timeout) took the ticket first, and then no
+        # agent may run here unseen, without its tags, watcher and deadline.
+        taken = LaunchTickets(store).take(args.launch_ticket, Taken(procs.current()))
+        if taken is not None:
+            why = (
+                f"launch abandoned by its launcher ({taken.reason})"
+                if taken.abandoned
+                else (f"the launch ticket is held by host pid {taken.host.pid if taken.host else '?'}")
+            )
+            io.err.write(f"pi-matrix host: {why}; nothing started\n")
+            return 1
     hooks = HostHooks(on_agent_end=abort_forks)
-    return AgentHost(spec, store_of(args), settings, hooks=hooks, out=io.out).run()
+    return AgentHost(spec, store, settings, hooks=hooks, out=io.out).run()
 
 
 def abort_forks(host: AgentHost) -> None:

@@ -19,10 +19,12 @@ from .. import procs
 from ..contract import NEVER_INHERITED
 from ..errors import ContractError, DispatchError, PiMatrixError, TmuxUnavailable
 from ..identity import ProcessIdentity
+from ..matrix.model import bounded
 from ..matrix.store import MatrixStore
+from ..matrix.tickets import LaunchTickets, Taken
 from ..programs import spawn_detached
 from .model import SUBPROCESS, TMUX, JobAgent, PlannedAgent
-from .tmux import TmuxServer
+from .tmux import DEFAULT_TIMEOUT_S, TmuxServer
 from .tmux_model import JOB_TAG, KEY_TAG, Pane
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "TmuxBackend",
     "backend_named",
     "backends",
+    "start_fenced",
 ]
 
 DEFAULT_SOCKET: Final = "pi-matrix"
@@ -89,23 +92,40 @@ class Backend(Protocol):
         caller starts the watcher detached (it follows ``agent.log`` or only the host)."""
         ...
 
+    def adopt(self, job_id: str, agent: JobAgent, host: ProcessIdentity) -> Started | None:
+        """A host that started although :meth:`start` failed (it took the launch's ticket):
+        where it runs, tagged as :meth:`start` would have; None if that cannot be done now."""
+        ...
+
 
 @attrs.frozen
 class TmuxBackend:
     """A detached window on the agent's tmux socket whose pane command *is* the host."""
 
     name = TMUX
+    timeout: float = DEFAULT_TIMEOUT_S  # for each tmux call (a stalled server must not hang a fire)
 
     def socket(self, requested: str) -> str | None:
         return requested
 
     def start(self, job_id: str, agent: JobAgent, planned: PlannedAgent) -> Started:
-        server = TmuxServer(agent.socket or DEFAULT_SOCKET, scrub_env=sorted(NEVER_INHERITED))
+        server = TmuxServer(
+            agent.socket or DEFAULT_SOCKET, scrub_env=sorted(NEVER_INHERITED), timeout=self.timeout
+        )
         pane = server.launch(
             planned.argv, session=TMUX_SESSION, window_name=planned.window, cwd=planned.cwd,
             env=planned.env, tags={KEY_TAG: agent.key, JOB_TAG: job_id},
         )  # fmt: skip
         return started_in(pane)
+
+    def adopt(self, job_id: str, agent: JobAgent, host: ProcessIdentity) -> Started | None:
+        server = TmuxServer(agent.socket or DEFAULT_SOCKET, timeout=self.timeout)
+        try:
+            pane = server.adopt(host.pid, tags={KEY_TAG: agent.key, JOB_TAG: job_id})
+        except PiMatrixError as exc:
+            log.warning("%s: cannot find the pane of late host pid %d: %s", agent.key, host.pid, exc)
+            return None
+        return None if pane is None or procs.identify(pane.pane_pid) != host else started_in(pane)
 
     def attach_watcher(self, agent: JobAgent, argv: Sequence[str]) -> bool:
         if agent.pane_id is None:
@@ -146,6 +166,37 @@ class SubprocessBackend:
 
     def attach_watcher(self, agent: JobAgent, argv: Sequence[str]) -> bool:
         return False  # the watcher follows the host's log file
+
+    def adopt(self, job_id: str, agent: JobAgent, host: ProcessIdentity) -> Started | None:
+        return None  # a failed spawn started nothing; a host of ours that did is stopped
+
+
+def start_fenced(
+    backend: Backend, store: MatrixStore | None, job_id: str, agent: JobAgent, planned: PlannedAgent
+) -> Started:
+    """``backend.start``, and when it fails, the launch closed for good (``store`` None: the
+    matrix is off, no ticket was given). The launcher takes the launch's ticket as abandoned, so
+    a pane a stalled tmux makes later starts nothing. If the host took the ticket first it is
+    running: it is adopted (found by its pid and tagged) or, failing that, stopped."""
+    try:
+        return backend.start(job_id, agent, planned)
+    except PiMatrixError as exc:
+        if store is None:
+            raise
+        taken = LaunchTickets(store).take(planned.launch.ticket, Taken(None, bounded(str(exc), 300)))
+        if taken is None or taken.host is None:
+            raise DispatchError(f"{exc}; nothing runs for it (a pane made later starts nothing)") from exc
+        late = taken.host
+        adopted = backend.adopt(job_id, agent, late)
+        if adopted is not None:
+            log.warning("%s: %s, but its host (pid %d) started: adopted", agent.key, exc, late.pid)
+            return adopted
+        from .watch import stop_agents
+
+        started = Started(late.pid, late, f"pid {late.pid}").recorded(agent)
+        left = stop_agents(store, [started], reason="launch failed")
+        what = "could NOT be stopped: stop it by hand" if left else "was stopped"
+        raise DispatchError(f"{exc}; its host (pid {late.pid}) started late and {what}") from exc
 
 
 def backends(store: MatrixStore, env: Mapping[str, str]) -> dict[str, Backend]:

@@ -34,9 +34,10 @@ from ..matrix import lifecycle
 from ..matrix.mailbox import Inbox, addressee, encode_message
 from ..matrix.model import Entry, Status
 from ..matrix.store import MatrixStore, RecordStore, now_ms
+from ..matrix.tickets import LaunchTickets
 from ..programs import spawn_detached, watch_argv
 from ..settings import MatrixSettings
-from .backends import DEFAULT_SOCKET, TMUX_SESSION, Backend, backend_named, backends
+from .backends import DEFAULT_SOCKET, TMUX_SESSION, Backend, backend_named, backends, start_fenced
 from .jobs import JobStore, new_nonce, result_now
 from .model import MAX_ROUND, AgentLaunch, AgentResult, Job, JobAgent, PlannedAgent, ResultKind
 from .plan import LIVE, MAX_DEADLINE_S, MAX_TASK_BYTES, FireRequest, Planner, marker_instruction
@@ -174,6 +175,8 @@ class Dispatcher:
                 for agent in job.agents:
                     if agent.agent_id in by_id:
                         self._start_watcher(job, agent)
+        if self.settings.enabled:
+            LaunchTickets(self.store).prune()  # a day's launches are kept (matrix.tickets)
         for agent, plan in zip(job.agents, planned, strict=True):
             self._notify("on_launched", job=job, launch=plan.launch, pane=PaneInfo.of(agent).to_json())
         return FireResult(job, tuple(planned), False)
@@ -200,7 +203,8 @@ class Dispatcher:
         if agent.provider == "pi" and agent.session_file is not None:
             pisession.write_header(agent.session_file, agent.session_id, plan.cwd)
         backend = backend_named(self.backends, agent.backend)
-        launched = backend.start(job.id, agent, plan).recorded(agent)
+        store = self.store if self.settings.enabled else None
+        launched = start_fenced(backend, store, job.id, agent, plan).recorded(agent)
         if self.settings.enabled and launched.host is not None:
             self._publish_launching(plan.launch, launched.host)
         return launched

@@ -17,6 +17,7 @@ import attrs
 from ..identity import ProcessIdentity
 from ..matrix.codec import register_enum
 from ..matrix.model import Entry
+from ..matrix.tickets import new_ticket
 from . import SUBPROCESS, TMUX
 
 if TYPE_CHECKING:
@@ -168,6 +169,9 @@ class AgentLaunch:
     session_file: str | None = None
     # Context pointers recorded with the agent's identity (a resumed agent keeps its own).
     resource_pointers: tuple[str, ...] = ()
+    # Taken by the host before it starts anything, or by the launcher when the start failed: a
+    # pane a stalled tmux makes after the launcher gave up starts nothing (matrix.tickets).
+    ticket: str = attrs.field(factory=new_ticket)
 
 
 @attrs.frozen

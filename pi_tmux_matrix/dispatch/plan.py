@@ -364,6 +364,7 @@ class Planner:
             host_argv(
                 self.store.root, identity=identity, task_summary=task_summary, task_ref=launch.task_ref,
                 lane=launch.lane, rpc_prompt=command.rpc_prompt, agent_argv=agent_argv,
+                ticket=launch.ticket if self.settings.enabled else None,
             )
         )  # fmt: skip
 

@@ -291,6 +291,16 @@ class TmuxServer:
             raise self._failed(result, f"split-window of {target}")
         return self._new_pane(result.stdout, "a new pane", tag_items, window=False)
 
+    def adopt(self, pane_pid: int, *, tags: Mapping[str, str]) -> Pane | None:
+        """The pane whose process is ``pane_pid``, tagged (a launch whose ``new-window`` timed out
+        but that the server made later); None if no pane runs it."""
+        tag_items = check_tags(tags)
+        pane = next((p for p in self.panes() if p.pane_pid == pane_pid), None)
+        if pane is None:
+            return None
+        self._configure(pane, tag_items, window=True)
+        return attrs.evolve(pane, tags=tag_items)
+
     def _new_pane(self, stdout: str, what: str, tags: tuple[tuple[str, str], ...], *, window: bool) -> Pane:
         """The one pane row tmux printed for a new window or pane, configured and tagged."""
         lines = [line for line in stdout.splitlines() if line]

@@ -328,7 +328,7 @@ def stop_agents(
     has not finished within ``wait_s`` gets SIGTERM (it forwards it), then SIGKILL. Only hosts this
     dispatcher launched are signalled, checked by identity; only their own panes are closed.
     """
-    hosts = [(agent, agent.host) for agent in agents]
+    hosts = [(agent, _host_of(store, agent)) for agent in agents]
     for agent, host in hosts:
         if host is not None and procs.is_alive(host):
             to = addressee(store, agent.key, host.pid)
@@ -348,6 +348,21 @@ def stop_agents(
         if agent not in survivors:
             _close_pane(agent, host)
     return survivors
+
+
+def _host_of(store: MatrixStore, agent: JobAgent) -> procs.ProcessIdentity | None:
+    """The host to stop for ``agent``: the one the job recorded while it lives, else the live host
+    the matrix has registered for its key (a host the job never learnt of: a launch that timed
+    out yet started, or one resumed after a crash). A stop never reports a live agent stopped."""
+    if procs.is_alive(agent.host):
+        return agent.host
+    try:
+        entry = store.find(agent.key)
+    except PiMatrixError:
+        return agent.host
+    if entry is not None and procs.is_alive(entry.process):
+        return entry.process
+    return agent.host
 
 
 def _close_pane(agent: JobAgent, host: procs.ProcessIdentity | None) -> None:
