@@ -85,6 +85,12 @@ def host_argv(
     return [*argv, "--", *agent_argv]
 
 
+def agent_argv_of(argv: Sequence[str]) -> list[str]:
+    """The agent's own argv in a :func:`host_argv` (what follows its ``--``)."""
+    words = list(argv)
+    return words[words.index("--") + 1 :] if "--" in words else []
+
+
 def watch_argv(
     state_dir: Path,
     job_id: str,

@@ -129,8 +129,8 @@ def cmd_show(args: argparse.Namespace, io: Io) -> int:
     alive = _Liveness()(entry)
     from ..matrix.codec import unstructure_entry
 
-    blocked = _tool_blocks(store, entry.key)
-    raw = {**unstructure_entry(entry), "alive": alive, "toolBlocks": blocked}
+    blocked, start_failure = _tool_blocks(store, entry.key)
+    raw = {**unstructure_entry(entry), "alive": alive, "toolBlocks": blocked, "startFailure": start_failure}
     if args.json:
         io.out.write(json.dumps(raw, ensure_ascii=False, indent=2) + "\n")
         return EXIT_OK
@@ -171,6 +171,8 @@ def cmd_show(args: argparse.Namespace, io: Io) -> int:
     if entry.exit is not None:
         ended = entry.exit
         lines.append(f"  exit         {ended.kind.value} code {ended.code} signal {ended.signal}")
+    if start_failure is not None:
+        lines.append(f"  start        the agent could not start: {start_failure[:300]}")
     for block in blocked:
         lines.append(f"  blocked      {age(block['at'], now)} ago {block['tool']} {block['path'] or '-'}")
         lines.append(f"    reason     {str(block['reason'] or '-')[:300]}")
@@ -181,12 +183,16 @@ def cmd_show(args: argparse.Namespace, io: Io) -> int:
 SHOWN_BLOCKS = 5
 
 
-def _tool_blocks(store: MatrixStore, key: str) -> list[dict[str, Any]]:
-    """The last few tool calls the worker's envelope blocked (its host records each one)."""
+def _tool_blocks(store: MatrixStore, key: str) -> tuple[list[dict[str, Any]], str | None]:
+    """The last few tool calls the worker's envelope blocked (its host records each one), and why
+    its agent could not start, if it could not."""
     from ..matrix.mailbox import EventLog
 
     found: list[dict[str, Any]] = []
+    start_failure: str | None = None
     for event in EventLog(store, key).tail(2000):
+        if event.get("event") == "spawn_failed":
+            start_failure = str(event.get("error") or "unknown error")
         if event.get("event") != "tool_blocked":
             continue
         at = event.get("at")
@@ -198,7 +204,7 @@ def _tool_blocks(store: MatrixStore, key: str) -> list[dict[str, Any]]:
                 "reason": event.get("reason") if isinstance(event.get("reason"), str) else None,
             }
         )
-    return found[-SHOWN_BLOCKS:]
+    return found[-SHOWN_BLOCKS:], start_failure
 
 
 def cmd_repair(args: argparse.Namespace, io: Io) -> int:

@@ -38,6 +38,7 @@ from ..matrix.tickets import LaunchTickets
 from ..programs import spawn_detached, watch_argv
 from ..settings import MatrixSettings
 from .backends import DEFAULT_SOCKET, TMUX_SESSION, Backend, backend_named, backends, start_fenced
+from .confirm import check_programs, confirm_starts
 from .jobs import JobStore, new_nonce, result_now
 from .model import MAX_ROUND, AgentLaunch, AgentResult, Job, JobAgent, PlannedAgent, ResultKind
 from .plan import LIVE, MAX_DEADLINE_S, MAX_TASK_BYTES, FireRequest, Planner, marker_instruction
@@ -152,6 +153,7 @@ class Dispatcher:
         job, planned = self.plan(request)
         if request.dry_run:
             return FireResult(job, tuple(planned), True)
+        check_programs(planned, self.env)
         # Checks and launches under one lock, so two fires cannot both take the last slot or lane.
         with self._cap_lock():
             self.planner.check_room(job, planned)
@@ -175,10 +177,20 @@ class Dispatcher:
                 for agent in job.agents:
                     if agent.agent_id in by_id:
                         self._start_watcher(job, agent)
+        failed = confirm_starts(self.store, job.agents, request.confirm_s) if self.settings.enabled else []
         if self.settings.enabled:
             LaunchTickets(self.store).prune()  # a day's launches are kept (matrix.tickets)
         for agent, plan in zip(job.agents, planned, strict=True):
             self._notify("on_launched", job=job, launch=plan.launch, pane=PaneInfo.of(agent).to_json())
+        if failed:
+            for failure in failed:
+                agent = failure.agent
+                self.jobs.put_result(
+                    result_now(job, agent.agent_id, agent.key, agent.round, ResultKind.EXITED,
+                               detail=failure.reason, exit_code=127)
+                )  # fmt: skip
+            reasons = "; ".join(f"{f.agent.agent_id}: {f.reason}" for f in failed)
+            raise DispatchError(f"fire: job {job.id}: {len(failed)} agent(s) could not start: {reasons}")
         return FireResult(job, tuple(planned), False)
 
     def _notify(self, hook: str, **kwargs: object) -> None:

@@ -67,6 +67,9 @@ class FireRequest:
     parent_pid: int | None = None
     parent_session: str | None = None
     agent_id: str | None = None
+    # How long fire waits for every host to report its agent started (or failed to): bounded,
+    # so a slow machine costs a warning in the record, never a hang.
+    confirm_s: float = 5.0
 
 
 def marker_instruction(nonce: str) -> str:
