@@ -30,24 +30,35 @@ _RESUME_JOB = "resume"
 
 
 class PaneCache:
-    """The panes on each socket, asked once per command (None: the server does not answer)."""
+    """The panes on each socket, asked once per command: none when no server is there at all (its
+    panes are gone), None when a server is there but does not answer (that proves nothing)."""
 
     def __init__(self) -> None:
         self._panes: dict[str, list[Pane] | None] = {}
+        self._absent: set[str] = set()
 
     def panes(self, socket: str) -> list[Pane] | None:
         if socket not in self._panes:
+            server = TmuxServer(socket)
             try:
-                self._panes[socket] = TmuxServer(socket).panes()
+                self._panes[socket] = server.panes()
             except TmuxUnavailable:
-                self._panes[socket] = None
+                present = server.server_present()
+                self._panes[socket] = None if present else []
+                if not present:
+                    self._absent.add(socket)
         return self._panes[socket]
+
+    def absent(self, socket: str) -> bool:
+        """No server listens on ``socket`` (asked by :meth:`panes`)."""
+        return socket in self._absent
 
 
 def tmux_states(job: Job, cache: PaneCache | None = None) -> dict[str, TmuxState]:
-    """Tri-state per agent: ``unreachable`` (no tmux answer: proves nothing), ``gone`` (the
-    server answers, the pane is not there), ``ours`` (the pane's process is the job's host),
-    ``foreign`` (a pane with that id runs something else); ``n/a`` outside tmux."""
+    """Tri-state per agent: ``unreachable`` (a server that does not answer: proves nothing),
+    ``gone`` (no server any more, or one that answers without the pane), ``ours`` (the pane's
+    process is the job's host), ``foreign`` (a pane with that id runs something else); ``n/a``
+    outside tmux."""
     cache = PaneCache() if cache is None else cache
     return {agent.agent_id: _state(agent, cache) for agent in job.agents}
 
@@ -61,6 +72,10 @@ def _state(agent: JobAgent, cache: PaneCache) -> TmuxState:
         return "unreachable"
     pane = next((p for p in panes if p.pane_id == agent.pane_id), None)
     if pane is None:
+        if cache.absent(socket) and procs.is_alive(agent.host):
+            # No server at the socket's path, yet the host that runs in one of its panes lives:
+            # the server is there under another path (a moved socket), not gone.
+            return "unreachable"
         return "gone"
     return "ours" if pane.pane_pid == agent.host_pid else "foreign"
 

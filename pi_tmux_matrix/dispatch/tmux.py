@@ -25,6 +25,7 @@ import contextlib
 import os
 import shlex
 import shutil
+import socket as socket_module
 import stat
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -383,11 +384,30 @@ class TmuxServer:
             self._run("kill-server")
         self._remove_stale_socket()
 
+    def _socket_file(self) -> str:
+        folder = os.path.join(os.environ.get("TMUX_TMPDIR") or "/tmp", f"tmux-{os.geteuid()}")
+        return self.socket_path or os.path.join(folder, self.socket)
+
+    def server_present(self) -> bool:
+        """Whether a server listens on the socket at all, answering or not: False when the socket
+        file is missing or nobody accepts on it (the server is gone), True for a server that is
+        there but hung (its kernel backlog still takes the connection)."""
+        probe = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
+        probe.settimeout(1.0)
+        try:
+            probe.connect(self._socket_file())
+        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+            return False
+        except OSError:
+            return True  # a full backlog or a timeout: something is there, it does not answer
+        finally:
+            probe.close()
+        return True
+
     def _remove_stale_socket(self) -> None:
         # tmux leaves its socket file behind after kill-server; a dispatcher that starts a private
         # server per run (the demo, tests) would litter /tmp/tmux-UID/ with them.
-        folder = os.path.join(os.environ.get("TMUX_TMPDIR") or "/tmp", f"tmux-{os.geteuid()}")
-        path = self.socket_path or os.path.join(folder, self.socket)
+        path = self._socket_file()
         try:
             info = os.lstat(path)
         except OSError:

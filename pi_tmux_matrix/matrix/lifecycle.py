@@ -47,6 +47,7 @@ __all__ = [
 PARENT_LOST = "parent_lost"
 RELAUNCH = "relaunch"
 RELAUNCH_FAILED = "relaunch_failed"
+TMUX_LOST = "tmux_lost"  # the agent's terminal (its tmux pane or server) went away under it
 
 
 def new_entry(

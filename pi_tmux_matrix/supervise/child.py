@@ -93,6 +93,7 @@ class StopSequence:
     reason: str | None = None  # "stop", "deadline", "cleanup", "grace_expired", "signal"
     steps: list[tuple[float, int]] = attrs.field(factory=list)  # (monotonic time, signal), in order
     forwarded: int | None = None  # a signal the host passed on to the child (it was asked to stop)
+    hangup: bool = False  # the host's terminal hung up (its tmux pane or server went away)
 
     @property
     def requested(self) -> bool:
@@ -152,6 +153,25 @@ class StopSequence:
 
         return finish
 
+    def lost_step(self, record: ExitRecord, now: int) -> Callable[[Entry], Entry | None]:
+        """The write for an agent whose terminal went away under it: resumable, the exit noted."""
+        return lambda e: (
+            lifecycle.make_resumable(attrs.evolve(e, exit=record), now, reason=lifecycle.TMUX_LOST)
+            if e.can_move_to(Status.RESUMABLE)
+            else None
+        )
+
+
+def terminal_gone() -> bool:
+    """Whether this process's controlling terminal has hung up (a tmux pane or server gone):
+    ``/dev/tty`` cannot be opened any more."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        return True
+    os.close(fd)
+    return False
+
 
 def describe_end(record: ExitRecord) -> str:
     """The summary of an end with no last message: its kind, code and signal."""
@@ -181,6 +201,8 @@ class AgentChild:
         self.popen: subprocess.Popen[bytes] | None = None
         self.identity: ProcessIdentity | None = None
         self.stop = StopSequence()
+        # A host in a tmux pane has the pane as its terminal; one without a terminal never loses one.
+        self.had_terminal = os.isatty(0) and not terminal_gone()
         # The events log is looked up per event: a session switch re-keys the record.
         self.rpc = RpcPipe(out, lambda event: record.events.write("rpc", data=event))
 
@@ -208,6 +230,13 @@ class AgentChild:
         channel = self.tell("steer", text)
         self.record.events.write("steer_notice" if notice else "steer", channel=channel, message=text)
 
+    def terminal_lost(self, returncode: int) -> bool:
+        """The agent ended because its terminal hung up (a pane or tmux server gone), not
+        because anyone asked it to stop."""
+        if self.stop.requested:
+            return False
+        return self.stop.hangup or returncode == -signal.SIGHUP or (self.had_terminal and terminal_gone())
+
     def request_stop(self, outcome: ExitKind, reason: str) -> None:
         """The one stop path: request -> grace -> SIGTERM -> grace -> SIGKILL."""
         if not self.stop.begin(outcome, reason):
@@ -227,5 +256,6 @@ class AgentChild:
     def forward(self, sig: int) -> None:
         """The host was asked to stop by a signal: the child gets it, and its end counts as killed."""
         self.stop.forwarded = sig
+        self.stop.hangup = self.stop.hangup or sig == signal.SIGHUP
         self.record.events.write("signal_forwarded", signal=sig)
         signal_child(self.identity, self.mode, sig)

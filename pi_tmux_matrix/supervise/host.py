@@ -206,6 +206,12 @@ class AgentHost:
         self.events.write("child_exited", kind=record.kind.value, code=record.code, signal=record.signal)
         if self.hooks.on_agent_end is not None:
             self.hooks.on_agent_end(self)
+        if self.role is Role.WORKER and self.agent.terminal_lost(returncode):
+            # The agent's tmux pane or server went away under it: its task did not end, so the
+            # worker is resumable (a master relaunches a pi worker into its exact session file).
+            self.events.write("terminal_lost", code=record.code, signal=record.signal)
+            self.record.write(self.agent.stop.lost_step(record, now_ms()))
+            return
         summary = self.agent.rpc.last_message or describe_end(record)
         pointer = self.reports.result_pointer or str(self.events.path)
         self.record.write(stop.end_step(record, now_ms(), summary=summary, result_pointer=pointer))
