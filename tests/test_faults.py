@@ -529,3 +529,58 @@ def test_6_stop_of_a_job_reaches_the_live_host_the_matrix_knows_and_fails_if_it_
     stopped = cli(sublab, "stop", fired.job.id, "--confirm", "yes-tmux-stop")
     assert stopped.returncode == 0, stopped.stderr
     assert procs.wait_for_exit(entry.process, 15), "the live host the matrix knows was not stopped"  # type: ignore[arg-type]
+
+
+def test_17_a_payload_must_describe_the_entry_it_sits_in(tmp_path: Path) -> None:
+    """A resumable payload whose identity differs from its entry's is a corrupt entry: the loader
+    reports it (naming the field) and leaves the file alone, no write can produce one, and the
+    steps that change an entry's identity move its payload with it (a session file reported by
+    the bridge while the worker is already resumable used to leave the payload behind)."""
+    from helpers import make_entry, make_identity
+
+    from pi_tmux_matrix.errors import CorruptEntry, InvalidId
+    from pi_tmux_matrix.matrix import lifecycle
+    from pi_tmux_matrix.matrix.model import ResumablePayload, Status
+    from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
+
+    store = MatrixStore(tmp_path / "state")
+    identity = make_identity("w17", session_file=str(tmp_path / "w17.jsonl"), cwd=str(tmp_path))
+    payload = ResumablePayload(identity=identity, reason="parent_lost", at=now_ms())
+    entry = make_entry("w17", status=Status.RESUMABLE, identity=identity, resumable=payload)
+    store.register(entry)
+
+    # The bridge reports pi's real session file after the payload was written.
+    real = str(tmp_path / "real-w17.jsonl")
+    moved = store.update(entry.key, lambda e: lifecycle.with_identity(e, session_file=real))
+    assert moved.resumable is not None and moved.resumable.identity == moved.identity
+    assert moved.resumable.identity.session_file == real
+
+    # No write can make the payload name another agent.
+    path = store.root / f"{entry.key}.json"
+    before = path.read_bytes()
+    other = attrs.evolve(moved.identity, agent_id="someone-else")
+    with pytest.raises(InvalidId, match=r"resumable\.identity: .* in agentId;"):
+        store.update(entry.key, lambda e: attrs.evolve(e, resumable=attrs.evolve(payload, identity=other)))
+    assert path.read_bytes() == before
+
+    # A file that holds one anyway is reported, by every reader, and never deleted.
+    raw = json.loads(before)
+    raw["resumable"]["identity"]["sessionFile"] = "/elsewhere/w17.jsonl"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(CorruptEntry, match=r"resumable\.identity: .* in sessionFile;"):
+        store.get(entry.key)
+    listed = cli_at(store.root, "ls")
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr
+    assert f"{path}: resumable.identity: differs from the entry's identity in sessionFile" in listed.stderr
+    for words in (("show", entry.key), ("resume", entry.key, "--dry-run")):
+        done = cli_at(store.root, *words)
+        assert done.returncode == 1 and "resumable.identity" in done.stderr, (words, done.stderr)
+        assert "Traceback" not in done.stderr
+    assert json.loads(path.read_text()) == raw
+
+
+def cli_at(state: Path, *words: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(state), *words],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
