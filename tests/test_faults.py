@@ -688,14 +688,18 @@ def test_1_stop_key_names_a_dead_host_and_never_reaches_its_pids_new_owner(tmp_p
 @ROOT_ONLY
 def test_1_stop_job_never_signals_what_reused_a_dead_hosts_pid(tmp_path: Path) -> None:
     """``stop JOB --confirm yes-tmux-stop`` (and the deadline watcher, through the same
-    ``stop_agents``) signals each host by its recorded identity: a host that died and whose pid was
-    reused is simply gone; the job is stopped and the pid's new owner keeps running."""
+    ``stop_agents``) signals each host by identity, the job's record of it or the matrix entry of
+    its key: a host that died and whose pid was reused is simply gone; the job is stopped and the
+    pid's new owner keeps running."""
+    from helpers import make_entry
+
     from pi_tmux_matrix.dispatch.jobs import new_job_id, new_nonce
     from pi_tmux_matrix.dispatch.model import SUBPROCESS, Job, JobAgent, ResultKind
     from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
 
     store = MatrixStore(tmp_path / "state")
     host = _dead_process()
+    store.register(make_entry("j1", process=host))  # what the matrix knows of the key: the same host
     agent = JobAgent(
         agent_id="a1", key="worker-j1", session_id="j1", profile="stand-in", provider="pi", mode="print",
         cwd=str(tmp_path), backend=SUBPROCESS, nonce=new_nonce(), round=1, deadline_at=now_ms() + 600_000,
