@@ -29,6 +29,7 @@ from pi_tmux_matrix.dispatch.manager import Dispatcher, FireRequest
 from pi_tmux_matrix.dispatch.model import ResultKind
 from pi_tmux_matrix.errors import TmuxUnavailable
 from pi_tmux_matrix.identity import ProcessIdentity, Role
+from pi_tmux_matrix.matrix import lifecycle
 from pi_tmux_matrix.matrix.model import Entry, Status
 from pi_tmux_matrix.matrix.store import MatrixStore
 from pi_tmux_matrix.settings import load_settings
@@ -703,14 +704,8 @@ def test_resume_refuses_what_it_cannot_resume_exactly(lab: Lab, broken: str) -> 
     else:
         user_profiles = lab.agent_dir / "launch_profiles"
         user_profiles.mkdir(exist_ok=True)
-        lab.store.update(
-            agent.key,
-            lambda e: attrs.evolve(
-                e, resumable=attrs.evolve(
-                    e.resumable, identity=attrs.evolve(e.resumable.identity, profile="retired-reviewer")
-                ),
-            ),
-        )  # fmt: skip
+        # The entry and its payload together: a payload always describes the entry it sits in.
+        lab.store.update(agent.key, lambda e: lifecycle.with_identity(e, profile="retired-reviewer"))
     new_master = lab.start_master(session="boss2")
     before = lab.store.get(agent.key)
     done = subprocess.run(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -529,3 +530,259 @@ def test_6_stop_of_a_job_reaches_the_live_host_the_matrix_knows_and_fails_if_it_
     stopped = cli(sublab, "stop", fired.job.id, "--confirm", "yes-tmux-stop")
     assert stopped.returncode == 0, stopped.stderr
     assert procs.wait_for_exit(entry.process, 15), "the live host the matrix knows was not stopped"  # type: ignore[arg-type]
+
+
+def test_17_a_payload_must_describe_the_entry_it_sits_in(tmp_path: Path) -> None:
+    """A resumable payload whose identity differs from its entry's is a corrupt entry: the loader
+    reports it (naming the field) and leaves the file alone, no write can produce one, and the
+    steps that change an entry's identity move its payload with it (a session file reported by
+    the bridge while the worker is already resumable used to leave the payload behind)."""
+    from helpers import make_entry, make_identity
+
+    from pi_tmux_matrix.errors import CorruptEntry, InvalidId
+    from pi_tmux_matrix.matrix import lifecycle
+    from pi_tmux_matrix.matrix.model import ResumablePayload, Status
+    from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
+
+    store = MatrixStore(tmp_path / "state")
+    identity = make_identity("w17", session_file=str(tmp_path / "w17.jsonl"), cwd=str(tmp_path))
+    payload = ResumablePayload(identity=identity, reason="parent_lost", at=now_ms())
+    entry = make_entry("w17", status=Status.RESUMABLE, identity=identity, resumable=payload)
+    store.register(entry)
+
+    # The bridge reports pi's real session file after the payload was written.
+    real = str(tmp_path / "real-w17.jsonl")
+    moved = store.update(entry.key, lambda e: lifecycle.with_identity(e, session_file=real))
+    assert moved.resumable is not None and moved.resumable.identity == moved.identity
+    assert moved.resumable.identity.session_file == real
+
+    # No write can make the payload name another agent.
+    path = store.root / f"{entry.key}.json"
+    before = path.read_bytes()
+    other = attrs.evolve(moved.identity, agent_id="someone-else")
+    with pytest.raises(InvalidId, match=r"resumable\.identity: .* in agentId;"):
+        store.update(entry.key, lambda e: attrs.evolve(e, resumable=attrs.evolve(payload, identity=other)))
+    assert path.read_bytes() == before
+
+    # A file that holds one anyway is reported, by every reader, and never deleted.
+    raw = json.loads(before)
+    raw["resumable"]["identity"]["sessionFile"] = "/elsewhere/w17.jsonl"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(CorruptEntry, match=r"resumable\.identity: .* in sessionFile;"):
+        store.get(entry.key)
+    listed = cli_at(store.root, "ls")
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr
+    assert f"{path}: resumable.identity: differs from the entry's identity in sessionFile" in listed.stderr
+    for words in (("show", entry.key), ("resume", entry.key, "--dry-run")):
+        done = cli_at(store.root, *words)
+        assert done.returncode == 1 and "resumable.identity" in done.stderr, (words, done.stderr)
+        assert "Traceback" not in done.stderr
+    assert json.loads(path.read_text()) == raw
+
+
+def cli_at(state: Path, *words: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(state), *words],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+# --- pid reuse on every signalling path (issue 17: "a test forces pid reuse for each") ----------
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="forcing a pid's reuse needs root (ns_last_pid)")
+
+
+def _take_pid_of(dead: procs.ProcessIdentity) -> subprocess.Popen[bytes]:
+    """A sleeper of the test's own on ``dead``'s pid (``dead`` ended and was reaped). It leads its
+    own group and session, so a group signal to the pid would reach it too. Skips when another
+    process keeps taking the pid."""
+    assert not procs.is_alive(dead)
+    # A later clock tick: identity is pid + start ticks (see test_1).
+    time.sleep(0.05)
+    stranger = _spawn_on_pid(dead.pid)
+    if stranger is None:
+        pytest.skip("the pid was taken by another process each time")
+    return stranger
+
+
+def _dead_process() -> procs.ProcessIdentity:
+    """The identity of a real process (its own group and session, like a pane's or a host's) that
+    has ended and been reaped: its pid is free for the next process."""
+    proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    ident = procs.identify(proc.pid)
+    assert ident is not None
+    proc.kill()
+    proc.wait()
+    return ident
+
+
+def _end(stranger: subprocess.Popen[bytes]) -> None:
+    stranger.kill()
+    stranger.wait()
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("mode", ["print", "interactive"])
+def test_1_the_hosts_stop_sequence_never_signals_what_reused_its_agents_pid(
+    tmp_path: Path, mode: str
+) -> None:
+    """The host stops its agent by identity (a print agent with its group): once the agent ended and
+    was reaped, a forwarded signal and every step of the stop sequence miss the pid's new owner.
+    (In the host the child is reaped only as its end is recorded; this drives the same steps.)"""
+    import io
+
+    from helpers import read_events
+
+    from pi_tmux_matrix.identity import Mode
+    from pi_tmux_matrix.matrix.model import ExitKind
+    from pi_tmux_matrix.matrix.store import MatrixStore
+    from pi_tmux_matrix.supervise.child import AgentChild
+    from pi_tmux_matrix.supervise.record import OwnRecord
+
+    store = MatrixStore(tmp_path / "state")
+    agent = AgentChild(
+        OwnRecord(store, "worker-h1"), mode=Mode(mode), is_pi=False, stop_grace_s=0.0, out=io.StringIO()
+    )
+    child = agent.start(("sleep", "60"), cwd=None, env=dict(os.environ))
+    dead = agent.identity
+    assert dead is not None
+    child.kill()
+    child.wait()
+    stranger = _take_pid_of(dead)
+    try:
+        agent.forward(signal.SIGTERM)
+        agent.request_stop(ExitKind.KILLED, "stop")
+        agent.run_stop_steps()  # no grace: SIGTERM and SIGKILL are both due
+        assert [e["signal"] for e in read_events(store.root, "worker-h1", "stop_signal")] == [
+            signal.SIGTERM, signal.SIGKILL,
+        ]  # fmt: skip
+        time.sleep(0.1)
+        assert stranger.poll() is None, "the process that reused the agent's pid was signalled"
+    finally:
+        _end(stranger)
+
+
+@ROOT_ONLY
+def test_1_stop_key_names_a_dead_host_and_never_reaches_its_pids_new_owner(tmp_path: Path) -> None:
+    """``stop KEY --confirm yes-tmux-stop`` for an entry whose host died and whose pid is someone
+    else's now: the host is reported gone (exit 1), nothing is queued, nothing is signalled."""
+    from helpers import make_entry
+
+    from pi_tmux_matrix.matrix.store import MatrixStore
+
+    store = MatrixStore(tmp_path / "state")
+    host = _dead_process()
+    store.register(make_entry("h2", process=host))
+    stranger = _take_pid_of(host)
+    try:
+        done = cli_at(store.root, "stop", "worker-h2", "--confirm", "yes-tmux-stop")
+        assert done.returncode == 1, done.stdout + done.stderr
+        assert f"its host (pid {host.pid}) is not alive" in done.stderr and "Traceback" not in done.stderr
+        mailbox = store.root / "mailbox" / "worker-h2"
+        assert not mailbox.exists() or list(mailbox.iterdir()) == []
+        time.sleep(0.1)
+        assert stranger.poll() is None, "the process that reused the host's pid was signalled"
+    finally:
+        _end(stranger)
+
+
+@ROOT_ONLY
+def test_1_stop_job_never_signals_what_reused_a_dead_hosts_pid(tmp_path: Path) -> None:
+    """``stop JOB --confirm yes-tmux-stop`` (and the deadline watcher, through the same
+    ``stop_agents``) signals each host by identity, the job's record of it or the matrix entry of
+    its key: a host that died and whose pid was reused is simply gone; the job is stopped and the
+    pid's new owner keeps running."""
+    from helpers import make_entry
+
+    from pi_tmux_matrix.dispatch.jobs import new_job_id, new_nonce
+    from pi_tmux_matrix.dispatch.model import SUBPROCESS, Job, JobAgent, ResultKind
+    from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
+
+    store = MatrixStore(tmp_path / "state")
+    host = _dead_process()
+    store.register(make_entry("j1", process=host))  # what the matrix knows of the key: the same host
+    agent = JobAgent(
+        agent_id="a1", key="worker-j1", session_id="j1", profile="stand-in", provider="pi", mode="print",
+        cwd=str(tmp_path), backend=SUBPROCESS, nonce=new_nonce(), round=1, deadline_at=now_ms() + 600_000,
+        deadline_s=600.0, target=f"pid {host.pid}", host_pid=host.pid, host_start=host.start_ticks,
+        boot_id=host.boot_id,
+    )  # fmt: skip
+    job = Job(
+        id=new_job_id(), created_at=now_ms(), parent_pid=os.getpid(), parent_session_id="boss", task="t",
+        profile="stand-in", team=None, agents=(agent,), backend=SUBPROCESS,
+    )  # fmt: skip
+    jobs = JobStore(store)
+    jobs.create(job)
+    stranger = _take_pid_of(host)
+    try:
+        done = cli_at(store.root, "stop", job.id, "--confirm", "yes-tmux-stop")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"stopped job {job.id} (1 agent(s) had not finished)" in done.stdout
+        result = jobs.result(job.id, "a1", 1)
+        assert result is not None and result.kind is ResultKind.STOPPED
+        assert jobs.get(job.id).stopped_at is not None
+        time.sleep(0.1)
+        assert stranger.poll() is None, "the process that reused the host's pid was signalled"
+    finally:
+        _end(stranger)
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("path", ["stale_reap", "abort", "gone_before_reap"])
+def test_1_a_fork_run_stopped_after_its_process_died_never_signals_the_pids_new_owner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """The fork's stale reap ("no update for 30 minutes") and abort both decide on a run that
+    still runs, then stop its process group: the process dying and its pid being reused in
+    between (forced right after the real refresh, our own seam) must not make the stop reach the
+    pid's new owner. A run whose process is already gone is only recorded ended."""
+    from pi_tmux_matrix.fork import wait
+    from pi_tmux_matrix.fork.model import ForkRun, RunMode, RunStatus
+    from pi_tmux_matrix.fork.store import RunStore
+    from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
+
+    runs = RunStore(MatrixStore(tmp_path / "state"))
+    leader = subprocess.Popen(["sleep", "60"], start_new_session=True)  # a pane's process leads both
+    alive = procs.identify(leader.pid)
+    assert alive is not None
+    old = now_ms() - 31 * 60 * 1000
+    run = ForkRun(
+        id="run-20260101-000000-abcdef", cwd=str(tmp_path), task="t", mode=RunMode.BACKGROUND,
+        created_at_ms=old, updated_at_ms=old if path == "stale_reap" else now_ms(), process=alive,
+    )  # fmt: skip
+    runs.put(run, exclusive=True)
+    strangers: list[subprocess.Popen[bytes]] = []
+    real_refresh = wait.refresh
+
+    def refresh_then_die(store: RunStore, run_id: str, *, settle: bool = False) -> ForkRun:
+        decided = real_refresh(store, run_id, settle=settle)
+        if not strangers:
+            leader.kill()
+            leader.wait()
+            strangers.append(_take_pid_of(alive))
+        return decided
+
+    if path != "gone_before_reap":
+        monkeypatch.setattr(wait, "refresh", refresh_then_die)
+    else:
+        leader.kill()
+        leader.wait()
+        strangers.append(_take_pid_of(alive))
+    try:
+        if path == "gone_before_reap":
+            (ended,) = wait.reap(runs)
+            assert ended.error is not None and ended.error != wait.STALE_ERROR  # ended, not stale
+        elif path == "stale_reap":
+            (ended,) = wait.reap(runs)
+            assert ended.error == wait.STALE_ERROR
+        else:
+            ended = wait.abort_run(runs, run.id, "parent_aborted")
+            assert ended.error == "parent_aborted"
+        assert ended.status is RunStatus.FAILED and runs.get(run.id) == ended
+        time.sleep(0.1)
+        assert strangers[0].poll() is None, "the process that reused the run's pid was signalled"
+    finally:
+        if leader.poll() is None:
+            leader.kill()
+            leader.wait()
+        for stranger in strangers:
+            _end(stranger)

@@ -50,10 +50,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pi_tmux_matrix import strictjson
+from pi_tmux_matrix.errors import InvalidId
 from pi_tmux_matrix.identity import AgentIdentityContract, Mode, Role
 from pi_tmux_matrix.matrix.codec import (
     MAX_ENTRY_BYTES,
     DecodeError,
+    converter,
     decode_entry,
     encode_entry,
     unstructure_entry,
@@ -155,15 +157,21 @@ directives = st.builds(
     parent_session_id=opt(texts),
     parent_proc_start=opt(big_ints),
 )
-payloads = st.builds(
-    ResumablePayload,
-    identity=identities,
-    reason=st.text(max_size=200),
-    at=ms,
-    task_ref=opt(task_refs),
-    task_summary=texts,
-    checkpoint=opt(texts),
-)
+
+
+def payloads(identity: AgentIdentityContract) -> st.SearchStrategy[ResumablePayload]:
+    """Payloads of the entry whose identity is ``identity`` (a payload describes its entry)."""
+    return st.builds(
+        ResumablePayload,
+        identity=st.just(identity),
+        reason=st.text(max_size=200),
+        at=ms,
+        task_ref=opt(task_refs),
+        task_summary=texts,
+        checkpoint=opt(texts),
+    )
+
+
 handoffs = st.builds(
     Handoff,
     id=texts,
@@ -207,7 +215,7 @@ def entries(draw: st.DrawFn) -> Entry:
         child_proc_start=draw(opt(big_ints)),
         heartbeat_at=draw(opt(ms)),
         directive=draw(opt(directives)),
-        resumable=draw(opt(payloads)),
+        resumable=draw(opt(payloads(identity))),
         handoffs=tuple(draw(st.lists(handoffs, max_size=3))),
         exit=draw(opt(exits)),
     )
@@ -310,7 +318,7 @@ def pool_entry(rng: random.Random) -> Entry:
         ),
         resumable=maybe(
             ResumablePayload(
-                identity=identity(session),
+                identity=ident_,
                 reason=text(),
                 at=number(),
                 task_ref=maybe(ident("t")),
@@ -640,6 +648,49 @@ def test_entry_key_must_agree_with_role_and_identity() -> None:
     doc = unstructure_entry(entry)
     doc["identity"]["sessionId"] = "s2"
     rejected(render(doc), entry.key)
+
+
+RESUMABLE_IDENTITY = make_identity(
+    "s1", session_file="/s/s1.jsonl", cwd="/w", worktree="/w/t", lane="l1", profile="p1", provider="pi",
+    mode=Mode.RPC, resource_pointers=("/r1",),
+)  # fmt: skip
+# Another valid value for each identity field, as it is written on disk.
+OTHER_IDENTITY_VALUES: dict[str, Any] = {
+    "agentId": "agent-other", "sessionId": "s2", "sessionFile": "/s/other.jsonl", "cwd": "/elsewhere",
+    "worktree": None, "lane": "l2", "profile": None, "provider": "claude", "mode": "print",
+    "resourcePointers": [],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("field", sorted(OTHER_IDENTITY_VALUES))
+def test_a_resumable_payload_must_carry_its_entrys_identity(field: str) -> None:
+    """Issue 17.17: a payload is what a resume relaunches from; one whose identity differs from
+    its entry's in any field is a corrupt entry, refused with the field named."""
+    payload = ResumablePayload(identity=RESUMABLE_IDENTITY, reason="parent_lost", at=1)
+    entry = make_entry(status=Status.RESUMABLE, identity=RESUMABLE_IDENTITY, resumable=payload)
+    doc = unstructure_entry(entry)
+    assert check(render(doc), entry.key) == entry
+    doc["resumable"]["identity"][field] = OTHER_IDENTITY_VALUES[field]
+    reason = rejected(render(doc), entry.key).reason
+    assert f"resumable.identity: differs from the entry's identity in {field};" in reason
+    assert "\n" not in reason
+    # The same rule holds for an entry built in memory: nothing can write such an entry.
+    other = converter.structure(json.loads(render(doc))["resumable"]["identity"], AgentIdentityContract)
+    with pytest.raises(InvalidId, match=f"resumable.identity: .* in {field};"):
+        attrs.evolve(entry, resumable=attrs.evolve(payload, identity=other))
+
+
+@fuzz(200)
+@given(entry=entries(), data=st.data())
+def test_any_payload_of_another_identity_is_refused(entry: Entry, data: st.DataObject) -> None:
+    identity = data.draw(st.just(entry.identity) | identities)
+    payload = data.draw(payloads(identity))
+    doc = unstructure_entry(entry)
+    doc["resumable"] = converter.unstructure(payload)
+    if identity == entry.identity:
+        assert check(render(doc), entry.key) is not None
+    else:
+        assert "resumable.identity" in rejected(render(doc), entry.key).reason
 
 
 def test_handoff_limit() -> None:

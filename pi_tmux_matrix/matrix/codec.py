@@ -7,7 +7,6 @@ snake_case. Primitives are structured strictly: ``"12"`` is not a pid and ``true
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from enum import Enum
 from typing import Any, Final, Optional, TypeVar, get_args, get_origin
@@ -19,7 +18,7 @@ from cattrs.preconf.json import make_converter
 
 from .. import strictjson
 from ..identity import Mode, Role
-from .model import SCHEMA_VERSION, DirectiveKind, Entry, ExitKind, Status
+from .model import SCHEMA_VERSION, DirectiveKind, Entry, ExitKind, Status, to_camel
 
 __all__ = [
     "MAX_ENTRY_BYTES",
@@ -43,14 +42,6 @@ class DecodeError(ValueError):
         self.reason = reason
         self.newer = newer  # written by a newer pi-matrix: report, never quarantine
         super().__init__(reason)
-
-
-_CAMEL = re.compile(r"_([a-z0-9])")
-
-
-def to_camel(name: str) -> str:
-    """``parent_session_id`` -> ``parentSessionId``."""
-    return _CAMEL.sub(lambda m: m.group(1).upper(), name)
 
 
 def _strict(kind: type[Any], label: str) -> Any:

@@ -112,8 +112,16 @@ def with_child(entry: Entry, child: ProcessIdentity) -> Entry:
 
 
 def with_identity(entry: Entry, **changes: Any) -> Entry:
-    """Complete the identity (e.g. pi's real session file reported by the bridge)."""
-    return attrs.evolve(entry, identity=attrs.evolve(entry.identity, **changes))
+    """Complete the identity (e.g. pi's real session file reported by the bridge).
+
+    A payload written before (the report can land while the worker is winding down or already
+    resumable) moves with it: it must describe the entry it sits in, and a resume from it must
+    use the session file pi really writes."""
+    identity = attrs.evolve(entry.identity, **changes)
+    payload = entry.resumable
+    if payload is not None:
+        payload = attrs.evolve(payload, identity=identity)
+    return attrs.evolve(entry, identity=identity, resumable=payload)
 
 
 def heartbeat(entry: Entry, now: int) -> Entry:

@@ -9,6 +9,7 @@ directive into my entry" (same registration) from "a newer process owns it now" 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from enum import Enum
 from typing import Any, Final
@@ -32,6 +33,7 @@ __all__ = [
     "ResumablePayload",
     "Status",
     "bounded",
+    "to_camel",
 ]
 
 SCHEMA_VERSION: Final = 1
@@ -84,6 +86,12 @@ class ExitKind(str, Enum):
 
 
 _Validator = Callable[[Any, Any, Any], None]
+_CAMEL: Final = re.compile(r"_([a-z0-9])")
+
+
+def to_camel(name: str) -> str:
+    """``parent_session_id`` -> ``parentSessionId`` (the on-disk spelling of a field)."""
+    return _CAMEL.sub(lambda m: m.group(1).upper(), name)
 
 
 def bounded(text: str, limit: int = MAX_TEXT) -> str:
@@ -202,6 +210,19 @@ class Entry:
         if self.key != expected:
             raise InvalidId(
                 "key", f"{self.key!r} does not match role and sessionId", f"expected {expected!r}"
+            )
+        # A payload is what a resume relaunches from: one that names another agent (or another
+        # session file, cwd, lane...) would resume something this entry never was.
+        if self.resumable is not None and self.resumable.identity != self.identity:
+            differing = [
+                to_camel(f.name)
+                for f in attrs.fields(AgentIdentityContract)
+                if getattr(self.resumable.identity, f.name) != getattr(self.identity, f.name)
+            ]
+            raise InvalidId(
+                "resumable.identity",
+                f"differs from the entry's identity in {', '.join(differing)}",
+                "a resumable payload must describe the entry it sits in",
             )
 
     @property
