@@ -153,6 +153,7 @@ def relaunch(
             f"{entry.key}: changed since it was read (another master relaunched or adopted it); look again "
             "with 'pi-matrix show KEY'"
         ) from None
+    where: tuple[str | None, str | None, str | None] = (None, None, None)  # socket, pane, target
     try:
         pid: int | None = None
         if request.backend == TMUX:
@@ -166,6 +167,7 @@ def relaunch(
                     tags=tags,
                 )  # fmt: skip
                 pid = pane.pane_pid
+                where = (server.socket, pane.pane_id, f"{pane.session}:{pane.window_name}")
             except TmuxUnavailable as exc:
                 # No tmux here, or one that did not answer in time: close this launch (a pane a
                 # stalled server makes later starts nothing) unless its host already took it.
@@ -196,7 +198,35 @@ def relaunch(
             pass  # the new host registered first: its registration wins, as it should
         except PiMatrixError as exc:
             log.warning("%s: relaunched (host pid %d) but its pid was not published: %s", entry.key, pid, exc)
+        follow_job(store, entry.key, launched, socket=where[0], pane_id=where[1], target=where[2])
     return pid
+
+
+def follow_job(
+    store: MatrixStore,
+    key: str,
+    host: ProcessIdentity,
+    *,
+    socket: str | None = None,
+    pane_id: str | None = None,
+    target: str | None = None,
+) -> None:
+    """The agent ``key`` runs under a new host now: the jobs holding it follow it (its host, and
+    its pane or log), so ``jobs``, ``followup`` and ``stop JOB`` reach it as before the crash."""
+    from .dispatch.jobs import JobStore
+    from .dispatch.model import JobAgent
+
+    def move(agent: JobAgent) -> JobAgent:
+        return attrs.evolve(
+            agent, host_pid=host.pid, host_start=host.start_ticks, boot_id=host.boot_id,
+            pane_id=pane_id, socket=socket if pane_id else agent.socket, target=target or f"pid {host.pid}",
+            log=None if pane_id else str(store.root / "logs" / f"{key}.log"),
+        )  # fmt: skip
+
+    try:
+        JobStore(store).follow(key, move)
+    except PiMatrixError as exc:
+        log.warning("%s: relaunched, but its job record could not follow it: %s", key, exc)
 
 
 def _late_host(

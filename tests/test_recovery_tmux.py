@@ -89,3 +89,45 @@ def test_tmux_kill_server_then_master_relaunch_tmux_brings_both_pi_workers_back_
         assert json.loads(path.read_text().splitlines()[0])["id"] == header_id
     wait_for("both wake turns at the fake LLM", lambda: len(llm.requests) >= asked + 2, timeout=40)
     assert sum("resumed in your own session" in text for text in llm.user_texts()) >= 2
+
+
+def test_a_resumed_agent_stays_the_agent_of_its_job_for_jobs_followup_and_stop(lab: Lab) -> None:  # noqa: F811
+    """Issue 18.13: after ``resume`` the job record follows the agent's new host and pane, so
+    ``jobs`` shows it alive in its pane, ``followup JOB`` reaches it and ``stop JOB`` stops it (it
+    used to say ``host gone tmux foreign`` and refuse the follow-up: no agent alive to take it)."""
+    import subprocess
+    import sys
+
+    from test_dispatch import lose_and_plan_resume
+
+    master = lab.start_master()
+    fired = lab.fire("HANG resumable work")
+    (agent,) = fired.job.agents
+    entry = lab.worker(agent.key)
+    wait_for("the session file", lambda: Path(entry.identity.session_file or "").exists())
+    _resumable, new_master, _dry = lose_and_plan_resume(lab, master, agent.key)
+
+    def cli(*words: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pi_tmux_matrix", *words], capture_output=True, text=True, env=lab.env,
+            timeout=60, check=False,
+        )  # fmt: skip
+
+    parent = ("--parent-pid", str(new_master.pid), "--parent-session", "boss2")
+    done = cli("resume", agent.key, "--json", *parent, "--socket", lab.socket)
+    assert done.returncode == 0, done.stderr
+    pid = json.loads(done.stdout)["hostPid"]
+    back = wait_for(
+        "the resumed host",
+        lambda: e if (e := lab.store.find(agent.key)) and e.pid == pid and e.child_pid else None,
+    )
+    assert back.process is not None
+    lab.started.append(back.process)
+    (view,) = [v for v in lab.dispatcher().reconcile() if v["jobId"] == fired.job.id]
+    (shown,) = view["agents"]
+    assert shown["hostAlive"] is True and shown["tmux"] == "ours", shown
+    follow = cli("followup", fired.job.id, "--", "one more thing")
+    assert follow.returncode == 0, follow.stderr
+    stop = cli("stop", fired.job.id, "--confirm", "yes-tmux-stop")
+    assert stop.returncode == 0, stop.stderr
+    assert procs.wait_for_exit(back.process, 20)

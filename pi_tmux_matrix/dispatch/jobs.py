@@ -21,7 +21,7 @@ from ..matrix.model import bounded
 from ..matrix.records import Records
 from ..matrix.statedir import Problem
 from ..matrix.store import MatrixStore
-from .model import JOB_SCHEMA_VERSION, AgentResult, Job, ResultKind
+from .model import JOB_SCHEMA_VERSION, AgentResult, Job, JobAgent, ResultKind
 
 __all__ = ["JobStore", "new_job_id", "new_nonce"]
 
@@ -64,6 +64,27 @@ class JobStore:
 
     def list_jobs(self) -> tuple[list[Job], list[Problem]]:
         return self.jobs.list()
+
+    def follow(self, key: str, move: Callable[[JobAgent], JobAgent]) -> list[Job]:
+        """The agent ``key`` runs somewhere new (resumed, relaunched, rehosted): it stays the same
+        agent of its job, so every live job holding it gets ``move`` applied to that agent (its
+        host, pane or log), and ``jobs``, ``followup`` and ``stop JOB`` reach it again."""
+        moved: list[Job] = []
+        jobs, _problems = self.list_jobs()
+        for job in jobs:
+            if job.dismissed_at is not None or job.stopped_at is not None:
+                continue
+            if not any(a.key == key for a in job.agents):
+                continue
+            moved.append(
+                self.update(
+                    job.id,
+                    lambda j: attrs.evolve(
+                        j, agents=tuple(move(a) if a.key == key else a for a in j.agents), orphaned_at=None
+                    ),
+                )
+            )
+        return moved
 
     # -- results ----------------------------------------------------------------------------------
     def put_result(self, result: AgentResult) -> bool:
