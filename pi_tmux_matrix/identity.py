@@ -204,6 +204,13 @@ class AgentIdentityContract:
         return self.provider in (None, "pi")
 
     @property
+    def relaunchable(self) -> bool:
+        """A pi agent with its working directory: it can be relaunched as the same logical agent
+        (same agent id, same session id), into its session file when it has one, else into a
+        fresh one whose wake prompt says the transcript was lost."""
+        return self.is_pi and self.cwd is not None
+
+    @property
     def resume_complete(self) -> bool:
         """Enough durable context to relaunch this exact session (seed 000: 'complete')."""
         return self.is_pi and self.session_file is not None and self.cwd is not None

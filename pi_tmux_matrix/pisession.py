@@ -108,6 +108,25 @@ def header_cwd(session_file: str) -> str | None:
         return None
 
 
+def has_transcript(session_file: str | None) -> bool:
+    """Whether the session holds anything past its header (a first turn was written): False for a
+    missing file and for a header-only one (an agent that died before its first turn)."""
+    if session_file is None:
+        return False
+    try:
+        fd = os.open(session_file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        head = os.read(fd, MAX_HEADER_BYTES + 2)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    first, _, rest = head.partition(b"\n")
+    return bool(first) and bool(rest.strip())
+
+
 def whole_lines(session_file: str) -> bytes:
     """The session up to its last complete line: the parent may be writing one right now."""
     with open(session_file, "rb") as handle:

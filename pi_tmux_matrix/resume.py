@@ -45,6 +45,7 @@ class ResumePlan:
     cwd: str
     window: str
     ticket: str | None = None  # the launch's ticket (matrix.tickets), when its host takes one
+    session_file: str | None = None  # the pi session file it runs in (made by relaunch if missing)
 
     def to_json(self) -> dict[str, Any]:
         return {"key": self.key, "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd}
@@ -71,18 +72,24 @@ def plan_resume(
 
     payload = check_resumable(entry)
     identity = payload.identity
-    assert identity.session_file is not None and identity.cwd is not None
-    header_cwd = session_header_cwd(identity.session_file)
-    if header_cwd is None:
-        raise ResumeRefused(
-            f"{entry.key}: the session file {identity.session_file} has no readable header (a pi session "
-            "starts with a line holding its id and cwd); it cannot be resumed exactly"
-        )
-    if not os.path.isdir(header_cwd):
-        raise ResumeRefused(
-            f"{entry.key}: the session's own cwd {header_cwd} (its header) is gone; pi would stop at a "
-            "prompt; restore the folder or clean the entry up"
-        )
+    assert identity.cwd is not None
+    session_file = identity.session_file
+    if session_file is not None and os.path.lexists(session_file):
+        header_cwd = session_header_cwd(session_file)
+        if header_cwd is None:
+            raise ResumeRefused(
+                f"{entry.key}: the session file {session_file} has no readable header (a pi session "
+                "starts with a line holding its id and cwd); it cannot be resumed exactly"
+            )
+        if not os.path.isdir(header_cwd):
+            raise ResumeRefused(
+                f"{entry.key}: the session's own cwd {header_cwd} (its header) is gone; pi would stop at a "
+                "prompt; restore the folder or clean the entry up"
+            )
+    else:
+        # Never written (the agent died before its first turn) or gone: the same logical agent
+        # goes into a fresh file under its own session id, made by the launcher (relaunch).
+        session_file = session_file or pisession.new_session_file(identity.cwd, identity.session_id, env)
     dispatcher = Dispatcher(store, settings or load_settings(identity.cwd), env=env)
     if identity.profile is None:
         # Launched without a profile (a host started by hand): plain pi, as it ran before.
@@ -113,7 +120,7 @@ def plan_resume(
         profile=profile, task=wake, cwd=identity.cwd, parent=parent, parent_session=parent_session,
         allowed_paths=tuple(resolve_write_paths(profile, cwd=identity.cwd, worktree=identity.worktree)),
         deadline_s=profile.deadline_s, nonce="resume", worktree=identity.worktree, lane=lane,
-        task_ref=payload.task_ref, session_file=identity.session_file,
+        task_ref=payload.task_ref, session_file=session_file,
         resource_pointers=identity.resource_pointers,
     )  # fmt: skip
     # The same door as every fire: the bridge (launch_argv) and the envelope (launch_env) come
@@ -122,7 +129,9 @@ def plan_resume(
     for name in (ENV_DONE_MARKER, ENV_BLOCKED_MARKER):
         launch_env.pop(name, None)  # a resumed session answers its wake prompt, not a job's marker
     ticket = launch.ticket if dispatcher.settings.enabled else None
-    return ResumePlan(entry.key, tuple(argv), launch_env, identity.cwd, identity.agent_id[:40], ticket)
+    return ResumePlan(
+        entry.key, tuple(argv), launch_env, identity.cwd, identity.agent_id[:40], ticket, session_file
+    )
 
 
 def relaunch(
@@ -139,6 +148,10 @@ def relaunch(
     store = MatrixStore(request.state_dir)
     entry: Entry = request.entry
     plan = plan_resume(store, entry, request.parent, request.parent_session, settings=settings, env=env)
+    if plan.session_file is not None and plan.session_file != entry.identity.session_file:
+        # A fresh file for an agent whose transcript was never written: every plan of this
+        # relaunch (the headless fallback too) names the same one.
+        entry = lifecycle.with_identity(entry, session_file=plan.session_file)
     if procs.is_alive(entry.child_process):
         raise ResumeRefused(
             f"{entry.key}: its agent process (pid {entry.child_pid}) outlived its host and still runs; "
@@ -156,6 +169,9 @@ def relaunch(
     where: tuple[str | None, str | None, str | None] = (None, None, None)  # socket, pane, target
     try:
         pid: int | None = None
+        if plan.session_file is not None and not os.path.lexists(plan.session_file):
+            identity = entry.identity
+            pisession.write_header(plan.session_file, identity.session_id, identity.cwd or plan.cwd)
         if request.backend == TMUX:
             from .dispatch.tmux import TmuxServer
 

@@ -680,7 +680,9 @@ def test_fire_json_prints_the_job_and_each_agents_key_target_and_pane_pid(lab: L
         lab.worker(agent["key"])
 
 
-@pytest.mark.parametrize("broken", ["session_file_gone", "header_cwd_gone", "profile_gone"])
+# A session file that is gone is no refusal any more (issue 18.11): the same logical agent is
+# relaunched into a fresh file (tests/test_recovery_relaunch.py).
+@pytest.mark.parametrize("broken", ["header_cwd_gone", "profile_gone"])
 def test_resume_refuses_what_it_cannot_resume_exactly(lab: Lab, broken: str) -> None:
     master = lab.start_master()
     fired = lab.fire("HANG to resume", lane=None)
@@ -694,9 +696,7 @@ def test_resume_refuses_what_it_cannot_resume_exactly(lab: Lab, broken: str) -> 
         procs.send_signal(ident, signal.SIGKILL)  # type: ignore[arg-type]
         procs.wait_for_exit(ident, 5)  # type: ignore[arg-type]
     session_file = Path(entry.identity.session_file or "")
-    if broken == "session_file_gone":
-        session_file.unlink()
-    elif broken == "header_cwd_gone":
+    if broken == "header_cwd_gone":
         lines = session_file.read_text().splitlines()
         header = json.loads(lines[0])
         header["cwd"] = str(lab.tmp / "vanished")
@@ -715,7 +715,6 @@ def test_resume_refuses_what_it_cannot_resume_exactly(lab: Lab, broken: str) -> 
     )  # fmt: skip
     assert done.returncode == 1, done.stdout
     expected = {
-        "session_file_gone": "is gone",
         "header_cwd_gone": "header",
         "profile_gone": "retired-reviewer",
     }

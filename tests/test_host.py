@@ -407,6 +407,38 @@ def test_parent_death_winds_down_steers_the_agent_and_expires_leaving_it_resumab
     assert len(host.steers()) == 1  # one notice, never repeated
 
 
+def test_an_adopted_agent_is_told_in_its_own_session_that_it_goes_on(
+    reaper: Reaper, store: MatrixStore, work: Path
+) -> None:
+    """Issue 18.8: its last notice said "start no new work ... this agent will be stopped"; the
+    adoption sends one more, naming the new parent (the origin: "adopted by a new parent")."""
+    parent = reaper.sleeper()
+    task = "HANG long job"
+    host = start_host(
+        reaper, store, work, "told1", mode="interactive", parent=parent.pid, parent_session="boss1",
+        agent=[task],
+    )  # fmt: skip
+    host.wait_child(reaper)
+    wait_for("the agent's first turn", lambda: host.turn_started(task), detail=host.diagnose)
+    kill_parent(parent)
+    wait_for("resumable", entry_is(host, Status.RESUMABLE), timeout=5, detail=host.diagnose)
+    new_parent = reaper.sleeper()
+    done = owner_command(
+        store, "adopt", host.key, "--parent-pid", str(new_parent.pid), "--parent-session", "boss2", cwd=work
+    )
+    assert done.returncode == 0, done.stderr
+    steers = wait_for(
+        "two notices", lambda: s if len(s := host.steers()) == 2 else None, detail=host.diagnose
+    )
+    assert "is gone" in steers[0]
+    assert (
+        "adopted by a new parent" in steers[1]
+        and f"pid {new_parent.pid}" in steers[1]
+        and "boss2" in steers[1]
+    )
+    assert [n["channel"] for n in host.events("steer_notice")] == ["mailbox", "mailbox"]
+
+
 # === 2. adoption within the grace window ========================================================
 def test_adoption_within_the_grace_window_reparents_and_a_new_parent_death_winds_down_again(
     reaper: Reaper, store: MatrixStore, work: Path
@@ -464,7 +496,8 @@ def test_adoption_within_the_grace_window_reparents_and_a_new_parent_death_winds
     assert again.resumable is not None and again.resumable.identity == again.identity
     expected = ["winding_down", "resumable", "running", "winding_down", "resumable"]
     settles("the status events of both wind-downs", lambda: [s for s, _ in host.statuses()], expected)
-    wait_for("the second steer notice", lambda: len(host.steers()) == 2, timeout=5, detail=host.diagnose)
+    # parent lost, adopted (issue 18.8), parent lost again
+    wait_for("the second steer notice", lambda: len(host.steers()) == 3, timeout=5, detail=host.diagnose)
 
     # End it the cooperative way rather than waiting out a second grace window.
     assert owner_command(store, "cleanup", host.key, cwd=work).returncode == 0

@@ -98,7 +98,9 @@ def _decide(entry: Entry, facts: Facts) -> Action:
         return act(ActionKind.REMOVE, "terminal and delivered")
     if entry.status is Status.RESUMABLE:
         return act(ActionKind.KEEP, "resumable")
-    if entry.role is Role.WORKER and entry.status in _INTERRUPTIBLE and entry.identity.resume_complete:
+    # Any pi worker is repaired from its logical identity, even one that died before pi wrote a
+    # session file: it is relaunched as the same agent into a fresh file (the origin's rule).
+    if entry.role is Role.WORKER and entry.status in _INTERRUPTIBLE and entry.identity.relaunchable:
         payload = ResumablePayload(
             identity=entry.identity,
             reason="interrupted",

@@ -245,7 +245,7 @@ class Master:
         assert self.prompter is not None
         name = f"worker {entry.identity.agent_id} (lane {entry.identity.lane or '-'})"
         if not decision.alive:
-            resumable = entry.status is Status.RESUMABLE and entry.identity.resume_complete
+            resumable = entry.status is Status.RESUMABLE and entry.identity.relaunchable
             if resumable and self.prompter.ask(f"resume {name} in its own session?"):
                 return self._resume(entry, decision, "resumed")
             return attrs.evolve(decision, action="left")

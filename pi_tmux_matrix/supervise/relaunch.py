@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import Final, Protocol
 
+from .. import pisession
 from ..contract import (
     ENV_PI_COMMAND,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "host_argv",
     "pi_command",
     "spawn_detached",
+    "transcript_lost",
     "wake_prompt",
 ]
 
@@ -40,15 +42,28 @@ class Relauncher(Protocol):
     def __call__(self, entry: Entry, parent: ProcessIdentity, parent_session: str) -> int: ...
 
 
+def transcript_lost(payload: ResumablePayload) -> bool:
+    """The worker's session holds no transcript: no file was written, it is gone, or it holds only
+    its header (the agent died before its first turn). It is relaunched as the same agent, told
+    to start the task again from its summary."""
+    return not pisession.has_transcript(payload.identity.session_file)
+
+
 def wake_prompt(payload: ResumablePayload) -> str:
     """The first prompt of a resumed session: pointers, never a second transcript."""
     identity = payload.identity
-    parts = [
-        (
+    if transcript_lost(payload):
+        first = (
+            f"[pi-matrix] You are agent {identity.agent_id}, relaunched after your process was lost "
+            f"({payload.reason}). Your session holds no transcript (it ended before one was written), "
+            "so start the task again from its summary."
+        )
+    else:
+        first = (
             f"[pi-matrix] You are agent {identity.agent_id}, resumed in your own session after "
             f"your process was lost ({payload.reason})."
-        ),
-    ]
+        )
+    parts = [first]
     if payload.task_ref:
         parts.append(f"Task: {payload.task_ref}.")
     if payload.task_summary:
@@ -66,13 +81,10 @@ def check_resumable(entry: Entry) -> ResumablePayload:
     if entry.status is not Status.RESUMABLE or payload is None:
         raise ResumeRefused(f"{entry.key}: status {entry.status.value} is not resumable")
     identity = payload.identity
-    if not identity.resume_complete:
-        raise ResumeRefused(f"{entry.key}: no complete pi context (session file and cwd) to resume from")
-    assert identity.session_file is not None and identity.cwd is not None
-    if not os.path.isfile(identity.session_file):
-        raise ResumeRefused(
-            f"{entry.key}: session file {identity.session_file} is gone; it cannot be resumed exactly"
-        )
+    if not identity.relaunchable:
+        what = "not a pi agent" if not identity.is_pi else "no working directory recorded"
+        raise ResumeRefused(f"{entry.key}: {what}; only a pi agent with its cwd can be relaunched")
+    assert identity.cwd is not None
     if not os.path.isdir(identity.cwd):
         raise ResumeRefused(
             f"{entry.key}: working directory {identity.cwd} is gone (pi would stop at a prompt); "

@@ -188,6 +188,12 @@ class WorkerSide:
         self.record.events.write(
             "adopted", parent_pid=new_parent.pid, parent_session=directive.parent_session_id
         )
+        # One notice into the agent's own session: its last one may have said it would be stopped.
+        self.agent.steer(
+            f"[pi-matrix] You were adopted by a new parent (session {directive.parent_session_id}, "
+            f"pid {new_parent.pid}). Resuming: carry on with your task.",
+            notice=True,
+        )
         self._watch()
         if not procs.is_alive(new_parent):
             self.parent_lost()
