@@ -54,6 +54,12 @@ def register(sub: Any, epilog: str) -> None:
     )
     host.add_argument("--rpc-prompt", metavar="TEXT", help="rpc mode: the first prompt to send")
     host.add_argument(
+        "--rehost",
+        metavar="KEY",
+        help="take over the live agent of KEY, whose host died (started by a master; no ARGV)",
+    )
+    host.add_argument("--rehost-claim", metavar="GEN", help="the launcher's claim on KEY (its generation)")
+    host.add_argument(
         "--launch-ticket",
         metavar="TICKET",
         help="the launcher's ticket: taken before anything starts; nothing starts if the launcher gave up",
@@ -138,6 +144,8 @@ def become(argv: list[str], io: Io) -> int:
 def cmd_host(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix host [flags] -- ARGV…``."""
     argv: list[str] = args.argv
+    if args.rehost:
+        return _rehost(args, io)
     if not argv:
         raise ContractError("ARGV", "no command given", "put the agent command after --, e.g. -- pi")
     settings = load_settings(args.cwd)
@@ -185,6 +193,34 @@ def cmd_host(args: argparse.Namespace, io: Io) -> int:
             )
             io.err.write(f"pi-matrix host: {why}; nothing started\n")
             return 1
+    hooks = HostHooks(on_agent_end=abort_forks)
+    return AgentHost(spec, store, settings, hooks=hooks, out=io.out).run()
+
+
+def _rehost(args: argparse.Namespace, io: Io) -> int:
+    """``host --rehost KEY --rehost-claim GEN``: the live agent of a dead host, supervised again."""
+    if args.argv:
+        raise ContractError("ARGV", "given with --rehost", "a rehost takes over the running agent; drop ARGV")
+    if not args.rehost_claim:
+        raise ContractError("--rehost-claim", "missing", "a rehost runs only over its launcher's claim")
+    store = store_of(args)
+    entry = store.get(args.rehost)
+    agent = entry.child_process
+    if entry.generation != args.rehost_claim or agent is None or not procs.is_alive(agent):
+        io.err.write(f"pi-matrix host: {entry.key}: its claim is gone or its agent ended; nothing done\n")
+        return 1
+    identity = entry.identity
+    spec = HostSpec(
+        argv=(),
+        identity=identity,
+        contract=contract_from_args(args),
+        mode=identity.mode or Mode.INTERACTIVE,
+        task_summary=entry.task_summary,
+        stop_grace_s=args.stop_grace,
+        take_over=agent,
+        claim=args.rehost_claim,
+    )
+    settings = load_settings(identity.cwd)
     hooks = HostHooks(on_agent_end=abort_forks)
     return AgentHost(spec, store, settings, hooks=hooks, out=io.out).run()
 

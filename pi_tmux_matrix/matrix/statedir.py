@@ -37,7 +37,7 @@ LOCKS: Final = "locks"
 QUARANTINE: Final = "quarantine"
 # Sub-directories the matrix itself keeps beside the entries; never reported as foreign.
 RESERVED_DIRS: Final = frozenset(
-    {LOCKS, QUARANTINE, "events", "mailbox", "results", "runs", "jobs", "logs", "artifacts"}
+    {LOCKS, QUARANTINE, "events", "mailbox", "results", "runs", "jobs", "logs", "artifacts", "launches"}
 )
 
 

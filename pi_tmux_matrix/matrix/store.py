@@ -175,8 +175,9 @@ class MatrixStore(StateDir):
             self._write(root_fd, entry.key, stamped, exclusive=True)
             return stamped
 
-    def register(self, entry: Entry) -> Entry:
-        """Write ``entry`` as a new process generation, whatever was there before.
+    def register(self, entry: Entry, *, expected: str | None = None) -> Entry:
+        """Write ``entry`` as a new process generation, whatever was there before (with
+        ``expected``: only over that generation, else :class:`Conflict`).
 
         This is how a newer process of the same session takes ownership: every write of the
         older process after this one fails with :class:`Conflict`. Undelivered terminal
@@ -187,6 +188,8 @@ class MatrixStore(StateDir):
             # A corrupt file here raises CorruptEntry: it is evidence, never overwritten
             # without an explicit repair.
             previous = self._read(root_fd, entry.key)
+            if expected is not None and (previous is None or previous.generation != expected):
+                raise Conflict(entry.key, expected, None if previous is None else previous.generation)
             if previous is not None and previous.undelivered:
                 kept = tuple(h for h in previous.undelivered if h not in entry.handoffs)
                 entry = attrs.evolve(entry, handoffs=(*kept, *entry.handoffs)[-MAX_HANDOFFS:])

@@ -39,8 +39,11 @@ __all__ = [
 ]
 
 
-def exit_code_of(returncode: int) -> int:
-    """A child's return code as a process exit status (signals as 128+n, like a shell)."""
+def exit_code_of(returncode: int | None) -> int:
+    """A child's return code as a process exit status (signals as 128+n, like a shell); 0 for an
+    agent that was not our child (its code cannot be known)."""
+    if returncode is None:
+        return 0
     return returncode if returncode >= 0 else 128 - returncode
 
 
@@ -122,10 +125,11 @@ class StopSequence:
             signals.append(self.steps.pop(0)[1])
         return signals
 
-    def classify(self, returncode: int, now: int) -> ExitRecord:
-        """How the child ended: as its stop asked, killed by a forwarded signal, crashed, or exited."""
-        code = returncode if returncode >= 0 else None
-        sig = -returncode if returncode < 0 else None
+    def classify(self, returncode: int | None, now: int) -> ExitRecord:
+        """How the child ended: as its stop asked, killed by a forwarded signal, crashed, or exited
+        (``returncode`` None: an agent taken over from a dead host, whose code nobody can read)."""
+        code = returncode if returncode is not None and returncode >= 0 else None
+        sig = -returncode if returncode is not None and returncode < 0 else None
         if self.outcome is not None:
             return ExitRecord(kind=self.outcome, at=now, code=code, signal=sig)
         if self.forwarded is not None:
@@ -135,9 +139,12 @@ class StopSequence:
         return ExitRecord(kind=ExitKind.EXITED, at=now, code=code)
 
     def end_step(
-        self, record: ExitRecord, now: int, *, summary: str, result_pointer: str
+        self, record: ExitRecord, now: int, *, summary: str, result_pointer: str, lost: bool = False
     ) -> Callable[[Entry], Entry | None]:
-        """The write that records the child's end in the entry, by why it stopped."""
+        """The write that records the child's end in the entry, by why it stopped (``lost``: its
+        terminal went away under it, see :meth:`AgentChild.terminal_lost`)."""
+        if lost:
+            return self.lost_step(record, now)
         if self.reason == "grace_expired":
             # Expiry leaves the entry resumable for a future session; only the exit is noted.
             return lambda e: attrs.evolve(e, exit=record) if e.status is Status.RESUMABLE else None
@@ -200,11 +207,28 @@ class AgentChild:
         self.stop_grace_s = stop_grace_s
         self.popen: subprocess.Popen[bytes] | None = None
         self.identity: ProcessIdentity | None = None
+        self.taken_over = False  # an agent started by a host that died, watched here by identity
         self.stop = StopSequence()
         # A host in a tmux pane has the pane as its terminal; one without a terminal never loses one.
         self.had_terminal = os.isatty(0) and not terminal_gone()
         # The events log is looked up per event: a session switch re-keys the record.
         self.rpc = RpcPipe(out, lambda event: record.events.write("rpc", data=event))
+
+    @property
+    def running(self) -> bool:
+        """There is an agent to supervise: our child, or one taken over."""
+        return self.popen is not None or self.taken_over
+
+    def take_over(self, identity: ProcessIdentity) -> None:
+        """Supervise a live agent that another (dead) host started: watched by a pidfd, told
+        through its mailbox, stopped by identity-checked signals; its exit code stays unknown."""
+        self.identity = identity
+        self.taken_over = True
+        self.record.events.write("taken_over", pid=identity.pid)
+
+    def end_code(self) -> int | None:
+        """The ended agent's return code (reaped), or None for one that was not our child."""
+        return self.popen.wait() if self.popen is not None else None
 
     def start(
         self, argv: tuple[str, ...], *, cwd: str | None, env: dict[str, str]
@@ -230,12 +254,15 @@ class AgentChild:
         channel = self.tell("steer", text)
         self.record.events.write("steer_notice" if notice else "steer", channel=channel, message=text)
 
-    def terminal_lost(self, returncode: int) -> bool:
+    def terminal_lost(self, returncode: int | None) -> bool:
         """The agent ended because its terminal hung up (a pane or tmux server gone), not
         because anyone asked it to stop."""
         if self.stop.requested:
             return False
-        return self.stop.hangup or returncode == -signal.SIGHUP or (self.had_terminal and terminal_gone())
+        lost = self.stop.hangup or returncode == -signal.SIGHUP or (self.had_terminal and terminal_gone())
+        if lost:
+            self.record.events.write("terminal_lost", code=returncode)
+        return lost
 
     def request_stop(self, outcome: ExitKind, reason: str) -> None:
         """The one stop path: request -> grace -> SIGTERM -> grace -> SIGKILL."""

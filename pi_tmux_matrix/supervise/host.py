@@ -72,6 +72,10 @@ class HostSpec:
     stop_grace_s: float = 3.0
     rpc_prompt: str | None = None
     role: Role | None = None  # None: worker iff the contract declares a valid parent
+    # Rehosting: the live agent of a dead host, taken over instead of starting ``argv``, and the
+    # generation of the launcher's claim on the entry (the registration is fenced by it).
+    take_over: ProcessIdentity | None = None
+    claim: str | None = None
 
 
 @attrs.define
@@ -179,7 +183,9 @@ class AgentHost:
             task_ref=contract.task_ref,
             task_summary=self.spec.task_summary,
         )
-        registered = self.record.register(entry)
+        if self.spec.take_over is not None:
+            entry = lifecycle.with_child(entry, self.spec.take_over)
+        registered = self.record.register(entry, expected=self.spec.claim)
         self.events.write("registered", role=self.role.value, generation=registered.registration)
         return registered
 
@@ -200,21 +206,17 @@ class AgentHost:
         if self.spec.mode is Mode.RPC and self.spec.rpc_prompt:
             self.agent.rpc.send({"type": "prompt", "message": self.spec.rpc_prompt})
 
-    def _record_end(self, returncode: int) -> None:
+    def _record_end(self, returncode: int | None) -> None:
         stop = self.agent.stop
         record = stop.classify(returncode, now_ms())
         self.events.write("child_exited", kind=record.kind.value, code=record.code, signal=record.signal)
         if self.hooks.on_agent_end is not None:
             self.hooks.on_agent_end(self)
-        if self.role is Role.WORKER and self.agent.terminal_lost(returncode):
-            # The agent's tmux pane or server went away under it: its task did not end, so the
-            # worker is resumable (a master relaunches a pi worker into its exact session file).
-            self.events.write("terminal_lost", code=record.code, signal=record.signal)
-            self.record.write(self.agent.stop.lost_step(record, now_ms()))
-            return
+        # A worker whose pane or tmux server went away under it did not end its task: resumable.
+        lost = self.role is Role.WORKER and self.agent.terminal_lost(returncode)
         summary = self.agent.rpc.last_message or describe_end(record)
         pointer = self.reports.result_pointer or str(self.events.path)
-        self.record.write(stop.end_step(record, now_ms(), summary=summary, result_pointer=pointer))
+        self.record.write(stop.end_step(record, now_ms(), summary=summary, result_pointer=pointer, lost=lost))
 
     # -- session switch (/new, /resume, /fork) -----------------------------------------------------
     def switch_session(
@@ -332,7 +334,9 @@ class AgentHost:
         # exec and make Ctrl-C dead in an interactive agent. _on_signals decides what each means.
         watched = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGUSR2)
         with procs.SignalWakeup(watched) as wakeup:
-            if self.spec.argv:
+            if self.spec.take_over is not None:
+                self.agent.take_over(self.spec.take_over)
+            elif self.spec.argv:
                 try:
                     self._spawn()
                 except OSError as exc:
@@ -349,8 +353,11 @@ class AgentHost:
         self._selector = selector
         selector.register(wakeup.read_fd, selectors.EVENT_READ, SIGNAL_TAG)
         child_fd = None
-        if self.child is not None:
-            child_fd = os.pidfd_open(self.child.pid)
+        if self.agent.running:
+            identity = self.agent.identity
+            child_fd = procs.open_pidfd(identity) if identity is not None else None
+            if child_fd is None:
+                return self._on_child_exit()  # it ended before we could watch it
             selector.register(child_fd, selectors.EVENT_READ, CHILD_TAG)
             self.agent.rpc.watch(selector)
         self._watch_inbox()
@@ -370,7 +377,7 @@ class AgentHost:
                     code = handlers[key.data](key)
                     if code is not None:
                         return code
-                if self.child is None and self.agent.stop.requested:
+                if not self.agent.running and self.agent.stop.requested:
                     self._record_end(0)
                     return 0
                 self._on_timers(timers)
@@ -392,8 +399,7 @@ class AgentHost:
         )
 
     def _on_child_exit(self) -> int:
-        assert self.child is not None
-        returncode = self.child.wait()
+        returncode = self.agent.end_code()
         self.worker.unwatch()
         self.agent.rpc.drain()
         # The bridge's last reports (its final result, a tool block) may land just before pi
@@ -437,7 +443,7 @@ class AgentHost:
             elif sig == signal.SIGINT and self.spec.mode is Mode.INTERACTIVE and self.child is not None:
                 continue  # the terminal already sent it to the child's process group
             elif sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-                if self.child is None:
+                if not self.agent.running:
                     # A master with no child: being asked to stop is the end of the line.
                     self.agent.request_stop(ExitKind.KILLED, "signal")
                     continue

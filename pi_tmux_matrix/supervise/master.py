@@ -24,6 +24,7 @@ from ..matrix.model import Entry, Handoff, Status
 from ..matrix.owners import calling_master, owning_master, require_master
 from ..matrix.reconcile import ActionKind, Facts, Plan, reconcile
 from ..matrix.store import MatrixStore, now_ms
+from .rehost import needs_rehost, rehost
 from .relaunch import Relauncher, ResumeRefused
 
 __all__ = [
@@ -74,7 +75,8 @@ class Decision:
     lane: str | None
     exact: bool
     alive: bool
-    action: str  # re-adopted | relaunched | adopted | cleanup_requested | resumed | left | reported | failed
+    # re-adopted | rehosted | relaunched | adopted | cleanup_requested | resumed | left | reported | failed
+    action: str
     detail: str = ""
 
 
@@ -202,13 +204,31 @@ class Master:
                 decision, detail=f"task is {self.task_state}: automatic recovery disabled"
             )
         if self.prompter is None:
+            if decision.alive and needs_rehost(entry):
+                return attrs.evolve(
+                    decision, detail=f"agent pid {entry.child_pid} unsupervised (its host died)"
+                )
             return decision
         return self._ask(entry, decision)
 
     def _recover(self, entry: Entry, decision: Decision) -> Decision:
+        if decision.alive and needs_rehost(entry):
+            return self._rehost(entry, decision)
         if decision.alive:
             return self._adopt(entry, decision, "re-adopted")
         return self._resume(entry, decision, "relaunched")
+
+    def _rehost(self, entry: Entry, decision: Decision) -> Decision:
+        """Its host died and its agent lives: a grant would never be read; a new host takes it."""
+        try:
+            pid = rehost(self.store, entry, self.me, self.session_id)
+        except ResumeRefused as exc:
+            return attrs.evolve(decision, action="reported", detail=str(exc))
+        except (PiMatrixError, OSError) as exc:
+            return attrs.evolve(decision, action="failed", detail=str(exc))
+        return attrs.evolve(
+            decision, action="rehosted", detail=f"agent pid {entry.child_pid}, new host pid {pid}"
+        )
 
     def _adopt(self, entry: Entry, decision: Decision, action: str) -> Decision:
         now = now_ms()
@@ -249,7 +269,11 @@ class Master:
             if resumable and self.prompter.ask(f"resume {name} in its own session?"):
                 return self._resume(entry, decision, "resumed")
             return attrs.evolve(decision, action="left")
-        if self.prompter.ask(f"adopt {name}?"):
+        if needs_rehost(entry):
+            unsupervised = f"its host died; its agent pid {entry.child_pid} runs unsupervised"
+            if self.prompter.ask(f"take {name} over with a new host ({unsupervised})?"):
+                return self._rehost(entry, decision)
+        elif self.prompter.ask(f"adopt {name}?"):
             return self._adopt(entry, decision, "adopted")
         if self.prompter.ask(f"clean up {name} gracefully?"):
             return self._cleanup(entry, decision)

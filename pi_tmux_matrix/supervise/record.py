@@ -45,9 +45,10 @@ class OwnRecord:
         self.inbox = Inbox(self.store, key)
         self.notices = AgentNotices(self.store, key)
 
-    def register(self, entry: Entry) -> Entry:
-        """Write ``entry`` as a new process generation (an older same-session host loses it)."""
-        self.entry = self.store.register(entry)
+    def register(self, entry: Entry, *, expected: str | None = None) -> Entry:
+        """Write ``entry`` as a new process generation (an older same-session host loses it);
+        with ``expected``, only over that exact generation (a launcher's claim)."""
+        self.entry = self.store.register(entry, expected=expected)
         self.registration = self.entry.registration
         self.superseded = False
         return self.entry

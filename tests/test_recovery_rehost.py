@@ -1,0 +1,74 @@
+"""A dead host's live agent is rehosted, never left unsupervised (issue 18.2): the next exact
+master starts a new host that takes the agent over by pid + start time; ``send`` and ``stop`` work
+on it again and its end is recorded. Each test was seen to fail before the change."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+from test_dispatch import Lab, sublab, wait_for  # noqa: F401 - sublab is a fixture
+
+from pi_tmux_matrix import procs
+from pi_tmux_matrix.matrix.model import Status
+
+
+def _cli(at: Lab, *words: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(at.state), *words],
+        capture_output=True, text=True, env=at.env, timeout=60, check=False, cwd=at.work,
+    )  # fmt: skip
+
+
+def _kill(*identities: procs.ProcessIdentity | None) -> None:
+    for ident in identities:
+        if ident is not None:
+            procs.send_signal(ident, signal.SIGKILL)
+            procs.wait_for_exit(ident, 5)
+
+
+def test_a_live_agent_whose_host_died_is_rehosted_by_its_exact_master_then_steered_and_stopped(
+    sublab: Lab,  # noqa: F811
+) -> None:
+    master = sublab.start_master()
+    fired = sublab.fire("HANG long work", backend="subprocess", goal_id="goal-1")
+    (agent,) = fired.job.agents
+    entry = sublab.worker(agent.key)
+    assert entry.child_process is not None and entry.task_ref == "goal-1"
+    sublab.started.append(entry.child_process)
+    # The worker's host dies (its agent runs on), then the master and the master's own agent.
+    _kill(entry.process)
+    running = sublab.store.get(master.key)
+    _kill(master.process, running.child_process)
+    assert procs.is_alive(entry.child_process)
+
+    second = sublab.start_master()  # the same session and task: exact
+    back = wait_for(
+        "the agent under a new host",
+        lambda: (
+            e
+            if (e := sublab.store.find(agent.key))
+            and e.pid != entry.pid
+            and e.status is Status.RUNNING
+            and e.parent_pid == second.pid
+            else None
+        ),
+        timeout=20,
+    )
+    assert back.process is not None and procs.is_alive(back.process)
+    sublab.started.append(back.process)
+    assert back.child_process == entry.child_process  # the same agent, not a second one
+    assert back.identity == entry.identity
+
+    steer = _cli(sublab, "send", agent.key, "--steer", "still there?")
+    assert steer.returncode == 0, steer.stderr
+    stop = _cli(sublab, "stop", agent.key, "--confirm", "yes-tmux-stop")
+    assert stop.returncode == 0, stop.stderr
+    assert procs.wait_for_exit(entry.child_process, 20), "the rehosted agent was not stopped"
+    ended = wait_for(
+        "its end recorded",
+        lambda: e if (e := sublab.store.find(agent.key)) and e.exit is not None else None,
+        timeout=20,
+    )
+    assert ended.status is Status.TERMINAL and ended.exit is not None and ended.exit.code is None
