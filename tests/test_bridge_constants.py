@@ -65,6 +65,12 @@ def test_the_stop_word_is_the_clis() -> None:
     assert json.loads(const("STOP_WORD", "master.ts")) == STOP_WORD
 
 
+def test_the_tools_deadline_bound_is_the_dispatchers() -> None:
+    from pi_tmux_matrix.dispatch.request import MAX_DEADLINE_S
+
+    assert number(const("MAX_DEADLINE_S", "master.ts").split("//")[0].strip()) == MAX_DEADLINE_S
+
+
 @pytest.mark.parametrize("file", sorted(p.name for p in BRIDGE.glob("*.ts")))
 def test_every_env_name_the_bridge_reads_is_owned_by_the_contract(file: str) -> None:
     names = vars(contract).items()

@@ -81,12 +81,49 @@ function text(value: string): any {
   return { content: [{ type: "text", text: bounded(value) }], details: {} };
 }
 
-function need(params: any, name: string): string {
-  const value = params[name];
+/** A parameter by the origin's camelCase name, or today's snake_case alias. */
+function pick(params: any, name: string, alias?: string): any {
+  return params[name] !== undefined ? params[name] : alias ? params[alias] : undefined;
+}
+
+function need(params: any, name: string, alias?: string): string {
+  const value = pick(params, name, alias);
   if (typeof value !== "string" || value.trim() === "") {
     throw new Error(`tmux_agent_manager: ${params.action} needs "${name}"`);
   }
   return value;
+}
+
+const MIN_DEADLINE_S = 5;
+const MAX_DEADLINE_S = 86400; // request.MAX_DEADLINE_S
+
+/** fire_task's argv (before "--"), every parameter checked here so a bad one names itself. */
+function fireArgs(params: any): string[] {
+  const args = ["fire"];
+  const team = pick(params, "teamTemplate", "team");
+  if (team) args.push("--team", String(team));
+  else args.push("--profile", need(params, "profile"));
+  if (params.lane) args.push("--lane", String(params.lane));
+  const goal = pick(params, "goalId", "goal_id");
+  if (goal) args.push("--goal-id", String(goal));
+  if (params.path) args.push("--path", String(params.path));
+  const deadline = pick(params, "deadlineSeconds", "deadline");
+  if (deadline !== undefined) {
+    if (typeof deadline !== "number" || !Number.isFinite(deadline) || deadline < MIN_DEADLINE_S || deadline > MAX_DEADLINE_S) {
+      throw new Error(
+        `tmux_agent_manager: deadlineSeconds ${JSON.stringify(deadline)} is not a number of seconds from ` +
+          `${MIN_DEADLINE_S} to ${MAX_DEADLINE_S}; give one, or leave it out for the profile's deadline`,
+      );
+    }
+    args.push("--deadline", String(deadline));
+  }
+  const key = pick(params, "launchKey", "launch_key");
+  if (key !== undefined) args.push("--launch-key", String(key));
+  if (params.force === true) args.push("--force");
+  const workspace = pick(params, "workspaceName", "workspace");
+  if (workspace !== undefined) args.push("--workspace", String(workspace));
+  if (pick(params, "dryRun", "dry_run") === true) args.push("--dry-run");
+  return args;
 }
 
 export function installMaster(pi: any): void {
@@ -118,29 +155,24 @@ export function installMaster(pi: any): void {
       case "list_jobs":
         return text(call(["jobs", "--json"], cwd));
       case "job_status":
-        return text(call(["job", need(params, "job_id"), "--json"], cwd));
+        return text(call(["job", need(params, "jobId", "job_id"), "--json"], cwd));
       case "dismiss":
-        return text(call(["dismiss", need(params, "job_id"), "--json"], cwd));
+        return text(call(["dismiss", need(params, "jobId", "job_id"), "--json"], cwd));
       case "send_followup": {
-        const args = ["followup", need(params, "job_id"), "--json"];
+        const args = ["followup", need(params, "jobId", "job_id"), "--json"];
         if (params.agent) args.push("--agent", String(params.agent));
         return text(call([...args, "--", need(params, "text")], cwd));
       }
       case "fire_task": {
-        const args = ["fire"];
-        if (params.team) args.push("--team", String(params.team));
-        else args.push("--profile", need(params, "profile"));
-        if (params.lane) args.push("--lane", String(params.lane));
-        if (params.goal_id) args.push("--goal-id", String(params.goal_id));
-        if (params.path) args.push("--path", String(params.path));
-        if (typeof params.deadline === "number") args.push("--deadline", String(params.deadline));
-        if (params.dry_run === true) args.push("--dry-run");
+        const args = fireArgs(params);
         args.push("--json", "--parent-pid", hostPid, "--parent-session", sessionId());
-        // The task is one argv word after "--": it reaches the worker exactly as the model wrote it.
-        return text(call([...args, "--", need(params, "task")], cwd));
+        // The task is one argv word after "--": it reaches the worker exactly as the model wrote it
+        // ("body" is the origin's fallback name for it).
+        const task = params.task !== undefined ? need(params, "task") : need(params, "body");
+        return text(call([...args, "--", task], cwd));
       }
       case "stop_job": {
-        const job = need(params, "job_id");
+        const job = need(params, "jobId", "job_id");
         if (params.confirm !== STOP_WORD) {
           const preview = runCli(["stop", job], cwd);
           if (preview.code !== 0 && preview.code !== 2) throw cliError(preview);
@@ -161,21 +193,31 @@ export function installMaster(pi: any): void {
     label: "Agent manager",
     description:
       "Launch and manage worker agents in tmux through pi-matrix. Actions: status (the matrix tree), " +
-      "list_profiles, fire_task (profile or team, task; optional lane, goal_id, path, deadline seconds, dry_run), " +
-      "job_status (job_id), list_jobs, send_followup (job_id, text, optional agent), dismiss (job_id), " +
-      `stop_job (job_id; previews unless confirm is "${STOP_WORD}").`,
+      "list_profiles, fire_task (profile or teamTemplate, task; optional lane, goalId, path, deadlineSeconds, " +
+      "launchKey, force, workspaceName, dryRun), job_status (jobId), list_jobs, send_followup (jobId, text, " +
+      `optional agent), dismiss (jobId), stop_job (jobId; previews unless confirm is "${STOP_WORD}"). ` +
+      "snake_case names (job_id, goal_id, dry_run, team, deadline) are accepted too.",
     promptSnippet: "Launch and manage worker agents (pi-matrix dispatcher)",
     parameters: Type.Object({
       action: Type.String({ description: ACTIONS.join(" | ") }),
       profile: Type.Optional(Type.String({ description: "fire_task: a launch profile" })),
-      team: Type.Optional(Type.String({ description: "fire_task: a team template instead of a profile" })),
+      teamTemplate: Type.Optional(Type.String({ description: "fire_task: a team template instead of a profile" })),
+      team: Type.Optional(Type.String({ description: "alias of teamTemplate" })),
       task: Type.Optional(Type.String({ description: "fire_task: the task text, passed verbatim" })),
+      body: Type.Optional(Type.String({ description: "fire_task: the task, when task is not given" })),
       lane: Type.Optional(Type.String({ description: "fire_task: a git worktree lane" })),
-      goal_id: Type.Optional(Type.String({ description: "fire_task: goal id (PI_TASK_REF)" })),
+      goalId: Type.Optional(Type.String({ description: "fire_task: goal id (PI_TASK_REF)" })),
+      goal_id: Type.Optional(Type.String({ description: "alias of goalId" })),
       path: Type.Optional(Type.String({ description: "fire_task: the agents' working directory" })),
-      deadline: Type.Optional(Type.Number({ description: "fire_task: seconds per agent" })),
-      dry_run: Type.Optional(Type.Boolean({ description: "fire_task: show what would run" })),
-      job_id: Type.Optional(Type.String({ description: "the job (job-…)" })),
+      deadlineSeconds: Type.Optional(Type.Number({ description: "fire_task: seconds per agent (5 to 86400)" })),
+      deadline: Type.Optional(Type.Number({ description: "alias of deadlineSeconds" })),
+      launchKey: Type.Optional(Type.String({ description: "fire_task: a stable job id of your own (4-80 chars)" })),
+      force: Type.Optional(Type.Boolean({ description: "fire_task: archive an earlier job of launchKey first" })),
+      workspaceName: Type.Optional(Type.String({ description: "fire_task: a fresh tmux session for the agents" })),
+      dryRun: Type.Optional(Type.Boolean({ description: "fire_task: show what would run" })),
+      dry_run: Type.Optional(Type.Boolean({ description: "alias of dryRun" })),
+      jobId: Type.Optional(Type.String({ description: "the job (job-…, or a launchKey)" })),
+      job_id: Type.Optional(Type.String({ description: "alias of jobId" })),
       agent: Type.Optional(Type.String({ description: "send_followup: only this agent" })),
       text: Type.Optional(Type.String({ description: "send_followup: the follow-up text" })),
       confirm: Type.Optional(Type.String({ description: `stop_job: "${STOP_WORD}" to really stop` })),

@@ -58,6 +58,13 @@ def register(sub: Any, epilog: str) -> None:
     fire.add_argument("--parent-session", metavar="ID", help="the firing master's session id")
     fire.add_argument("--dry-run", action="store_true", help="show what would run; start nothing")
     fire.add_argument(
+        "--launch-key", metavar="KEY", help="a stable job id of your own (4-80 of A-Z a-z 0-9 _ . : -)"
+    )
+    fire.add_argument(
+        "--force", action="store_true", help="with --launch-key: archive an earlier job of that key first"
+    )
+    fire.add_argument("--workspace", metavar="NAME", help="a fresh tmux session for the agents' windows")
+    fire.add_argument(
         "--json", action="store_true", help="print the job id and each agent's key, target, pid"
     )
     fire.set_defaults(handler=cmd_fire, takes_argv=True)
@@ -146,8 +153,10 @@ def cmd_fire(args: argparse.Namespace, io: Io) -> int:
         path=args.path, socket=args.socket or default_socket(), deadline_s=args.deadline,
         backend=args.backend,
         dry_run=args.dry_run, parent_pid=args.parent_pid, parent_session=args.parent_session,
-        agent_id=args.agent_id,
+        agent_id=args.agent_id, launch_key=args.launch_key, force=args.force, workspace=args.workspace,
     )  # fmt: skip
+    if args.force and args.launch_key is None:
+        raise ContractError("--force", "given without --launch-key", "force replaces a job named by its key")
     result = _dispatcher(args, args.path).fire(request)
     if args.json:
         _dump(io, result.to_json())

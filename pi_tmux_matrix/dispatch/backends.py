@@ -113,7 +113,8 @@ class TmuxBackend:
             agent.socket or DEFAULT_SOCKET, scrub_env=sorted(NEVER_INHERITED), timeout=self.timeout
         )
         pane = server.launch(
-            planned.argv, session=TMUX_SESSION, window_name=planned.window, cwd=planned.cwd,
+            planned.argv, session=planned.session or TMUX_SESSION, window_name=planned.window,
+            cwd=planned.cwd,
             env=planned.env, tags={KEY_TAG: agent.key, JOB_TAG: job_id},
         )  # fmt: skip
         return started_in(pane)

@@ -65,6 +65,22 @@ class JobStore:
     def list_jobs(self) -> tuple[list[Job], list[Problem]]:
         return self.jobs.list()
 
+    def archive(self, job: Job) -> str:
+        """Move ``job``'s record and results aside (``fire --launch-key K --force``): under
+        ``archived-jobs/<name>`` and ``archived-results/<name>.<n>``, each result carrying its
+        own job, agent and round. Nothing is deleted before its copy is written; returns ``name``."""
+        name = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+        jobs = Records(self.store, "archived-jobs", Job, newest=JOB_SCHEMA_VERSION)
+        results = Records(self.store, "archived-results", AgentResult)
+        kept = [r for rounds in self.results_of(job).values() for r in rounds]
+        for index, result in enumerate(kept, 1):
+            results.put(f"{name}.{index}", result, exclusive=True)
+        jobs.put(name, job, exclusive=True)
+        for result in kept:
+            self.results.delete(f"{result.job_id}.{result.agent_id}.{result.round}")
+        self.jobs.delete(job.id)
+        return name
+
     def follow(self, key: str, move: Callable[[JobAgent], JobAgent]) -> list[Job]:
         """The agent ``key`` runs somewhere new (resumed, relaunched, rehosted): it stays the same
         agent of its job, so every live job holding it gets ``move`` applied to that agent (its

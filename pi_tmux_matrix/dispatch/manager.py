@@ -28,7 +28,7 @@ import pluggy
 
 from .. import pisession, procs
 from ..contract import NEVER_INHERITED
-from ..errors import ContractError, DispatchError, EntryExists, PiMatrixError
+from ..errors import ContractError, DispatchError, EntryExists, JobNotFound, PiMatrixError, TmuxUnavailable
 from ..identity import AgentIdentityContract, ProcessIdentity, Role
 from ..matrix import lifecycle
 from ..matrix.mailbox import Inbox, addressee, encode_message
@@ -40,10 +40,11 @@ from ..settings import MatrixSettings
 from .backends import DEFAULT_SOCKET, TMUX_SESSION, Backend, backend_named, backends, start_fenced
 from .confirm import check_programs, confirm_starts
 from .jobs import JobStore, new_nonce, result_now
-from .model import MAX_ROUND, AgentLaunch, AgentResult, Job, JobAgent, PlannedAgent, ResultKind
+from .model import MAX_ROUND, TMUX, AgentLaunch, AgentResult, Job, JobAgent, PlannedAgent, ResultKind
 from .plan import LIVE, MAX_DEADLINE_S, MAX_TASK_BYTES, FireRequest, Planner, marker_instruction
 from .plugins import plugin_manager
 from .reconcile_tmux import PaneCache, reconcile, tmux_states, untracked
+from .tmux import TmuxServer
 from .views import JobView, ListedJob, PaneInfo, TmuxState, UntrackedPane, job_view
 from .watch import stop_agents
 
@@ -151,12 +152,15 @@ class Dispatcher:
     # -- fire ----------------------------------------------------------------------------------------
     def fire(self, request: FireRequest) -> FireResult:
         job, planned = self.plan(request)
+        self._check_workspace(request)
         if request.dry_run:
+            self._check_launch_key(request, job, archive=False)
             return FireResult(job, tuple(planned), True)
         check_programs(planned, self.env)
         # Checks and launches under one lock, so two fires cannot both take the last slot or lane.
         with self._cap_lock():
             self.planner.check_room(job, planned)
+            self._check_launch_key(request, job, archive=True)
             self.jobs.create(job)
             launched: list[JobAgent] = []
             try:
@@ -192,6 +196,42 @@ class Dispatcher:
             reasons = "; ".join(f"{f.agent.agent_id}: {f.reason}" for f in failed)
             raise DispatchError(f"fire: job {job.id}: {len(failed)} agent(s) could not start: {reasons}")
         return FireResult(job, tuple(planned), False)
+
+    def _check_launch_key(self, request: FireRequest, job: Job, *, archive: bool) -> None:
+        """A launch key names one job: a second fire with it is refused, unless ``force`` moves the
+        old record aside (its live agents and panes are never touched)."""
+        if request.launch_key is None:
+            return
+        try:
+            old = self.jobs.get(job.id)
+        except JobNotFound:
+            return
+        if not request.force:
+            fired = max(0, now_ms() - old.created_at) // 1000
+            raise ContractError(
+                "--launch-key", f"job {job.id} already exists (fired {fired}s ago)",
+                "pick another key, or pass --force to archive the old job's record (its live panes are "
+                "never touched)",
+            )  # fmt: skip
+        if archive:
+            name = self.jobs.archive(old)
+            log.warning("fire: job %s archived as %s (--force)", job.id, name)
+
+    def _check_workspace(self, request: FireRequest) -> None:
+        """A workspace is a fresh tmux session: one that is already there is refused, force or not."""
+        if request.workspace is None or request.backend != TMUX:
+            return
+        server = TmuxServer(request.socket, timeout=5.0)
+        try:
+            there = server.has_session(request.workspace)
+        except TmuxUnavailable:
+            return  # no server yet: the launch starts one with this session
+        if there:
+            where = f"tmux session {request.workspace!r} already exists on socket {request.socket!r}"
+            raise ContractError(
+                "--workspace", where,
+                "pick another name, or stop that session's jobs first",
+            )  # fmt: skip
 
     def _notify(self, hook: str, **kwargs: object) -> None:
         """Call a notification hook through pluggy, one plugin at a time (each call wrapped by every

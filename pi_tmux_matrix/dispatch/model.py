@@ -183,6 +183,7 @@ class PlannedAgent:
     env: Mapping[str, str]  # what goes in with -e
     cwd: str
     window: str
+    session: str | None = None  # the tmux session its window goes in (None: the shared one)
 
 
 @attrs.frozen

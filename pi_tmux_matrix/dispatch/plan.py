@@ -10,8 +10,6 @@ the dispatcher runs them again under its fire lock.
 
 from __future__ import annotations
 
-import os
-import re
 import secrets
 import uuid
 from collections.abc import Mapping, Sequence
@@ -30,102 +28,37 @@ from ..contract import (
     PASS_ENV,
 )
 from ..errors import ContractError, DispatchError, LaneError, PiMatrixError
-from ..identity import ID_MAX, AgentIdentityContract, ProcessIdentity, Role, validate_id, validate_task_ref
+from ..identity import AgentIdentityContract, ProcessIdentity, Role, validate_id, validate_task_ref
 from ..matrix.model import Entry, Status, bounded
 from ..matrix.owners import owning_master
 from ..matrix.store import MatrixStore, now_ms
 from ..programs import host_argv, pi_command
 from ..settings import MatrixSettings, agent_dir
-from .backends import DEFAULT_SOCKET, Backend, backend_named
+from .backends import Backend, backend_named
 from .jobs import new_job_id, new_nonce
-from .model import MAX_ROUND, TMUX, AgentLaunch, Job, JobAgent, PlannedAgent
+from .model import AgentLaunch, Job, JobAgent, PlannedAgent
+from .request import (
+    MAX_DEADLINE_S,
+    MAX_TASK_BYTES,
+    FireRequest,
+    agent_id_of,
+    check_task,
+    cwd_of,
+    deadline_of,
+    job_id_of,
+    marker_instruction,
+    window_name,
+)
+from .tmux_model import check_session
 
 if TYPE_CHECKING:
     from .profile import ProfileSet, WorkerLaunchProfile
 
-__all__ = ["LIVE", "FireRequest", "Planner", "marker_instruction"]
+__all__ = ["LIVE", "MAX_DEADLINE_S", "MAX_TASK_BYTES", "FireRequest", "Planner", "marker_instruction"]
 
-MAX_TASK_BYTES: Final = 32 * 1024
-MAX_DEADLINE_S: Final = 24 * 3600.0
 LIVE: Final = frozenset(
     {Status.LAUNCHING, Status.RUNNING, Status.WINDING_DOWN, Status.ADOPTED, Status.RESUMABLE}
 )
-
-
-@attrs.frozen
-class FireRequest:
-    task: str
-    profile: str | None = None
-    team: str | None = None
-    lane: str | None = None
-    goal_id: str | None = None
-    path: str | None = None
-    socket: str = DEFAULT_SOCKET
-    deadline_s: float | None = None
-    backend: str = TMUX
-    dry_run: bool = False
-    parent_pid: int | None = None
-    parent_session: str | None = None
-    agent_id: str | None = None
-    # How long fire waits for every host to report its agent started (or failed to): bounded,
-    # so a slow machine costs a warning in the record, never a hang.
-    confirm_s: float = 5.0
-
-
-def marker_instruction(nonce: str) -> str:
-    """How an agent is told to end: the marker itself never appears in the text, so an echo of
-    the instruction cannot be taken for the agent's answer."""
-    return (
-        f"When you are finished, print a line holding only DONE, a colon and the code {nonce} "
-        f"(no spaces). If you cannot go on, print BLOCKED, a colon and {nonce}, then a space and "
-        "the reason, on a line of its own."
-    )
-
-
-def _agent_id(job_id: str, agent_id: str) -> str:
-    """A valid agent id short enough that every name derived from it (the result record
-    ``<job>.<agent>.<round>``) is a valid id too: checked before anything is written."""
-    validate_id(agent_id, "--agent-id")
-    room = ID_MAX - len(f"{job_id}..{MAX_ROUND}")
-    if len(agent_id) > room:
-        raise ContractError(
-            "--agent-id", f"{agent_id[:40]!r}... is {len(agent_id)} characters (a team adds its suffix)",
-            f"use at most {room} characters: its result records are named <job>.<agent>.<round>",
-        )  # fmt: skip
-    return agent_id
-
-
-def _window_name(agent_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "-", agent_id)[:40]
-
-
-def _check_task(task: str) -> str:
-    if not task.strip():
-        raise ContractError("TASK", "empty", "give the task after --")
-    if len(task.encode("utf-8", "surrogatepass")) > MAX_TASK_BYTES:
-        raise ContractError(
-            "TASK", f"over {MAX_TASK_BYTES} bytes", "put long context in a file and point to it"
-        )
-    if "\x00" in task:
-        raise ContractError("TASK", "contains a NUL byte", "remove it (argv cannot carry NUL)")
-    return task
-
-
-def _deadline(request: FireRequest, profile_deadline: float) -> float:
-    deadline = request.deadline_s if request.deadline_s is not None else profile_deadline
-    if not (1 <= deadline <= MAX_DEADLINE_S):
-        raise ContractError(
-            "--deadline", f"{deadline:g}s is outside 1..{MAX_DEADLINE_S:.0f}", "give seconds, at most 24 h"
-        )
-    return float(deadline)
-
-
-def _cwd(request: FireRequest) -> str:
-    path = request.path or os.getcwd()
-    real = os.path.realpath(path)
-    if not os.path.isdir(real):
-        raise ContractError("--path", f"{path} is not a directory", "give an existing folder for the agents")
-    return real
 
 
 @attrs.frozen
@@ -272,15 +205,17 @@ class Planner:
     # -- compile -------------------------------------------------------------------------------------
     def plan(self, request: FireRequest) -> tuple[Job, list[PlannedAgent]]:
         """Compile everything about a launch; creates nothing except (not dry) the lane worktree."""
-        task = _check_task(request.task)
+        task = check_task(request.task)
         backend = backend_named(self.backends, request.backend)
         validate_id(request.socket, "--socket")
+        if request.workspace is not None:
+            check_session(request.workspace, "--workspace")
         label, members = self._members(request)
         parent, parent_session = self._parent(request)
-        cwd = _cwd(request)
+        cwd = cwd_of(request)
         lane = validate_id(request.lane, "--lane") if request.lane is not None else None
         worktree = self._worktree(cwd, lane, dry_run=request.dry_run)
-        job_id = new_job_id()
+        job_id = job_id_of(request) or new_job_id()
         place = _JobPlace(
             job_id=job_id, task=task, task_ref=self._task_ref(request, parent) or f"job:{job_id}",
             cwd=worktree or cwd, worktree=worktree, lane=lane, parent=parent, parent_session=parent_session,
@@ -289,10 +224,10 @@ class Planner:
         if request.agent_id is not None:
             base = validate_id(request.agent_id, "--agent-id")
         else:
-            base = f"{label}-{job_id[-6:]}"
+            base = f"{label}-{window_name(job_id[-6:])}"
         compiled = [
             self._plan_agent(
-                request, place, profile, _agent_id(job_id, f"{base}-{suffix}" if suffix else base),
+                request, place, profile, agent_id_of(job_id, f"{base}-{suffix}" if suffix else base),
                 instructions,
             )
             for profile, suffix, instructions in members
@@ -316,7 +251,7 @@ class Planner:
         is_pi = profile.provider == "pi"
         session_id = str(uuid.uuid4()) if is_pi else secrets.token_hex(8)
         nonce = new_nonce()
-        deadline_s = _deadline(request, profile.deadline_s)
+        deadline_s = deadline_of(request, profile.deadline_s)
         session_file = pisession.new_session_file(place.cwd, session_id, self.env) if is_pi else None
         text = "\n\n".join(p for p in (instructions.strip(), place.task, marker_instruction(nonce)) if p)
         allowed = resolve_write_paths(profile, cwd=place.cwd, worktree=place.worktree)
@@ -328,7 +263,7 @@ class Planner:
             session_file=session_file,
         )  # fmt: skip
         argv, env = self.compose(launch, task_summary=place.task)
-        planned = PlannedAgent(launch, argv, env, place.cwd, _window_name(agent_id))
+        planned = PlannedAgent(launch, argv, env, place.cwd, window_name(agent_id), request.workspace)
         agent = JobAgent(
             agent_id=agent_id, key=launch.key, session_id=session_id, profile=profile.name,
             provider=profile.provider, mode=profile.mode.value, cwd=place.cwd, backend=place.backend,

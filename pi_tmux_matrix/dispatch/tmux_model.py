@@ -137,11 +137,11 @@ def env_args(env: Mapping[str, str]) -> list[str]:
     return words
 
 
-def check_session(name: object) -> str:
+def check_session(name: object, field: str = "session") -> str:
     # tmux rewrites '.' and ':' in session names, and a target prefix-matches unless '='-anchored.
     if not isinstance(name, str) or _SESSION.fullmatch(name) is None:
         raise ContractError(
-            "session",
+            field,
             f"{name!r} is not a tmux session name",
             "use 1-128 characters from A-Z a-z 0-9 _ - starting with a letter or digit",
         )

@@ -37,7 +37,20 @@ LOCKS: Final = "locks"
 QUARANTINE: Final = "quarantine"
 # Sub-directories the matrix itself keeps beside the entries; never reported as foreign.
 RESERVED_DIRS: Final = frozenset(
-    {LOCKS, QUARANTINE, "events", "mailbox", "results", "runs", "jobs", "logs", "artifacts", "launches"}
+    {
+        LOCKS,
+        QUARANTINE,
+        "events",
+        "mailbox",
+        "results",
+        "runs",
+        "jobs",
+        "logs",
+        "artifacts",
+        "launches",
+        "archived-jobs",
+        "archived-results",
+    }
 )
 
 

@@ -1,0 +1,110 @@
+"""tmux_agent_manager does what the origin's tool does (issue 22): fire_task's launchKey, force,
+workspaceName, deadlineSeconds and the origin's camelCase names, through the CLI and the real pi
+tool alike. Each test was seen to fail before the change."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from fake_llm import FakeLLM, Reply
+from test_dispatch import Lab, lab, sublab  # noqa: F401 - fixtures
+from test_master_tool import Scripted, last_tool_result, mlab, run_print_master, tool  # noqa: F401
+
+from pi_tmux_matrix.dispatch.jobs import JobStore
+
+
+def _fire(at: Lab, *words: str, task: str = "HANG keyed work") -> subprocess.CompletedProcess[str]:
+    assert at.master is not None
+    parent = ("--parent-pid", str(at.master.pid), "--parent-session", at.master.identity.session_id)
+    return subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(at.state), "fire",
+         "--profile", "stand-in", *parent, *words, "--", task],
+        capture_output=True, text=True, env=at.env, timeout=60, check=False, cwd=at.work,
+    )  # fmt: skip
+
+
+def test_a_launch_key_is_the_job_id_a_second_fire_is_refused_and_force_archives_the_old_record(
+    sublab: Lab,  # noqa: F811
+) -> None:
+    sublab.start_master()
+    first = _fire(sublab, "--backend", "subprocess", "--launch-key", "build-7", "--json")
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["jobId"] == "build-7"
+    again = _fire(sublab, "--backend", "subprocess", "--launch-key", "build-7")
+    assert again.returncode == 2 and "--launch-key" in again.stderr and "--force" in again.stderr
+    jobs = JobStore(sublab.store)
+    old = jobs.get("build-7")
+    forced = _fire(sublab, "--backend", "subprocess", "--launch-key", "build-7", "--force", "--json")
+    assert forced.returncode == 0, forced.stderr
+    new = jobs.get("build-7")
+    assert new.created_at != old.created_at
+    archived = list((sublab.state / "archived-jobs").iterdir())
+    assert len(archived) == 1 and json.loads(archived[0].read_text())["id"] == "build-7"
+    for agent in (*old.agents, *new.agents):
+        if agent.host is not None:
+            sublab.started.append(agent.host)
+    # A key with ':' (the origin allows it) is one stable, file-safe job id.
+    colon = _fire(sublab, "--backend", "subprocess", "--launch-key", "team:alpha", "--json")
+    assert colon.returncode == 0, colon.stderr
+    assert json.loads(colon.stdout)["jobId"].startswith("team.alpha-")
+
+
+@pytest.mark.parametrize(
+    ("words", "named"),
+    [
+        (("--launch-key", "ab"), "--launch-key: 'ab' is not a launch key"),
+        (("--launch-key", "bad/key"), "--launch-key: 'bad/key' is not a launch key"),
+        (("--force",), "--force: given without --launch-key"),
+        (("--workspace", "no.dots"), "--workspace: 'no.dots' is not a tmux session name"),
+    ],
+)
+def test_bad_fire_parameters_name_themselves_and_write_nothing(
+    sublab: Lab,  # noqa: F811
+    words: tuple[str, ...],
+    named: str,
+) -> None:
+    sublab.start_master()
+    done = _fire(sublab, "--backend", "subprocess", *words)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert named in done.stderr and "Traceback" not in done.stderr
+    assert JobStore(sublab.store).list_jobs() == ([], [])
+
+
+def test_a_workspace_is_a_fresh_tmux_session_and_an_existing_one_is_refused(lab: Lab) -> None:  # noqa: F811
+    lab.start_master()
+    done = _fire(lab, "--socket", lab.socket, "--workspace", "feature-x", "--json")
+    assert done.returncode == 0, done.stderr
+    (agent,) = json.loads(done.stdout)["agents"]
+    assert agent["target"].startswith("feature-x:")
+    again = _fire(lab, "--socket", lab.socket, "--workspace", "feature-x", "--launch-key", "other-1")
+    assert again.returncode == 2 and "--workspace" in again.stderr and "feature-x" in again.stderr
+    assert [j.id for j in JobStore(lab.store).list_jobs()[0]] == [json.loads(done.stdout)["jobId"]]
+
+
+def test_the_pi_tool_takes_the_origins_names_and_refuses_a_bad_one_by_name(
+    mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
+) -> None:
+    at, llm, script = mlab
+    script.steps = [
+        tool(action="fire_task", profile="stand-in", body="HANG keyed", launchKey="nightly-1",
+             deadlineSeconds=300, dryRun=False),
+        tool(action="fire_task", profile="stand-in", task="HANG again", launchKey="nightly-1"),
+        tool(action="fire_task", profile="stand-in", task="x", deadlineSeconds=2),
+        tool(action="job_status", jobId="nightly-1"),
+        lambda _r: Reply(text="done"),
+    ]  # fmt: skip
+    done = run_print_master(at, "Launch keyed work.")
+    assert done.returncode == 0, done.stdout + done.stderr
+    fired, duplicate, short, status = (last_tool_result(r) for r in llm.requests[1:5])
+    assert '"jobId":"nightly-1"' in fired
+    assert "--launch-key" in duplicate and "--force" in duplicate
+    assert "deadlineSeconds" in short and "5" in short
+    assert "nightly-1" in status
+    job = JobStore(at.store).get("nightly-1")
+    assert job.task == "HANG keyed" and job.agents[0].deadline_s == 300
+    for agent in job.agents:
+        if agent.host is not None:
+            at.started.append(agent.host)
