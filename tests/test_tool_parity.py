@@ -108,3 +108,65 @@ def test_the_pi_tool_takes_the_origins_names_and_refuses_a_bad_one_by_name(
     for agent in job.agents:
         if agent.host is not None:
             at.started.append(agent.host)
+
+
+def _cli(at: Lab, *words: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(at.state), *words],
+        capture_output=True, text=True, env=at.env, timeout=60, check=False, cwd=at.work,
+    )  # fmt: skip
+
+
+def test_job_variables_are_set_read_and_listed_durably_and_every_worker_is_told_where(
+    sublab: Lab,  # noqa: F811
+) -> None:
+    sublab.start_master()
+    fired = _fire(sublab, "--backend", "subprocess", "--launch-key", "vars-1", "--json")
+    assert fired.returncode == 0, fired.stderr
+    job = JobStore(sublab.store).get("vars-1")
+    for agent in job.agents:
+        if agent.host is not None:
+            sublab.started.append(agent.host)
+    assert _cli(sublab, "var", "vars-1", "target", "staging").returncode == 0
+    assert _cli(sublab, "var", "vars-1", "retries", "3").returncode == 0
+    listed = _cli(sublab, "var", "vars-1", "--json")
+    assert listed.returncode == 0, listed.stderr
+    shown = json.loads(listed.stdout)
+    assert shown["values"] == {"target": "staging", "retries": "3"}
+    path = sublab.state / "variables" / "vars-1.json"
+    assert shown["file"] == str(path) and oct(path.stat().st_mode & 0o777) == "0o600"
+    one = _cli(sublab, "var", "vars-1", "target")
+    assert one.returncode == 0 and one.stdout == "target=staging\n"
+    missing = _cli(sublab, "var", "vars-1", "nope")
+    assert missing.returncode == 3 and "no variable 'nope'" in missing.stderr
+    bad = _cli(sublab, "var", "vars-1", "bad name!", "x")
+    assert bad.returncode == 2 and "NAME" in bad.stderr and "1-80" in bad.stderr
+    assert json.loads(path.read_text())["values"] == {"target": "staging", "retries": "3"}  # unchanged
+    # The worker's prompt names the file and when to read it.
+    (agent,) = job.agents
+    entry = sublab.worker(agent.key)
+    with open(entry.identity.session_file or "") as lines:
+        prompt = " ".join(str(json.loads(line).get("content") or "") for line in lines if line.strip())
+    assert str(path) in prompt and "decision point" in prompt
+
+
+def test_the_pi_tool_sets_and_lists_job_variables_and_refuses_a_bad_name(
+    mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
+) -> None:
+    at, llm, script = mlab
+    script.steps = [
+        tool(action="fire_task", profile="stand-in", task="HANG vars", launchKey="vars-2"),
+        tool(action="set_variable", jobId="vars-2", name="mode", value="fast"),
+        tool(action="set_variable", jobId="vars-2", name="no spaces", value="x"),
+        tool(action="list_variables", job_id="vars-2"),
+        lambda _r: Reply(text="done"),
+    ]  # fmt: skip
+    done = run_print_master(at, "Set a variable.")
+    assert done.returncode == 0, done.stdout + done.stderr
+    _fired, set_one, bad, listed = (last_tool_result(r) for r in llm.requests[1:5])
+    assert '"mode":"fast"' in set_one
+    assert "NAME" in bad and "not a variable name" in bad
+    assert json.loads(listed)["values"] == {"mode": "fast"}
+    for agent in JobStore(at.store).get("vars-2").agents:
+        if agent.host is not None:
+            at.started.append(agent.host)

@@ -29,6 +29,8 @@ const ACTIONS = [
   "send_followup",
   "dismiss",
   "stop_job",
+  "set_variable",
+  "list_variables",
 ] as const;
 
 type Cli = { code: number; out: string; err: string };
@@ -171,6 +173,14 @@ export function installMaster(pi: any): void {
         const task = params.task !== undefined ? need(params, "task") : need(params, "body");
         return text(call([...args, "--", task], cwd));
       }
+      case "set_variable": {
+        const name = need(params, "name");
+        const value = pick(params, "value");
+        if (typeof value !== "string") throw new Error('tmux_agent_manager: set_variable needs "value" (a string)');
+        return text(call(["var", need(params, "jobId", "job_id"), name, value, "--json"], cwd));
+      }
+      case "list_variables":
+        return text(call(["var", need(params, "jobId", "job_id"), "--json"], cwd));
       case "stop_job": {
         const job = need(params, "jobId", "job_id");
         if (params.confirm !== STOP_WORD) {
@@ -195,7 +205,8 @@ export function installMaster(pi: any): void {
       "Launch and manage worker agents in tmux through pi-matrix. Actions: status (the matrix tree), " +
       "list_profiles, fire_task (profile or teamTemplate, task; optional lane, goalId, path, deadlineSeconds, " +
       "launchKey, force, workspaceName, dryRun), job_status (jobId), list_jobs, send_followup (jobId, text, " +
-      `optional agent), dismiss (jobId), stop_job (jobId; previews unless confirm is "${STOP_WORD}"). ` +
+      `optional agent), dismiss (jobId), stop_job (jobId; previews unless confirm is "${STOP_WORD}"), ` +
+      "set_variable (jobId, name, value), list_variables (jobId). " +
       "snake_case names (job_id, goal_id, dry_run, team, deadline) are accepted too.",
     promptSnippet: "Launch and manage worker agents (pi-matrix dispatcher)",
     parameters: Type.Object({
@@ -221,6 +232,8 @@ export function installMaster(pi: any): void {
       agent: Type.Optional(Type.String({ description: "send_followup: only this agent" })),
       text: Type.Optional(Type.String({ description: "send_followup: the follow-up text" })),
       confirm: Type.Optional(Type.String({ description: `stop_job: "${STOP_WORD}" to really stop` })),
+      name: Type.Optional(Type.String({ description: "set_variable: the variable (1-80 of A-Z a-z 0-9 _ . -)" })),
+      value: Type.Optional(Type.String({ description: "set_variable: its value" })),
     }),
     execute,
   });

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from .. import procs
 from ..dispatch import BACKEND_NAMES, TMUX
-from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ContractError
+from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, ContractError
 from ..identity import parse_key, validate_id
 from ..settings import load_settings
-from .base import STOP_WORD, age, confirmed, store_of
+from .base import STOP_WORD, age, confirmed, printable, store_of
 
 if TYPE_CHECKING:
     from ..dispatch.manager import Dispatcher
@@ -101,6 +101,16 @@ def register(sub: Any, epilog: str) -> None:
     dismiss.add_argument("--json", action="store_true")
     dismiss.set_defaults(handler=cmd_dismiss)
 
+    var = sub.add_parser(
+        "var", help="a job's variables: list, read or set one (its workers read them when told to)",
+        usage="pi-matrix var ID [NAME [VALUE]] [--json]", **common,
+    )  # fmt: skip
+    var.add_argument("job_id", metavar="ID")
+    var.add_argument("name", nargs="?", metavar="NAME", help="1-80 letters, digits, _ . -")
+    var.add_argument("value", nargs="?", metavar="VALUE", help="set NAME to this (at most 16 KiB)")
+    var.add_argument("--json", action="store_true")
+    var.set_defaults(handler=cmd_var)
+
     resume = sub.add_parser(
         "resume", help="relaunch a resumable worker into its exact session file", **common
     )
@@ -170,6 +180,33 @@ def cmd_fire(args: argparse.Namespace, io: Io) -> int:
             io.out.write(f"    cwd  {planned.cwd}\n    argv {json.dumps(list(planned.argv))}\n")
     return EXIT_OK
 
+
+
+def cmd_var(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix var ID [NAME [VALUE]]``: list, read or set a job's variables."""
+    from ..dispatch.variables import Variables, check_name
+
+    dispatcher = _dispatcher(args)
+    if args.value is not None and not dispatcher.settings.enabled:
+        raise ContractError("VALUE", "processMatrix.enabled is false: nothing may be written", "enable it")
+    job = dispatcher.jobs.get(validate_id(args.job_id, "ID"))
+    variables = Variables(dispatcher.store)
+    if args.value is not None:
+        values = variables.set(job.id, args.name, args.value)
+    else:
+        values = variables.of(job.id)
+        if args.name is not None:
+            check_name(args.name)
+            if args.name not in values:
+                io.err.write(f"pi-matrix: error: job {job.id} has no variable {args.name!r}\n")
+                return EXIT_NOT_FOUND
+            values = {args.name: values[args.name]}
+    if args.json:
+        _dump(io, {"jobId": job.id, "file": str(variables.path(job.id)), "values": values})
+        return EXIT_OK
+    for name, value in sorted(values.items()):
+        io.out.write(f"{name}={printable(value)}\n")
+    return EXIT_OK
 
 
 def _print_job(io: Io, view: ListedJob) -> None:

@@ -50,6 +50,7 @@ from .request import (
     window_name,
 )
 from .tmux_model import check_session
+from .variables import Variables, variables_instruction
 
 if TYPE_CHECKING:
     from .profile import ProfileSet, WorkerLaunchProfile
@@ -253,7 +254,10 @@ class Planner:
         nonce = new_nonce()
         deadline_s = deadline_of(request, profile.deadline_s)
         session_file = pisession.new_session_file(place.cwd, session_id, self.env) if is_pi else None
-        text = "\n\n".join(p for p in (instructions.strip(), place.task, marker_instruction(nonce)) if p)
+        told = variables_instruction(Variables(self.store).path(place.job_id))
+        text = "\n\n".join(
+            p for p in (instructions.strip(), place.task, told, marker_instruction(nonce)) if p
+        )
         allowed = resolve_write_paths(profile, cwd=place.cwd, worktree=place.worktree)
         launch = AgentLaunch(
             job_id=place.job_id, agent_id=agent_id, session_id=session_id, key=f"worker-{session_id}",

@@ -50,6 +50,7 @@ RESERVED_DIRS: Final = frozenset(
         "launches",
         "archived-jobs",
         "archived-results",
+        "variables",
     }
 )
 
