@@ -226,17 +226,19 @@ def follow_job(
     socket: str | None = None,
     pane_id: str | None = None,
     target: str | None = None,
+    log_file: str | None = None,
 ) -> None:
     """The agent ``key`` runs under a new host now: the jobs holding it follow it (its host, and
     its pane or log), so ``jobs``, ``followup`` and ``stop JOB`` reach it as before the crash."""
     from .dispatch.jobs import JobStore
-    from .dispatch.model import JobAgent
+    from .dispatch.model import SUBPROCESS, TMUX, JobAgent
 
     def move(agent: JobAgent) -> JobAgent:
         return attrs.evolve(
             agent, host_pid=host.pid, host_start=host.start_ticks, boot_id=host.boot_id,
             pane_id=pane_id, socket=socket if pane_id else agent.socket, target=target or f"pid {host.pid}",
-            log=None if pane_id else str(store.root / "logs" / f"{key}.log"),
+            log=None if pane_id else (log_file or str(store.root / "logs" / f"{key}.log")),
+            backend=TMUX if pane_id else SUBPROCESS,
         )  # fmt: skip
 
     try:

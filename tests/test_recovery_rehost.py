@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 from test_dispatch import Lab, sublab, wait_for  # noqa: F401 - sublab is a fixture
 
@@ -61,6 +62,14 @@ def test_a_live_agent_whose_host_died_is_rehosted_by_its_exact_master_then_steer
     assert back.child_process == entry.child_process  # the same agent, not a second one
     assert back.identity == entry.identity
 
+    # The job follows its agent's new host (review: rehosted agents were left out of their job).
+    def followed() -> bool:
+        (view,) = [v for v in sublab.dispatcher().reconcile() if v["jobId"] == fired.job.id]
+        return bool(view["agents"][0]["hostAlive"])
+
+    wait_for("the job to follow its agent's new host", followed, timeout=10)
+    follow = _cli(sublab, "followup", fired.job.id, "--", "and one more thing")
+    assert follow.returncode == 0, follow.stderr
     steer = _cli(sublab, "send", agent.key, "--steer", "still there?")
     assert steer.returncode == 0, steer.stderr
     stop = _cli(sublab, "stop", agent.key, "--confirm", "yes-tmux-stop")
@@ -72,3 +81,37 @@ def test_a_live_agent_whose_host_died_is_rehosted_by_its_exact_master_then_steer
         timeout=20,
     )
     assert ended.status is Status.TERMINAL and ended.exit is not None and ended.exit.code is None
+
+
+def test_stop_job_stops_an_agent_whose_host_died_by_its_identity(sublab: Lab) -> None:  # noqa: F811
+    """No host is left to forward the stop: ``stop JOB`` signals the recorded agent itself (it used to
+    print ``stopped job`` while the agent ran on)."""
+    sublab.start_master()
+    fired = sublab.fire("HANG long work", backend="subprocess")
+    (agent,) = fired.job.agents
+    entry = sublab.worker(agent.key)
+    assert entry.child_process is not None
+    sublab.started.append(entry.child_process)
+    _kill(entry.process)
+    stop = _cli(sublab, "stop", fired.job.id, "--confirm", "yes-tmux-stop")
+    assert stop.returncode == 0, stop.stderr
+    assert procs.wait_for_exit(entry.child_process, 10), "the unsupervised agent ran on"
+    assert sublab.store.get(agent.key).status is Status.CLOSED
+
+
+def test_a_launch_ticket_is_taken_by_exactly_one_taker_even_with_a_stray_temp_file(tmp_path: Path) -> None:
+    """Tickets are taken without a lock (the host and the launcher race by design): each taker
+    writes its own temp file. A shared temp name made the second taker fail with 'File exists'
+    instead of learning who holds the ticket (review finding)."""
+    from pi_tmux_matrix.matrix.store import MatrixStore
+    from pi_tmux_matrix.matrix.tickets import LaunchTickets, Taken, new_ticket
+
+    store = MatrixStore(tmp_path / "state")
+    tickets = LaunchTickets(store)
+    ticket = new_ticket()
+    folder = store.side_dir("launches")
+    (folder / f".{ticket}.tmp").write_text("a writer mid-write\n")  # another taker's temp file
+    me = procs.current()
+    assert tickets.take(ticket, Taken(me)) is None
+    held = tickets.take(ticket, Taken(None, "gave up"))
+    assert held is not None and held.host == me

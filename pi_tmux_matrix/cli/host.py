@@ -28,6 +28,7 @@ from ..supervise.host import AgentHost, HostHooks, HostSpec
 from .base import add_verb, store_of
 
 if TYPE_CHECKING:
+    from ..matrix.store import MatrixStore
     from .base import Io
 
 __all__ = ["abort_forks", "become", "cmd_host", "provider_of", "register"]
@@ -216,13 +217,38 @@ def _rehost(args: argparse.Namespace, io: Io) -> int:
         contract=contract_from_args(args),
         mode=identity.mode or Mode.INTERACTIVE,
         task_summary=entry.task_summary,
+        deadline_s=_remaining_deadline(store, entry.key),
         stop_grace_s=args.stop_grace,
         take_over=agent,
         claim=args.rehost_claim,
     )
     settings = load_settings(identity.cwd)
-    hooks = HostHooks(on_agent_end=abort_forks)
+    log_file = str(store.root / "logs" / f"{entry.key}.rehost.log")
+
+    def follow(host: AgentHost) -> None:
+        # The agent stays the agent of its job: jobs, followup and stop JOB reach the new host.
+        from ..resume import follow_job
+
+        follow_job(store, host.key, host.me, log_file=log_file)
+
+    hooks = HostHooks(on_agent_end=abort_forks, on_registered=follow)
     return AgentHost(spec, store, settings, hooks=hooks, out=io.out).run()
+
+
+def _remaining_deadline(store: MatrixStore, key: str) -> float | None:
+    """What is left of the job round's deadline the dead host kept (None: no job holds it)."""
+    from ..dispatch.jobs import JobStore
+    from ..matrix.store import now_ms
+
+    try:
+        jobs, _problems = JobStore(store).list_jobs()
+    except PiMatrixError:
+        return None
+    for job in jobs:
+        for agent in job.agents:
+            if agent.key == key and job.stopped_at is None and job.dismissed_at is None:
+                return max(1.0, (agent.deadline_at - now_ms()) / 1000)
+    return None
 
 
 def abort_forks(host: AgentHost) -> None:

@@ -35,7 +35,9 @@ from .. import procs
 from ..errors import PiMatrixError, TmuxUnavailable
 from ..inotify import DirWatch
 from ..inotify import available as inotify_available
+from ..matrix import lifecycle
 from ..matrix.mailbox import EventLog, Inbox, addressee
+from ..matrix.model import Entry
 from ..matrix.store import MatrixStore, now_ms
 from .jobs import JobStore, result_now
 from .model import AgentResult, Job, JobAgent, ResultKind
@@ -344,10 +346,45 @@ def stop_agents(
         while time.monotonic() < deadline and any(procs.is_alive(h) for _, h in alive):
             time.sleep(0.05)
     survivors = [a for a, h in hosts if h is not None and procs.is_alive(h)]
+    survivors += [a for a in _stop_unsupervised(store, [a for a, h in hosts if not procs.is_alive(h)])]
     for agent, host in hosts:
         if agent not in survivors:
             _close_pane(agent, host)
     return survivors
+
+
+def _stop_unsupervised(store: MatrixStore, agents: Sequence[JobAgent]) -> list[JobAgent]:
+    """Agents whose host is dead while the agent itself runs on (no host forwards a stop): each is
+    stopped by its recorded identity (SIGTERM, then SIGKILL) and its entry closed; the ones that
+    survive are returned."""
+    orphans: list[tuple[JobAgent, procs.ProcessIdentity, str]] = []
+    for agent in agents:
+        try:
+            entry = store.find(agent.key)
+        except PiMatrixError:
+            continue
+        if entry is not None and entry.child_process is not None and procs.is_alive(entry.child_process):
+            orphans.append((agent, entry.child_process, entry.generation))
+    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
+        alive = [ident for _, ident, _ in orphans if procs.is_alive(ident)]
+        for ident in alive:
+            procs.send_signal(ident, sig)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(procs.is_alive(i) for i in alive):
+            time.sleep(0.05)
+    left = []
+    for agent, ident, generation in orphans:
+        if procs.is_alive(ident):
+            left.append(agent)
+            continue
+        now = now_ms()
+
+        def closed(entry: Entry, at: int = now) -> Entry:
+            return lifecycle.close(entry, "stopped", at)
+
+        with contextlib.suppress(PiMatrixError):
+            store.update(agent.key, closed, expected=generation)
+    return left
 
 
 def _host_of(store: MatrixStore, agent: JobAgent) -> procs.ProcessIdentity | None:

@@ -58,7 +58,9 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 # --- writing -----------------------------------------------------------------------------------
-def durable_write(dir_fd: int, name: str, data: bytes, *, exclusive: bool, path: str) -> None:
+def durable_write(
+    dir_fd: int, name: str, data: bytes, *, exclusive: bool, path: str, tmp: str | None = None
+) -> None:
     """Write ``name`` in ``dir_fd`` so a crash leaves the whole old or the whole new version.
 
     temp (``O_EXCL``, 0600) -> fsync -> rename (``link`` when ``exclusive``: FileExistsError if
@@ -66,7 +68,8 @@ def durable_write(dir_fd: int, name: str, data: bytes, *, exclusive: bool, path:
     makes the one fixed temp name per file safe. Any failure is a StoreError and the write was
     not acknowledged.
     """
-    tmp = f".{name}.tmp"
+    # ``tmp``: a writer that holds no lock on the name (a launch ticket) brings its own temp name.
+    tmp = tmp or f".{name}.tmp"
     try:
         fd = os.open(tmp, _CREATE_FLAGS, 0o600, dir_fd=dir_fd)
     except OSError as exc:

@@ -89,7 +89,10 @@ class LaunchTickets:
         fd = os.open(root, DIR_FLAGS)
         try:
             try:
-                durable_write(fd, name, taker.encode(), exclusive=True, path=str(root / name))
+                # No lock is held (the host and the launcher race by design): each taker writes
+                # its own temp file, and the exclusive link decides who took the ticket.
+                tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+                durable_write(fd, name, taker.encode(), exclusive=True, path=str(root / name), tmp=tmp)
                 return None
             except FileExistsError:
                 pass

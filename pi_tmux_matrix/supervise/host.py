@@ -146,10 +146,6 @@ class AgentHost:
         return self.agent.popen
 
     @property
-    def phase(self) -> Phase:
-        return self.worker.phase
-
-    @property
     def bridge_seen(self) -> bool:
         return self.reports.seen
 
@@ -186,6 +182,7 @@ class AgentHost:
         if self.spec.take_over is not None:
             entry = lifecycle.with_child(entry, self.spec.take_over)
         registered = self.record.register(entry, expected=self.spec.claim)
+        self.spec = attrs.evolve(self.spec, claim=None)  # a claim fences the first registration only
         self.events.write("registered", role=self.role.value, generation=registered.registration)
         return registered
 

@@ -270,10 +270,12 @@ class Master:
                 return self._resume(entry, decision, "resumed")
             return attrs.evolve(decision, action="left")
         if needs_rehost(entry):
+            # No host would read a cleanup directive: taking it over is the only offer.
             unsupervised = f"its host died; its agent pid {entry.child_pid} runs unsupervised"
             if self.prompter.ask(f"take {name} over with a new host ({unsupervised})?"):
                 return self._rehost(entry, decision)
-        elif self.prompter.ask(f"adopt {name}?"):
+            return attrs.evolve(decision, action="left", detail=f"agent pid {entry.child_pid} unsupervised")
+        if self.prompter.ask(f"adopt {name}?"):
             return self._adopt(entry, decision, "adopted")
         if self.prompter.ask(f"clean up {name} gracefully?"):
             return self._cleanup(entry, decision)
