@@ -111,12 +111,9 @@ class AgentHost:
         self.me = procs.current()
         self.record = OwnRecord(store, spec.identity.key(self.role))
         self.agent = AgentChild(
-            self.record,
-            mode=spec.mode,
-            is_pi=spec.identity.is_pi,
-            stop_grace_s=spec.stop_grace_s,
-            out=self.out,
-        )
+            self.record, mode=spec.mode, is_pi=spec.identity.is_pi, stop_grace_s=spec.stop_grace_s,
+            out=self.out, die_with_host=self.role is Role.MASTER,
+        )  # fmt: skip
         self.worker = WorkerSide(
             self.record, self.agent, self.role, self.me, settings.adoption_grace_ms / 1000
         )
