@@ -13,6 +13,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,11 +21,11 @@ import pytest
 from fake_llm import FakeLLM, write_pi_agent_dir
 from helpers import read_events
 from pi_support import pi_bin
-from test_dispatch import Lab, wait_for
+from test_dispatch import STANDIN, Lab, wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.identity import ProcessIdentity
-from pi_tmux_matrix.matrix.model import Entry
+from pi_tmux_matrix.matrix.model import Entry, ExitKind, Status
 
 STOP = "pi-matrix stop master-{session} --confirm yes-tmux-stop"
 # An agent that ignores a hangup on purpose (as under nohup), so it outlives its host's SIGKILL;
@@ -35,10 +36,148 @@ STUBBORN = (
 )
 
 
+@pytest.fixture
+def lab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
+    the_lab = Lab(tmp_path, tmux_socket)
+    try:
+        yield the_lab
+    finally:
+        the_lab.cleanup()
+
+
+def cli(lab: Lab, *words: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", *words], cwd=lab.work, env=lab.env, capture_output=True,
+        text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def start_master(lab: Lab, session: str, *argv: str, extra: tuple[str, ...] = ()) -> tuple[Entry, Path]:
+    """``pi-matrix master --session-id SESSION [EXTRA] -- ARGV`` in the background (interactive
+    mode, no terminal); its stderr goes to a file. The registered entry, and that file."""
+    err = lab.tmp / f"master-{session}-{len(lab.started)}.err"
+    with err.open("wb") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", session, "--headless",
+             *extra, "--", *argv],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sink, cwd=lab.work, env=lab.env,
+            start_new_session=True,
+        )  # fmt: skip
+    ident = procs.identify(proc.pid)
+    assert ident is not None
+    lab.started.append(ident)
+    key = f"master-{session}"
+    entry = wait_for(
+        f"{key} (pid {proc.pid}) and its agent",
+        lambda: e if (e := lab.store.find(key)) and e.pid == proc.pid and e.child_pid else None,
+    )
+    assert entry.child_process is not None
+    lab.started.append(entry.child_process)
+    return entry, err
+
+
 def kill9(identity: ProcessIdentity | None) -> None:
     assert identity is not None
     procs.send_signal(identity, signal.SIGKILL)
     assert procs.wait_for_exit(identity, 10)
+
+
+# === case 4: a second master of a live session ====================================================
+def test_a_second_master_of_a_live_session_is_refused_and_the_first_keeps_its_entry(lab: Lab) -> None:
+    first, _err = start_master(lab, "m4", *STANDIN, "-p", "HANG orchestrating")
+
+    done = cli(lab, "master", "--session-id", "m4", "--headless", "--", "sleep", "1")
+
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "master master-m4 active" not in done.stdout
+    assert f"host pid {first.pid}" in done.stderr and STOP.format(session="m4") in done.stderr
+    assert "--takeover" in done.stderr
+    time.sleep(2.5)  # the first master's heartbeats land: it still owns its entry
+    now = lab.store.get("master-m4")
+    assert (now.pid, now.registration, now.status) == (first.pid, first.registration, Status.RUNNING)
+    assert procs.is_alive(first.process) and procs.is_alive(first.child_process)
+
+
+def test_takeover_makes_the_new_master_the_only_writer_and_the_old_host_says_so_once(lab: Lab) -> None:
+    first, first_err = start_master(lab, "m4", *STANDIN, "-p", "HANG orchestrating")
+
+    second, _err = start_master(lab, "m4", *STANDIN, "-p", "HANG orchestrating", extra=("--takeover",))
+
+    assert procs.wait_for_exit(first.child_process, 15), "the old master's agent was stopped"  # type: ignore[arg-type]
+    assert procs.wait_for_exit(first.process, 15), "the old host ended with its agent"  # type: ignore[arg-type]
+    lines = [line for line in first_err.read_text().splitlines() if "taken over" in line]
+    said = f"pi-matrix: master-m4 was taken over by pid {second.pid}: this host writes nothing more"
+    assert lines == [said + "; its agent is stopped"]
+    time.sleep(2.5)  # heartbeats: only the new master writes the entry
+    now = lab.store.get("master-m4")
+    assert (now.pid, now.registration, now.status) == (second.pid, second.registration, Status.RUNNING)
+    assert procs.is_alive(second.child_process)
+
+
+def test_takeover_of_a_hung_master_stops_its_agent_by_identity_and_the_host_never_writes_again(
+    lab: Lab,
+) -> None:
+    first, first_err = start_master(lab, "m4", *STANDIN, "-p", "HANG orchestrating")
+    assert first.process is not None and first.child_process is not None
+    procs.send_signal(first.process, signal.SIGSTOP)
+    try:
+        second, _err = start_master(lab, "m4", *STANDIN, "-p", "HANG orchestrating", extra=("--takeover",))
+        assert not procs.is_alive(first.child_process), "no second agent before the first is gone"
+    finally:
+        procs.send_signal(first.process, signal.SIGCONT)
+    assert procs.wait_for_exit(first.process, 15)
+    assert first_err.read_text().count("was taken over by") == 1
+    time.sleep(2.5)
+    now = lab.store.get("master-m4")
+    assert (now.pid, now.registration, now.status) == (second.pid, second.registration, Status.RUNNING)
+
+
+# === case 3: a master's agent that outlives its host ==============================================
+def test_an_agent_running_on_without_its_host_is_seen_blocks_a_second_agent_and_stop_ends_it(
+    lab: Lab,
+) -> None:
+    ready = lab.tmp / "ready"
+    first, _err = start_master(lab, "lead", sys.executable, "-c", STUBBORN, str(ready))
+    wait_for("the agent to ignore hangups", ready.exists)
+    kill9(first.process)
+    agent = first.child_process
+    assert agent is not None
+    time.sleep(0.5)
+    assert procs.is_alive(agent)
+    note = f"agent pid {agent.pid} unsupervised"
+
+    for view in (("tree",), ("show", "master-lead"), ("ls",)):
+        shown = cli(lab, *view)
+        assert shown.returncode == 0 and note in shown.stdout, (view, shown.stdout)
+    assert STOP.format(session="lead") in cli(lab, "show", "master-lead").stdout
+
+    refused = cli(lab, "master", "--session-id", "lead", "--headless", "--", "sleep", "1")
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert f"pid {agent.pid}" in refused.stderr and STOP.format(session="lead") in refused.stderr
+    assert lab.store.get("master-lead").registration == first.registration  # nothing was written
+
+    preview = cli(lab, "stop", "master-lead")
+    assert preview.returncode == 2 and procs.is_alive(agent)
+    stopped = cli(lab, "stop", "master-lead", "--confirm", "yes-tmux-stop")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert not procs.is_alive(agent)
+    final = lab.store.get("master-lead")
+    assert final.status is Status.CLOSED and final.exit is not None and final.exit.kind is ExitKind.KILLED
+
+    again = cli(lab, "master", "--session-id", "lead", "--headless", "--", "true")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_takeover_stops_an_agent_left_without_its_host_and_starts_the_new_one(lab: Lab) -> None:
+    ready = lab.tmp / "ready"
+    first, _err = start_master(lab, "lead", sys.executable, "-c", STUBBORN, str(ready))
+    wait_for("the agent to ignore hangups", ready.exists)
+    kill9(first.process)
+
+    second, _err = start_master(lab, "lead", *STANDIN, "-p", "HANG orchestrating", extra=("--takeover",))
+
+    assert not procs.is_alive(first.child_process)
+    assert procs.is_alive(second.child_process)
 
 
 # === cases 3 and 7 with real pi ===================================================================

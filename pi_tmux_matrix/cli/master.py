@@ -25,6 +25,7 @@ from ..matrix import lifecycle
 from ..matrix.model import Entry, Handoff
 from ..matrix.store import MatrixStore, now_ms
 from ..settings import load_settings
+from ..supervise.claim import check_claim, live_master, stray_agent, take_over
 from ..supervise.host import AgentHost, HostHooks, HostSpec
 from ..supervise.master import TASK_STATES, ActivationReport, Master, TtyPrompter
 from ..supervise.relaunch import Relauncher
@@ -38,6 +39,10 @@ if TYPE_CHECKING:
 __all__ = ["HANDOFF_REPOST_S", "cmd_master", "handoff_message", "register"]
 
 HANDOFF_REPOST_S: Final = 15.0  # a handoff notice pi has not taken by then is posted again
+# --takeover: how long the old host gets to stop its agent (its own stop sequence: the request,
+# then SIGTERM and SIGKILL a stop grace apart), and the grace of the stop by identity after that.
+TAKEOVER_WAIT_S: Final = 10.0
+TAKEOVER_GRACE_S: Final = 3.0
 _BRIDGE_FLAG: Final = "-e"  # as the dispatcher loads it: the host then expects the bridge to report
 _SESSION_FLAGS: Final = frozenset(
     {"--session", "--continue", "-c", "--resume", "-r", "--no-session", "--fork"}
@@ -86,6 +91,12 @@ def register(sub: Any, epilog: str) -> None:
         "a tmux pane on --socket through the dispatcher's relaunch hook",
     )
     master.add_argument("--socket", metavar="NAME", help="tmux -L socket for --relaunch tmux")
+    master.add_argument(
+        "--takeover",
+        action="store_true",
+        help="become the session's master although another one lives (its agent is stopped), or "
+        "although its last master's agent runs on without a host (stopped too)",
+    )
     master.set_defaults(handler=cmd_master, takes_argv=True)
 
 
@@ -196,9 +207,32 @@ class _MasterSession:
     task_ref: str | None
     prompter: TtyPrompter | None
     bridged: bool
+    identity: AgentIdentityContract
     host: AgentHost | None = None
     master: Master | None = None
     posted: dict[str, float] = attrs.field(factory=dict)
+    replaced: Entry | None = None  # the record this master's registration replaced
+
+    def claim(self, previous: Entry | None) -> None:
+        """Under the entry's lock, as this master registers: one master per session (--takeover
+        overrides), and the record it replaces kept for the takeover."""
+        check_claim(previous, takeover=self.args.takeover)
+        self.replaced = previous
+
+    def start_session(self) -> None:
+        """Registered: an old master of the session yields (--takeover) before any agent starts."""
+        old = self.replaced
+        if self.args.takeover and old is not None and (live_master(old) or stray_agent(old)):
+            self.io.err.write(f"pi-matrix: taking over {old.key} from pid {old.pid}...\n")
+            self.io.err.flush()
+            done = take_over(
+                self.store, old, sender=self.key, wait_s=TAKEOVER_WAIT_S, grace_s=TAKEOVER_GRACE_S
+            )
+            self.io.out.write(done + "\n")
+
+    @property
+    def key(self) -> str:
+        return self.identity.key(Role.MASTER)
 
     def master_at(self, me: procs.ProcessIdentity, *, deliver: bool) -> Master:
         return Master(
@@ -233,8 +267,10 @@ class _MasterSession:
         self.store.register(
             lifecycle.new_entry(
                 role=Role.MASTER, identity=identity, process=me, now=now_ms(), task_ref=self.task_ref
-            )
+            ),
+            check=self.claim,
         )
+        self.start_session()
         report = self.master_at(me, deliver=not self.args.json).activate()
         if self.args.json:
             self.io.out.write(json.dumps(_report_json(report), indent=2) + "\n")
@@ -244,6 +280,7 @@ class _MasterSession:
 
     def on_registered(self, host: AgentHost) -> None:
         self.host = host
+        self.start_session()
         self.master = self.master_at(host.me, deliver=True)
         _print_report(self.master.activate(), self.io)
 
@@ -307,14 +344,21 @@ def cmd_master(args: argparse.Namespace, io: Io) -> int:
     contract = _master_contract(args)
     session_id = validate_id(args.session_id, "--session-id") if args.session_id else uuid.uuid4().hex
     mode = Mode(args.mode)
+    # One master per session, one agent per session file: refused before anything is written
+    # (and again under the entry's lock as the master registers).
+    previous = store.find(f"{Role.MASTER.value}-{session_id}")
+    check_claim(previous, takeover=args.takeover)
     argv, identity = _master_identity(argv, contract, session_id, mode)
     # A print-mode pi ends after one run: a handoff cannot wake it, so it is printed instead.
     bridged = identity.provider == "pi" and mode is not Mode.PRINT and _BRIDGE_FLAG in argv
     session = _MasterSession(
-        args, store, io, session_id, contract.task_ref, _prompter(args, mode, bridged, io), bridged
-    )
+        args, store, io, session_id, contract.task_ref, _prompter(args, mode, bridged, io), bridged,
+        identity,
+    )  # fmt: skip
     if args.once:
         return session.once(identity)
     spec = HostSpec(argv=tuple(argv), identity=identity, contract=contract, mode=mode, role=Role.MASTER)
-    hooks = HostHooks(session.on_registered, session.on_tick, session.on_switch, on_agent_end=abort_forks)
-    return AgentHost(spec, store, settings, hooks=hooks, out=io.out).run()
+    hooks = HostHooks(
+        session.on_registered, session.on_tick, session.on_switch, abort_forks, may_register=session.claim
+    )
+    return AgentHost(spec, store, settings, hooks=hooks, out=io.out, err=io.err).run()
