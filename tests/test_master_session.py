@@ -231,6 +231,22 @@ def pi_master_window(lab: Lab, session: str, *pi_args: str) -> Entry:
     return entry
 
 
+def session_files_with_id(lab: Lab, session: str) -> list[Path]:
+    found = []
+    for path in (lab.agent_dir / "sessions").rglob("*.jsonl"):
+        first = path.read_text().splitlines()[:1]
+        if first and json.loads(first[0]).get("id") == session:
+            found.append(path)
+    return found
+
+
+def assistant_turns(path: Path) -> int:
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return sum(
+        1 for r in lines if r.get("type") == "message" and (r.get("message") or {}).get("role") == "assistant"
+    )
+
+
 def test_a_killed_hosts_pi_ends_with_it(pilab: tuple[Lab, FakeLLM]) -> None:
     lab, _llm = pilab
     entry = pi_master_window(lab, "lead")
@@ -242,3 +258,55 @@ def test_a_killed_hosts_pi_ends_with_it(pilab: tuple[Lab, FakeLLM]) -> None:
 
     assert procs.wait_for_exit(pi, 10), "pi ran on after its host was killed"
 
+
+def test_a_restarted_pi_master_continues_its_sessions_one_file(pilab: tuple[Lab, FakeLLM]) -> None:
+    lab, llm = pilab
+    first = pi_master_window(lab, "lead", "Remember the word HERON.")
+    session_file = Path(first.identity.session_file or "")
+    wait_for("the first turn in the session file", lambda: assistant_turns(session_file) >= 1, timeout=60)
+    header = session_file.read_text().splitlines()[0]
+
+    def crash_and_restart(entry: Entry, prompt: str, turns: int) -> Entry:
+        for ident in (entry.process, entry.child_process):  # the host crashes; pi with it, or killed
+            procs.send_signal(ident, signal.SIGKILL)  # type: ignore[arg-type]
+            assert procs.wait_for_exit(ident, 10)  # type: ignore[arg-type]
+        asked = len(llm.requests)
+        back = pi_master_window(lab, "lead", prompt)
+        assert back.identity.session_file == str(session_file)
+        wait_for("the next turn in the same file", lambda: assistant_turns(session_file) > turns, timeout=60)
+        assert session_file.read_text().splitlines()[0] == header  # header id kept
+        assert session_files_with_id(lab, "lead") == [session_file]  # never a second file
+        seen = "\n".join(
+            str(m.get("content")) for r in llm.requests[asked:] for m in r.get("messages", [])
+        )
+        assert "HERON" in seen and prompt in seen  # pi continued the conversation
+        return back
+
+    second = crash_and_restart(first, "Which word was it?", 1)
+    # The dead master's record is gone (reconciled away): the session's file is found by its name.
+    kill9(second.process)
+    procs.send_signal(second.child_process, signal.SIGKILL)  # type: ignore[arg-type]
+    assert procs.wait_for_exit(second.child_process, 10)  # type: ignore[arg-type]
+    assert cli(lab, "reconcile").returncode == 0
+    assert lab.store.find("master-lead") is None
+    crash_and_restart(second, "And once more?", 2)
+
+
+def test_the_session_file_of_an_id_is_the_one_whose_header_carries_it(tmp_path: Path) -> None:
+    from pi_tmux_matrix.pisession import new_session_file, session_file_of, write_header
+
+    cwd = str(tmp_path)
+    assert session_file_of("lead") is None
+    other = new_session_file(cwd, "other")
+    write_header(other, "other", cwd)
+    assert session_file_of("lead", [other]) is None  # a recorded file of another session is not it
+    older = new_session_file("/somewhere/else", "lead")
+    write_header(older, "lead", cwd)
+    time.sleep(0.01)
+    newer = new_session_file(cwd, "lead")
+    write_header(newer, "lead", cwd)
+    assert session_file_of("lead") == newer  # the newest of the files named for it
+    assert session_file_of("lead", [None, other, older]) == older  # the recorded one first
+    decoy = Path(new_session_file(cwd, "decoy")).with_name("9_lead.jsonl")
+    decoy.write_text('{"type": "session", "id": "not-lead", "cwd": "/"}\n')
+    assert session_file_of("lead") == newer
