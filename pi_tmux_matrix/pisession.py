@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -31,6 +31,7 @@ __all__ = [
     "header_cwd",
     "new_session_file",
     "read_header",
+    "session_file_of",
     "whole_lines",
     "write_header",
 ]
@@ -53,6 +54,46 @@ def new_session_file(cwd: str, session_id: str, env: Mapping[str, str] | None = 
     folder = "--" + cwd.strip("/").replace("/", "-") + "--"
     stamp = now_ms()
     return str(agent_dir(env) / "sessions" / folder / f"{stamp}_{session_id}.jsonl")
+
+
+def session_file_of(
+    session_id: str, recorded: Iterable[str | None] = (), env: Mapping[str, str] | None = None
+) -> str | None:
+    """The file that holds pi session ``session_id``, so a session id never gets a second file: the
+    first ``recorded`` path whose header carries that id, else the newest file in the agent dir's
+    ``sessions/`` folders named for it (``<stamp>_<id>.jsonl``, as pi and
+    :func:`new_session_file` name them) whose header does; None when there is none."""
+    for path in recorded:
+        if path and _holds(path, session_id):
+            return path
+    root = agent_dir(env) / "sessions"
+    suffix = f"_{session_id}.jsonl"
+    found: list[tuple[float, str]] = []
+    try:
+        folders = [entry.path for entry in os.scandir(root) if entry.is_dir(follow_symlinks=False)]
+    except OSError:
+        return None
+    for folder in folders:
+        try:
+            named = [e for e in os.scandir(folder) if e.name.endswith(suffix)]
+            found += [
+                (e.stat(follow_symlinks=False).st_mtime, e.path)
+                for e in named
+                if e.is_file(follow_symlinks=False)
+            ]
+        except OSError:
+            continue
+    for _mtime, path in sorted(found, reverse=True):
+        if _holds(path, session_id):
+            return path
+    return None
+
+
+def _holds(path: str, session_id: str) -> bool:
+    try:
+        return read_header(path).id == session_id
+    except ContractError:
+        return False
 
 
 def write_header(session_file: str, session_id: str, cwd: str) -> None:

@@ -8,12 +8,14 @@ neither.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import functools
 import os
 import select
 import signal
 import time
+from collections.abc import Callable
 from typing import Final
 
 from .identity import ProcessIdentity
@@ -25,6 +27,7 @@ __all__ = [
     "boot_id",
     "cpu_seconds",
     "current",
+    "die_with_parent",
     "group_members",
     "identify",
     "is_alive",
@@ -39,6 +42,7 @@ __all__ = [
 ]
 
 _BOOT_ID_PATH: Final = "/proc/sys/kernel/random/boot_id"
+_PR_SET_PDEATHSIG: Final = 1  # <linux/prctl.h>
 _DEAD_STATES: Final = frozenset({"Z", "X", "x"})
 
 
@@ -221,6 +225,25 @@ def _signal_group(leader: ProcessIdentity, sig: int | signal.Signals) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def die_with_parent(sig: int | signal.Signals) -> Callable[[], None]:
+    """A ``preexec_fn`` for a child that must not outlive the process starting it unseen: the
+    kernel sends ``sig`` to the child the moment its parent dies, kill -9 included
+    (``PR_SET_PDEATHSIG``); if the parent is already gone by then, the child signals itself.
+    libc is loaded here, in the parent: the child makes only system calls."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+    number = int(sig)
+
+    def arm() -> None:
+        if prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(number), ctypes.c_ulong(0), ctypes.c_ulong(0),
+                 ctypes.c_ulong(0)) != 0:  # fmt: skip
+            return  # not armed: the record names the agent, so views and `stop` still see it
+        if os.getppid() != parent:
+            os.kill(os.getpid(), number)  # ourselves: no pid that could have been reused
+
+    return arm
 
 
 def open_pidfd(identity: ProcessIdentity) -> int | None:

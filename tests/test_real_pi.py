@@ -170,7 +170,7 @@ def test_a_new_master_of_the_same_session_and_task_relaunches_dead_pi_into_the_s
     before = session_file.read_text().splitlines()
     header = json.loads(before[0])
 
-    # The master's own agent runs in its own session: it outlives its killed host unless stopped.
+    # The master's own agent is hung up when its host dies; tracked for the cleanup all the same.
     running = wait_for(
         "the master's agent", lambda: e if (e := lab.store.find(master.key)) and e.child_process else None
     )

@@ -144,7 +144,7 @@ class Demo:
             ),
         )
         if entry.child_process is not None:
-            self.started.append(entry.child_process)  # its session outlives a kill -9 of the host
+            self.started.append(entry.child_process)  # stopped by identity at the end, come what may
         return entry
 
     def fire(self, master: Entry, lane: str, *, profile: str | None = None, team: str | None = None) -> None:

@@ -14,7 +14,8 @@ from ..identity import parse_key
 from ..matrix.model import Entry
 from ..matrix.store import MatrixStore, Problem, now_ms
 from ..settings import load_settings
-from .base import age, printable, store_of
+from ..supervise.claim import unsupervised
+from .base import STOP_WORD, age, printable, store_of
 
 if TYPE_CHECKING:
     from .base import Io
@@ -102,7 +103,7 @@ def cmd_ls(args: argparse.Namespace, io: Io) -> int:
             entry.key,
             entry.role.value,
             entry.status.value + (f" ({entry.reason})" if entry.reason else ""),
-            "yes" if alive(entry) else "no",
+            "yes" if alive(entry) else (unsupervised(entry) or "no"),
             str(entry.pid or "-"),
             str(entry.parent_pid or "-"),
             entry.identity.lane or "-",
@@ -141,6 +142,7 @@ def cmd_show(args: argparse.Namespace, io: Io) -> int:
             + (f" ({entry.reason})" if entry.reason else "")
         ),
         f"  alive        {'yes' if alive else 'no'} (pid {entry.pid}, start {entry.proc_start})",
+        *_unsupervised_lines(entry),
         f"  generation   {entry.generation} (registered as {entry.registration})",
         (
             f"  created      {age(entry.created_at, now)} ago; updated {age(entry.updated_at, now)} ago;"
@@ -178,6 +180,14 @@ def cmd_show(args: argparse.Namespace, io: Io) -> int:
         lines.append(f"    reason     {str(block['reason'] or '-')[:300]}")
     io.out.write("\n".join(printable(line) for line in lines) + "\n")
     return EXIT_OK
+
+
+def _unsupervised_lines(entry: Entry) -> list[str]:
+    note = unsupervised(entry)
+    if note is None:
+        return []
+    stop = f"pi-matrix stop {entry.key} --confirm {STOP_WORD}"
+    return [f"  agent        {note}: its host is gone; stop it with '{stop}'"]
 
 
 SHOWN_BLOCKS = 5

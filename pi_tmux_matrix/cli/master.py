@@ -19,12 +19,13 @@ import attrs
 
 from .. import procs
 from ..contract import parse_env
-from ..errors import EXIT_OK, PiMatrixError
+from ..errors import EXIT_OK, ContractError, PiMatrixError
 from ..identity import AgentIdentityContract, Mode, Role, validate_id, validate_task_ref
 from ..matrix import lifecycle
 from ..matrix.model import Entry, Handoff
 from ..matrix.store import MatrixStore, now_ms
 from ..settings import load_settings
+from ..supervise.claim import check_claim, live_master, stray_agent, take_over
 from ..supervise.host import AgentHost, HostHooks, HostSpec
 from ..supervise.master import TASK_STATES, ActivationReport, Master, TtyPrompter
 from ..supervise.relaunch import Relauncher
@@ -38,6 +39,10 @@ if TYPE_CHECKING:
 __all__ = ["HANDOFF_REPOST_S", "cmd_master", "handoff_message", "register"]
 
 HANDOFF_REPOST_S: Final = 15.0  # a handoff notice pi has not taken by then is posted again
+# --takeover: how long the old host gets to stop its agent (its own stop sequence: the request,
+# then SIGTERM and SIGKILL a stop grace apart), and the grace of the stop by identity after that.
+TAKEOVER_WAIT_S: Final = 10.0
+TAKEOVER_GRACE_S: Final = 3.0
 _BRIDGE_FLAG: Final = "-e"  # as the dispatcher loads it: the host then expects the bridge to report
 _SESSION_FLAGS: Final = frozenset(
     {"--session", "--continue", "-c", "--resume", "-r", "--no-session", "--fork"}
@@ -86,6 +91,12 @@ def register(sub: Any, epilog: str) -> None:
         "a tmux pane on --socket through the dispatcher's relaunch hook",
     )
     master.add_argument("--socket", metavar="NAME", help="tmux -L socket for --relaunch tmux")
+    master.add_argument(
+        "--takeover",
+        action="store_true",
+        help="become the session's master although another one lives (its agent is stopped), or "
+        "although its last master's agent runs on without a host (stopped too)",
+    )
     master.set_defaults(handler=cmd_master, takes_argv=True)
 
 
@@ -140,20 +151,47 @@ def _report_json(report: ActivationReport) -> dict[str, Any]:
     }
 
 
-def _bridged_pi(argv: list[str], session_id: str, cwd: str) -> tuple[list[str], str | None]:
+def _session_of(session_id: str, cwd: str, previous: Entry | None) -> tuple[str, str]:
+    """The pi session file of ``session_id`` and the cwd it runs in: the one file already holding
+    that session (recorded by its last master, else found by its name) is continued, never a
+    second file with the same header id; a new one goes where pi keeps ``cwd``'s sessions."""
+    from ..pisession import new_session_file, read_header, session_file_of
+
+    recorded = []
+    if previous is not None:
+        recorded.append(previous.identity.session_file)
+        if previous.resumable is not None:
+            recorded.append(previous.resumable.identity.session_file)
+    found = session_file_of(session_id, recorded)
+    if found is None:
+        return new_session_file(cwd, session_id), cwd
+    # pi runs a session in the cwd of its header, and stops at a prompt when that folder is gone.
+    header_cwd = read_header(found, field="--session-id").cwd
+    if not os.path.isdir(header_cwd):
+        raise ContractError(
+            "--session-id",
+            f"session {session_id} is in {found}, whose folder {header_cwd} (its header's cwd) is gone",
+            "restore that folder, or give pi another session (--session FILE after --) or another "
+            "--session-id",
+        )
+    return found, header_cwd
+
+
+def _bridged_pi(
+    argv: list[str], session_id: str, cwd: str, previous: Entry | None
+) -> tuple[list[str], str | None, str]:
     """A pi master's argv with the bridge (master mode) and, unless the argv names its own
-    session, a session file made under this master's id (so pi's session id is the master's)."""
+    session, ``--session`` with the session's one file (so pi's session id is the master's and a
+    restarted master continues its conversation); and the cwd pi runs it in."""
     from ..bridge import bridge_path
-    from ..pisession import new_session_file, write_header
 
     head, rest = argv[:1], argv[1:]
     added = [_BRIDGE_FLAG, str(bridge_path())]
     session_file = None
     if not any(word.split("=", 1)[0] in _SESSION_FLAGS for word in rest):
-        session_file = new_session_file(cwd, session_id)
-        write_header(session_file, session_id, cwd)
+        session_file, cwd = _session_of(session_id, cwd, previous)
         added += ["--session", session_file]
-    return [*head, *added, *rest], session_file
+    return [*head, *added, *rest], session_file, cwd
 
 
 def handoff_message(entry: Entry, handoff: Handoff) -> str:
@@ -196,9 +234,38 @@ class _MasterSession:
     task_ref: str | None
     prompter: TtyPrompter | None
     bridged: bool
+    identity: AgentIdentityContract
     host: AgentHost | None = None
     master: Master | None = None
     posted: dict[str, float] = attrs.field(factory=dict)
+    replaced: Entry | None = None  # the record this master's registration replaced
+
+    def claim(self, previous: Entry | None) -> None:
+        """Under the entry's lock, as this master registers: one master per session (--takeover
+        overrides), and the record it replaces kept for the takeover."""
+        check_claim(previous, takeover=self.args.takeover)
+        self.replaced = previous
+
+    def start_session(self) -> None:
+        """Registered: an old master of the session yields (--takeover), then the pi session file
+        gets its header if it is new (so pi's session id is ours), before any agent starts."""
+        from ..pisession import write_header
+
+        old = self.replaced
+        if self.args.takeover and old is not None and (live_master(old) or stray_agent(old)):
+            self.io.err.write(f"pi-matrix: taking over {old.key} from pid {old.pid}...\n")
+            self.io.err.flush()
+            done = take_over(
+                self.store, old, sender=self.key, wait_s=TAKEOVER_WAIT_S, grace_s=TAKEOVER_GRACE_S
+            )
+            self.io.out.write(done + "\n")
+        session_file = self.identity.session_file
+        if session_file is not None:  # only a file this master chose for pi (none if argv names one)
+            write_header(session_file, self.session_id, self.identity.cwd or os.getcwd())
+
+    @property
+    def key(self) -> str:
+        return self.identity.key(Role.MASTER)
 
     def master_at(self, me: procs.ProcessIdentity, *, deliver: bool) -> Master:
         return Master(
@@ -233,8 +300,10 @@ class _MasterSession:
         self.store.register(
             lifecycle.new_entry(
                 role=Role.MASTER, identity=identity, process=me, now=now_ms(), task_ref=self.task_ref
-            )
+            ),
+            check=self.claim,
         )
+        self.start_session()
         report = self.master_at(me, deliver=not self.args.json).activate()
         if self.args.json:
             self.io.out.write(json.dumps(_report_json(report), indent=2) + "\n")
@@ -244,6 +313,7 @@ class _MasterSession:
 
     def on_registered(self, host: AgentHost) -> None:
         self.host = host
+        self.start_session()
         self.master = self.master_at(host.me, deliver=True)
         _print_report(self.master.activate(), self.io)
 
@@ -270,17 +340,18 @@ def _master_contract(args: argparse.Namespace) -> LaunchContract:
 
 
 def _master_identity(
-    argv: list[str], contract: LaunchContract, session_id: str, mode: Mode
+    argv: list[str], contract: LaunchContract, session_id: str, mode: Mode, previous: Entry | None
 ) -> tuple[list[str], AgentIdentityContract]:
-    """The agent's argv (a pi gets the bridge) and the master's identity."""
+    """The agent's argv (a pi gets the bridge and its session's one file) and the master's identity."""
     provider = provider_of(argv)
     session_file: str | None = None
+    cwd = os.getcwd()
     if provider == "pi":
-        argv, session_file = _bridged_pi(argv, session_id, os.getcwd())
+        argv, session_file, cwd = _bridged_pi(argv, session_id, cwd, previous)
     identity = AgentIdentityContract(
         agent_id=contract.agent_id or f"master-{session_id[:12]}",
         session_id=session_id,
-        cwd=os.getcwd(),
+        cwd=cwd,
         provider=provider,
         mode=mode,
         session_file=session_file,
@@ -307,14 +378,21 @@ def cmd_master(args: argparse.Namespace, io: Io) -> int:
     contract = _master_contract(args)
     session_id = validate_id(args.session_id, "--session-id") if args.session_id else uuid.uuid4().hex
     mode = Mode(args.mode)
-    argv, identity = _master_identity(argv, contract, session_id, mode)
+    # One master per session, one agent per session file: refused before anything is written
+    # (and again under the entry's lock as the master registers).
+    previous = store.find(f"{Role.MASTER.value}-{session_id}")
+    check_claim(previous, takeover=args.takeover)
+    argv, identity = _master_identity(argv, contract, session_id, mode, previous)
     # A print-mode pi ends after one run: a handoff cannot wake it, so it is printed instead.
     bridged = identity.provider == "pi" and mode is not Mode.PRINT and _BRIDGE_FLAG in argv
     session = _MasterSession(
-        args, store, io, session_id, contract.task_ref, _prompter(args, mode, bridged, io), bridged
-    )
+        args, store, io, session_id, contract.task_ref, _prompter(args, mode, bridged, io), bridged,
+        identity,
+    )  # fmt: skip
     if args.once:
         return session.once(identity)
     spec = HostSpec(argv=tuple(argv), identity=identity, contract=contract, mode=mode, role=Role.MASTER)
-    hooks = HostHooks(session.on_registered, session.on_tick, session.on_switch, on_agent_end=abort_forks)
-    return AgentHost(spec, store, settings, hooks=hooks, out=io.out).run()
+    hooks = HostHooks(
+        session.on_registered, session.on_tick, session.on_switch, abort_forks, may_register=session.claim
+    )
+    return AgentHost(spec, store, settings, hooks=hooks, out=io.out, err=io.err).run()

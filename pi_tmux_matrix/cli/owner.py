@@ -21,6 +21,7 @@ from ..matrix.reconcile import reconcile
 from ..matrix.store import MatrixStore, now_ms
 from ..settings import load_settings
 from ..supervise.child import reachable
+from ..supervise.claim import stop_stray, stray_agent
 from ..supervise.master import (
     apply_plan,
     calling_master,
@@ -33,6 +34,8 @@ from .base import STOP_WORD, add_verb, confirmed, require_matrix, stop_target, s
 
 if TYPE_CHECKING:
     from .base import Io
+
+STRAY_GRACE_S = 3.0  # as a host's default --stop-grace: SIGTERM, this long, then SIGKILL
 
 __all__ = ["cmd_adopt", "cmd_cleanup", "cmd_reconcile", "cmd_scan", "cmd_send", "cmd_stop", "register"]
 
@@ -231,6 +234,9 @@ def cmd_stop(args: argparse.Namespace, io: Io) -> int:
 
         return stop_job(args, io)
     store = store_of(args)
+    parse_key(args.key)
+    if stray_agent(current := store.get(args.key)) is not None:
+        return _stop_stray(args, io, store, current)
     entry = _live_host(store, args.key)
     what = f"{args.key} (agent {entry.identity.agent_id}, host pid {entry.pid}, child pid {entry.child_pid})"
     if not confirmed(args, io, what):
@@ -239,4 +245,21 @@ def cmd_stop(args: argparse.Namespace, io: Io) -> int:
         return EXIT_USAGE
     Inbox(store, args.key).post("stop", sender="pi-matrix stop", to=entry.registration)
     io.out.write(f"stop requested: {what}\n")
+    return EXIT_OK
+
+
+def _stop_stray(args: argparse.Namespace, io: Io, store: MatrixStore, entry: Entry) -> int:
+    """``stop KEY`` for an agent whose host is gone: nobody else can stop it, so this command
+    does, by the agent's recorded identity (pid and start time), and records its end."""
+    what = (
+        f"{args.key} (agent {entry.identity.agent_id}, pid {entry.child_pid}, unsupervised: its host "
+        f"pid {entry.pid} is gone)"
+    )
+    if not confirmed(args, io, what):
+        io.out.write(f"would stop {what}: SIGTERM -> {STRAY_GRACE_S:.0f}s -> SIGKILL, recorded as killed\n")
+        io.err.write(f"pi-matrix: error: nothing was stopped; add --confirm {STOP_WORD} to stop it\n")
+        return EXIT_USAGE
+    written = stop_stray(store, entry, grace_s=STRAY_GRACE_S)
+    recorded = f", recorded {written.status.value} (killed)" if written is not None else ""
+    io.out.write(f"stopped {what}{recorded}\n")
     return EXIT_OK

@@ -27,6 +27,7 @@ from ..inotify import available as inotify_available
 from ..matrix.model import Entry, Status
 from ..matrix.store import MatrixStore, now_ms
 from ..settings import resolve_state_dir
+from ..supervise.claim import unsupervised
 from .base import age
 
 if TYPE_CHECKING:
@@ -70,11 +71,7 @@ def rows(store: MatrixStore) -> list[tuple[Entry | None, tuple[str, ...]]]:
     out: list[tuple[Entry | None, tuple[str, ...]]] = []
 
     def row(entry: Entry, indent: str) -> tuple[Entry | None, tuple[str, ...]]:
-        alive = (
-            "yes"
-            if procs.is_alive(entry.process)
-            else ("child" if procs.is_alive(entry.child_process) else "no")
-        )
+        alive = "yes" if procs.is_alive(entry.process) else (unsupervised(entry) or "no")
         status = entry.status.value + (f" ({entry.reason})" if entry.reason else "")
         return entry, (
             indent + entry.key, status, alive, entry.identity.lane or "-", entry.task_ref or "-",

@@ -16,6 +16,7 @@ from ..errors import EXIT_OK
 from ..identity import Role
 from ..matrix.model import Entry
 from ..matrix.store import now_ms
+from ..supervise.claim import unsupervised
 from .base import add_verb, store_of
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ def _node(entry: Entry, now: int) -> dict[str, Any]:
         "reason": entry.reason,
         "alive": procs.is_alive(entry.process),
         "childAlive": procs.is_alive(entry.child_process),
+        "unsupervised": unsupervised(entry),  # the agent runs on while its host is gone
         "lane": entry.identity.lane,
         "taskRef": entry.task_ref,
         "ageMs": now - entry.created_at,
@@ -75,7 +77,7 @@ def _write_text(io: Io, tree: list[dict[str, Any]], unparented: list[dict[str, A
     paint = colour_for(io.out)
 
     def line(node: dict[str, Any], indent: str) -> str:
-        alive = "alive" if node["alive"] else ("child alive" if node["childAlive"] else "dead")
+        alive = "alive" if node["alive"] else (node["unsupervised"] or "dead")
         age = max(0, node["ageMs"] // 1000)
         extra = f" handoffs {node['pendingHandoffs']}" if node["pendingHandoffs"] else ""
         status = paint(node["status"], STATUS_COLOURS.get(node["status"], ""))

@@ -175,14 +175,21 @@ class MatrixStore(StateDir):
             self._write(root_fd, entry.key, stamped, exclusive=True)
             return stamped
 
-    def register(self, entry: Entry, *, expected: str | None = None) -> Entry:
+    def register(
+        self,
+        entry: Entry,
+        *,
+        expected: str | None = None,
+        check: Callable[[Entry | None], None] | None = None,
+    ) -> Entry:
         """Write ``entry`` as a new process generation, whatever was there before (with
         ``expected``: only over that generation, else :class:`Conflict`).
 
         This is how a newer process of the same session takes ownership: every write of the
         older process after this one fails with :class:`Conflict`. Undelivered terminal
         handoffs of the previous record are carried over: they belong to the owner, not to
-        the process generation that wrote them.
+        the process generation that wrote them. ``check`` sees the record about to be replaced
+        (None if there is none) under the lock, and refuses the registration by raising.
         """
         with self.locked(entry.key) as root_fd:
             # A corrupt file here raises CorruptEntry: it is evidence, never overwritten
@@ -190,6 +197,8 @@ class MatrixStore(StateDir):
             previous = self._read(root_fd, entry.key)
             if expected is not None and (previous is None or previous.generation != expected):
                 raise Conflict(entry.key, expected, None if previous is None else previous.generation)
+            if check is not None:
+                check(previous)
             if previous is not None and previous.undelivered:
                 kept = tuple(h for h in previous.undelivered if h not in entry.handoffs)
                 entry = attrs.evolve(entry, handoffs=(*kept, *entry.handoffs)[-MAX_HANDOFFS:])

@@ -64,11 +64,19 @@ def child_env(*, key: str, state_dir: str, mailbox: str, host_pid: int) -> dict[
 
 
 def spawn(
-    argv: tuple[str, ...], mode: Mode, *, cwd: str | None, env: dict[str, str]
+    argv: tuple[str, ...], mode: Mode, *, cwd: str | None, env: dict[str, str], die_with_host: bool = False
 ) -> subprocess.Popen[bytes]:
     """Start the agent: an interactive one keeps the host's terminal; a print or rpc one leads a
-    session of its own (so a stop reaches everything it started) and never reads the terminal."""
+    session of its own (so a stop reaches everything it started) and never reads the terminal.
+
+    ``die_with_host``: the kernel hangs the agent up when this host dies, even by SIGKILL (a
+    master's own agent: nobody would supervise it, and it would go on drawing over the user's
+    shell and writing its session file beside the next master's agent). SIGHUP, as when a
+    terminal goes: pi and a shell end on it; an agent that ignores hangups on purpose lives on,
+    and its record still names it (views say it runs unsupervised; ``stop`` reaches it)."""
     kwargs: dict[str, Any] = {"env": env, "cwd": cwd, "close_fds": True}
+    if die_with_host:
+        kwargs["preexec_fn"] = procs.die_with_parent(signal.SIGHUP)
     if mode is Mode.PRINT:
         kwargs.update(stdin=subprocess.DEVNULL, start_new_session=True)
     elif mode is Mode.RPC:
@@ -199,11 +207,19 @@ class AgentChild:
     """The one agent child: started, told things the way its mode allows, stopped, signalled."""
 
     def __init__(
-        self, record: OwnRecord, *, mode: Mode, is_pi: bool, stop_grace_s: float, out: IO[str]
+        self,
+        record: OwnRecord,
+        *,
+        mode: Mode,
+        is_pi: bool,
+        stop_grace_s: float,
+        out: IO[str],
+        die_with_host: bool = False,
     ) -> None:
         self.record = record
         self.mode = mode
         self.is_pi = is_pi  # a bridged interactive pi reads notices from its mailbox
+        self.die_with_host = die_with_host
         self.stop_grace_s = stop_grace_s
         self.popen: subprocess.Popen[bytes] | None = None
         self.identity: ProcessIdentity | None = None
@@ -233,7 +249,7 @@ class AgentChild:
     def start(
         self, argv: tuple[str, ...], *, cwd: str | None, env: dict[str, str]
     ) -> subprocess.Popen[bytes]:
-        self.popen = spawn(argv, self.mode, cwd=cwd, env=env)
+        self.popen = spawn(argv, self.mode, cwd=cwd, env=env, die_with_host=self.die_with_host)
         self.rpc.attach(self.popen)
         self.identity = procs.identify(self.popen.pid)
         return self.popen

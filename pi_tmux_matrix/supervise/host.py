@@ -44,6 +44,7 @@ from ..matrix.store import MatrixStore, now_ms
 from ..settings import MatrixSettings
 from .bridge_reports import BRIDGE_KINDS, BridgeReports, SessionReport
 from .child import AgentChild, child_env, describe_end, exit_code_of
+from .claim import Yielding
 from .record import OwnRecord
 from .rpc import RPC_TAG
 from .timers import Timers
@@ -88,6 +89,8 @@ class HostHooks:
     # The agent's session shut down (its child ended): what depends on it is ended too, e.g. its
     # running fork runs (seed 003); fork/ sits above supervise/, so the program wires it in.
     on_agent_end: Callable[[AgentHost], None] | None = None
+    # Sees the record the first registration replaces, under its lock; raising refuses it.
+    may_register: Callable[[Entry | None], None] | None = None
 
 
 class AgentHost:
@@ -101,6 +104,7 @@ class AgentHost:
         *,
         hooks: HostHooks | None = None,
         out: IO[str] | None = None,
+        err: IO[str] | None = None,
     ) -> None:
         self.spec = spec
         self.store = store
@@ -111,12 +115,11 @@ class AgentHost:
         self.me = procs.current()
         self.record = OwnRecord(store, spec.identity.key(self.role))
         self.agent = AgentChild(
-            self.record,
-            mode=spec.mode,
-            is_pi=spec.identity.is_pi,
-            stop_grace_s=spec.stop_grace_s,
-            out=self.out,
-        )
+            self.record, mode=spec.mode, is_pi=spec.identity.is_pi, stop_grace_s=spec.stop_grace_s,
+            out=self.out, die_with_host=self.role is Role.MASTER,
+        )  # fmt: skip
+        self.yielding = Yielding(self.record, self.agent, self.role, err or sys.stderr)
+        self.record.on_superseded = self.yielding
         self.worker = WorkerSide(
             self.record, self.agent, self.role, self.me, settings.adoption_grace_ms / 1000
         )
@@ -157,7 +160,7 @@ class AgentHost:
     def handoffs_accepted(self) -> set[str]:
         return self.reports.handoffs_accepted
 
-    def register(self) -> Entry:
+    def register(self, check: Callable[[Entry | None], None] | None = None) -> Entry:
         """Write our entry as a new process generation (an older same-session host loses it)."""
         contract = self.spec.contract
         if self.role is Role.WORKER and contract.parent_pid is not None:
@@ -169,19 +172,14 @@ class AgentHost:
             else:
                 self.worker.parent = procs.identify(contract.parent_pid)
         entry = lifecycle.new_entry(
-            role=self.role,
-            identity=self.spec.identity,
-            process=self.me,
-            now=now_ms(),
-            parent=self.worker.parent,
-            parent_pid=contract.parent_pid,
-            parent_session_id=contract.parent_session,
-            task_ref=contract.task_ref,
+            role=self.role, identity=self.spec.identity, process=self.me, now=now_ms(),
+            parent=self.worker.parent, parent_pid=contract.parent_pid,
+            parent_session_id=contract.parent_session, task_ref=contract.task_ref,
             task_summary=self.spec.task_summary,
-        )
+        )  # fmt: skip
         if self.spec.take_over is not None:
             entry = lifecycle.with_child(entry, self.spec.take_over)
-        registered = self.record.register(entry, expected=self.spec.claim)
+        registered = self.record.register(entry, expected=self.spec.claim, check=check)
         self.spec = attrs.evolve(self.spec, claim=None)  # a claim fences the first registration only
         self.events.write("registered", role=self.role.value, generation=registered.registration)
         return registered
@@ -207,7 +205,7 @@ class AgentHost:
         stop = self.agent.stop
         record = stop.classify(returncode, now_ms())
         self.events.write("child_exited", kind=record.kind.value, code=record.code, signal=record.signal)
-        if self.hooks.on_agent_end is not None:
+        if self.hooks.on_agent_end is not None and not self.record.superseded:  # else not ours to end
             self.hooks.on_agent_end(self)
         # A worker whose pane or tmux server went away under it did not end its task: resumable.
         lost = self.role is Role.WORKER and self.agent.terminal_lost(returncode)
@@ -322,7 +320,7 @@ class AgentHost:
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> int:
         """Register, run the child (if any), supervise until it ends; returns its exit code."""
-        self.register()
+        self.register(self.hooks.may_register)
         if self.hooks.on_registered is not None:
             self.hooks.on_registered(self)
         if self.role is Role.WORKER and not self.worker.alive():
@@ -379,6 +377,7 @@ class AgentHost:
                     return 0
                 self._on_timers(timers)
         finally:
+            self.yielding.tell()  # a takeover's line, once the agent's screen is gone
             self.worker.stop_watching()
             if child_fd is not None:
                 os.close(child_fd)
@@ -425,7 +424,7 @@ class AgentHost:
             beat = now_ms()
             self.record.write(lambda e: lifecycle.heartbeat(e, beat))
             self.reports.check_silent(time.monotonic(), self.events, self.key)
-            if self.hooks.on_tick is not None:
+            if self.hooks.on_tick is not None and not self.record.superseded:
                 self.hooks.on_tick(self)
         if self.worker.expired(now):
             self.worker.expire()

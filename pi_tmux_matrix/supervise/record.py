@@ -31,6 +31,8 @@ class OwnRecord:
     registration: str = ""
     entry: Entry | None = None
     superseded: bool = False  # a newer process generation owns the entry: we never write it again
+    # Told once when a newer generation is found (with its registration); unset, a warning is logged.
+    on_superseded: Callable[[str | None], None] | None = None
     events: EventLog = attrs.field(init=False)
     inbox: Inbox = attrs.field(init=False)
     notices: AgentNotices = attrs.field(init=False)
@@ -45,10 +47,17 @@ class OwnRecord:
         self.inbox = Inbox(self.store, key)
         self.notices = AgentNotices(self.store, key)
 
-    def register(self, entry: Entry, *, expected: str | None = None) -> Entry:
+    def register(
+        self,
+        entry: Entry,
+        *,
+        expected: str | None = None,
+        check: Callable[[Entry | None], None] | None = None,
+    ) -> Entry:
         """Write ``entry`` as a new process generation (an older same-session host loses it);
-        with ``expected``, only over that exact generation (a launcher's claim)."""
-        self.entry = self.store.register(entry, expected=expected)
+        with ``expected``, only over that exact generation (a launcher's claim); ``check`` may
+        refuse it, under the lock, from the record it would replace."""
+        self.entry = self.store.register(entry, expected=expected, check=check)
         self.registration = self.entry.registration
         self.superseded = False
         return self.entry
@@ -61,13 +70,7 @@ class OwnRecord:
         try:
             entry = self.store.update(self.key, change, registration=self.registration)
         except Conflict as exc:
-            self.superseded = True
-            log.warning(
-                "%s: a newer process generation owns this entry now (%s); this host will not write it again",
-                self.key,
-                exc.found,
-            )
-            self.events.write("superseded", found=exc.found)
+            self._supersede(exc.found, warn=True)
             return None
         except PiMatrixError as exc:
             log.warning("%s: could not update the entry: %s", self.key, exc)
@@ -87,15 +90,27 @@ class OwnRecord:
             log.warning("%s: cannot read own entry: %s", self.key, exc)
             return None
         if current.registration != self.registration:
-            self.superseded = True
-            self.events.write("superseded", found=current.registration)
+            self._supersede(current.registration, warn=False)
             return None
         return current
+
+    def _supersede(self, found: str | None, *, warn: bool) -> None:
+        self.superseded = True
+        self.events.write("superseded", found=found)
+        if self.on_superseded is not None:
+            self.on_superseded(found)
+        elif warn:
+            log.warning(
+                "%s: a newer process generation owns this entry now (%s); this host will not write it again",
+                self.key,
+                found,
+            )
 
     def mail(self) -> list[Message]:
         """Our owner's messages. None once a newer generation owns the key (it reads them now);
         a message addressed to another generation of our key (a host that died before reading
         it) is dropped, never acted on: a stale stop must not stop a freshly resumed agent."""
+        self.read()  # a newer generation's mail is its own: look before taking any
         if self.superseded:
             return []
         kept: list[Message] = []
