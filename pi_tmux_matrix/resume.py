@@ -31,6 +31,7 @@ from .supervise.relaunch import check_resumable, wake_prompt
 
 if TYPE_CHECKING:
     from .dispatch.tmux import TmuxServer
+    from .dispatch.tmux_model import Pane
 
 __all__ = ["ResumePlan", "plan_resume", "relaunch", "session_header_cwd"]
 
@@ -160,13 +161,22 @@ def relaunch(
     # Claim the relaunch before starting anything: of two masters (or a master and
     # `pi-matrix resume`) racing for one worker, only the one whose claim lands launches.
     try:
-        claimed = store.update(entry.key, lifecycle.claim_launch, expected=entry.generation)
+        fresh = plan.session_file if plan.session_file != request.entry.identity.session_file else None
+
+        def claim(current: Entry) -> Entry:
+            # A fresh session file is named in the claim itself: a relaunch that fails after making
+            # it leaves the next one that same file, never a second file with the same header id.
+            named = lifecycle.with_identity(current, session_file=fresh) if fresh else current
+            return lifecycle.claim_launch(named)
+
+        claimed = store.update(entry.key, claim, expected=entry.generation)
     except Conflict:
         raise ResumeRefused(
             f"{entry.key}: changed since it was read (another master relaunched or adopted it); look again "
             "with 'pi-matrix show KEY'"
         ) from None
     where: tuple[str | None, str | None, str | None] = (None, None, None)  # socket, pane, target
+    known: ProcessIdentity | None = None  # the host, when a ticket named it exactly
     try:
         pid: int | None = None
         if plan.session_file is not None and not os.path.lexists(plan.session_file):
@@ -187,7 +197,12 @@ def relaunch(
             except TmuxUnavailable as exc:
                 # No tmux here, or one that did not answer in time: close this launch (a pane a
                 # stalled server makes later starts nothing) unless its host already took it.
-                pid = _late_host(store, plan, exc, server, tags)
+                late = _late_host(store, plan, exc, server, tags)
+                if late is not None:
+                    known, found = late
+                    pid = known.pid
+                    if found is not None:
+                        where = (server.socket, found.pane_id, f"{found.session}:{found.window_name}")
         if pid is None:
             # Without a terminal an interactive agent cannot run: the detached host runs it in print
             # mode (one turn on the wake prompt, into the same session file).
@@ -206,7 +221,7 @@ def relaunch(
         with contextlib.suppress(PiMatrixError):
             store.update(entry.key, lifecycle.release_launch, expected=claimed.generation)
         raise
-    launched = procs.identify(pid)
+    launched = known or procs.identify(pid)
     if launched is not None:
         try:
             store.update(entry.key, lambda e: lifecycle.launched(e, launched), expected=claimed.generation)
@@ -249,9 +264,9 @@ def follow_job(
 
 def _late_host(
     store: MatrixStore, plan: ResumePlan, exc: Exception, server: TmuxServer, tags: dict[str, str]
-) -> int | None:
-    """The host of a tmux launch that failed yet started (it took the ticket first), tagged when
-    its pane can be found; None when the launch is closed (the detached host runs instead)."""
+) -> tuple[ProcessIdentity, Pane | None] | None:
+    """The host of a tmux launch that failed yet started (it took the ticket first) and its pane,
+    tagged, when it can be found; None when the launch is closed (the detached host runs instead)."""
     if plan.ticket is None:
         return None
     from .matrix.tickets import LaunchTickets, Taken
@@ -259,9 +274,10 @@ def _late_host(
     taken = LaunchTickets(store).take(plan.ticket, Taken(None, f"resume fell back to a detached host: {exc}"))
     if taken is None or taken.host is None:
         return None
+    pane = None
     with contextlib.suppress(PiMatrixError):
-        server.adopt(taken.host.pid, tags=tags)
-    return taken.host.pid
+        pane = server.adopt(taken.host.pid, tags=tags)
+    return taken.host, pane
 
 
 def _spawn_detached(store: MatrixStore, plan: ResumePlan, base_env: dict[str, str] | None = None) -> int:

@@ -131,3 +131,24 @@ def test_a_resumed_agent_stays_the_agent_of_its_job_for_jobs_followup_and_stop(l
     stop = cli("stop", fired.job.id, "--confirm", "yes-tmux-stop")
     assert stop.returncode == 0, stop.stderr
     assert procs.wait_for_exit(back.process, 20)
+
+
+def test_a_pane_closed_by_hand_ends_its_agent_and_is_not_taken_for_a_lost_tmux(lab: Lab) -> None:  # noqa: F811
+    """Only a tmux server's end makes a worker resumable: a pane its owner closes (kill-pane, a
+    closed window) while the server runs on ends the agent as asked (review finding)."""
+    import subprocess
+
+    lab.start_master()
+    (agent,) = lab.fire("HANG work").job.agents
+    entry = lab.worker(agent.key)
+    assert agent.pane_id is not None
+    # Another session keeps the server up (its last pane gone, a server with no session quits).
+    subprocess.run(
+        ["tmux", "-L", lab.socket, "new-session", "-d", "-s", "keep", "sleep", "600"], check=True, timeout=10
+    )
+    subprocess.run(["tmux", "-L", lab.socket, "kill-pane", "-t", agent.pane_id], check=True, timeout=10)
+    assert procs.wait_for_exit(entry.process, 20)  # type: ignore[arg-type]
+    after = wait_for(
+        "its end recorded", lambda: e if (e := lab.store.find(agent.key)) and e.exit is not None else None
+    )
+    assert after.status is not Status.RESUMABLE and after.reason != "tmux_lost", (after.status, after.reason)

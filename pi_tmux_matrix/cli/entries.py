@@ -201,6 +201,8 @@ def _tool_blocks(store: MatrixStore, key: str) -> tuple[list[dict[str, Any]], st
     found: list[dict[str, Any]] = []
     start_failure: str | None = None
     for event in EventLog(store, key).tail(2000):
+        if event.get("event") == "registered":
+            start_failure = None  # a later host of the key: an earlier start's failure is history
         if event.get("event") == "spawn_failed":
             start_failure = str(event.get("error") or "unknown error")
         if event.get("event") != "tool_blocked":

@@ -39,7 +39,9 @@ def check_programs(planned: Sequence[PlannedAgent], env: Mapping[str, str]) -> N
         program = argv[0]
         path = plan.env.get("PATH", env.get("PATH", os.defpath))
         if os.sep in program:
-            found = program if os.access(program, os.X_OK) and os.path.isfile(program) else None
+            # Relative to where the host runs it (--path, a lane), not to where fire was typed.
+            where = os.path.join(plan.cwd, program)
+            found = where if os.access(where, os.X_OK) and os.path.isfile(where) else None
         else:
             found = shutil.which(program, path=path)
         if found is None:
@@ -57,6 +59,7 @@ def check_programs(planned: Sequence[PlannedAgent], env: Mapping[str, str]) -> N
 class StartFailure:
     agent: JobAgent
     reason: str
+    code: int | None = None  # 127 when the program could not be started; None when unknown
 
 
 def confirm_starts(
@@ -75,7 +78,8 @@ def confirm_starts(
                 continue
             del pending[agent_id]
             if verdict:
-                failed.append(StartFailure(agent, verdict))
+                code = 127 if "could not start" in verdict else None
+                failed.append(StartFailure(agent, verdict, code))
         if not pending or time.monotonic() >= deadline:
             break
         time.sleep(0.02)

@@ -191,8 +191,9 @@ class Dispatcher:
                 agent = failure.agent
                 self.jobs.put_result(
                     result_now(job, agent.agent_id, agent.key, agent.round, ResultKind.EXITED,
-                               detail=failure.reason, exit_code=127)
+                               detail=failure.reason, exit_code=failure.code)
                 )  # fmt: skip
+                self._close_unstarted(agent)
             reasons = "; ".join(f"{f.agent.agent_id}: {f.reason}" for f in failed)
             raise DispatchError(f"fire: job {job.id}: {len(failed)} agent(s) could not start: {reasons}")
         return FireResult(job, tuple(planned), False)
@@ -232,6 +233,19 @@ class Dispatcher:
                 "--workspace", where,
                 "pick another name, or stop that session's jobs first",
             )  # fmt: skip
+
+    def _close_unstarted(self, agent: JobAgent) -> None:
+        """A start this fire reports as failed is never relaunched later: the launcher's own
+        ``launching`` record (its host died before registering) is closed."""
+        host = agent.host
+
+        def close(entry: Entry) -> Entry | None:
+            if entry.status is not Status.LAUNCHING or host is None or entry.pid != host.pid:
+                return None
+            return lifecycle.close(entry, "start_failed", now_ms())
+
+        with contextlib.suppress(PiMatrixError):
+            self.store.update(agent.key, close)
 
     def _notify(self, hook: str, **kwargs: object) -> None:
         """Call a notification hook through pluggy, one plugin at a time (each call wrapped by every

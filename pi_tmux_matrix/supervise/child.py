@@ -19,7 +19,7 @@ from typing import IO, Any
 import attrs
 
 from .. import procs
-from ..contract import ENV_CLI, ENV_HOST_PID, ENV_KEY, ENV_MAILBOX, ENV_STATE_DIR
+from ..contract import ENV_CLI, ENV_HOST_PID, ENV_KEY, ENV_MAILBOX, ENV_STATE_DIR, ENV_TMUX
 from ..identity import Mode, ProcessIdentity
 from ..matrix import lifecycle
 from ..matrix.model import Entry, ExitKind, ExitRecord, Status
@@ -177,6 +177,12 @@ class StopSequence:
         )
 
 
+def tmux_server() -> ProcessIdentity | None:
+    """The tmux server of the pane this process runs in (``$TMUX``), or None outside tmux."""
+    parts = os.environ.get(ENV_TMUX, "").split(",")
+    return procs.identify(int(parts[1])) if len(parts) >= 3 and parts[1].isdigit() else None
+
+
 def terminal_gone() -> bool:
     """Whether this process's controlling terminal has hung up (a tmux pane or server gone):
     ``/dev/tty`` cannot be opened any more."""
@@ -227,6 +233,7 @@ class AgentChild:
         self.stop = StopSequence()
         # A host in a tmux pane has the pane as its terminal; one without a terminal never loses one.
         self.had_terminal = os.isatty(0) and not terminal_gone()
+        self.tmux_server = tmux_server() if self.had_terminal else None
         # The events log is looked up per event: a session switch re-keys the record.
         self.rpc = RpcPipe(out, lambda event: record.events.write("rpc", data=event))
 
@@ -273,12 +280,16 @@ class AgentChild:
     def terminal_lost(self, returncode: int | None) -> bool:
         """The agent ended because its terminal hung up (a pane or tmux server gone), not
         because anyone asked it to stop."""
-        if self.stop.requested:
+        if self.stop.requested or not self.had_terminal:
             return False
-        lost = self.stop.hangup or returncode == -signal.SIGHUP or (self.had_terminal and terminal_gone())
-        if lost:
-            self.record.events.write("terminal_lost", code=returncode)
-        return lost
+        if not (self.stop.hangup or returncode == -signal.SIGHUP or terminal_gone()):
+            return False
+        if self.tmux_server is not None and not procs.wait_for_exit(self.tmux_server, 2.0):
+            # Its tmux server lives on: someone closed the pane or window (kill-pane, a closed
+            # terminal of its own): that ends the agent, as asked.
+            return False
+        self.record.events.write("terminal_lost", code=returncode)
+        return True
 
     def request_stop(self, outcome: ExitKind, reason: str) -> None:
         """The one stop path: request -> grace -> SIGTERM -> grace -> SIGKILL."""

@@ -68,6 +68,7 @@ class WorkerSide:
     parent: ProcessIdentity | None = None
     phase: Phase = Phase.RUNNING
     grace_deadline: float | None = None  # monotonic end of the grace window while in GRACE
+    told_lost: bool = False  # the agent was told its parent is gone (an adoption then tells it more)
     _fd: int | None = attrs.field(default=None, init=False)  # the parent's pidfd, while watched
     _selector: selectors.BaseSelector | None = attrs.field(default=None, init=False)  # the loop's
 
@@ -151,6 +152,7 @@ class WorkerSide:
             "otherwise this agent will be stopped and left resumable."
         )
         self.agent.steer(text, notice=True)
+        self.told_lost = True
         self.grace_deadline = time.monotonic() + self.grace_s
 
     # -- how the grace window ends ------------------------------------------------------------------
@@ -188,12 +190,14 @@ class WorkerSide:
         self.record.events.write(
             "adopted", parent_pid=new_parent.pid, parent_session=directive.parent_session_id
         )
-        # One notice into the agent's own session: its last one may have said it would be stopped.
-        self.agent.steer(
-            f"[pi-matrix] You were adopted by a new parent (session {directive.parent_session_id}, "
-            f"pid {new_parent.pid}). Resuming: carry on with your task.",
-            notice=True,
-        )
+        if self.told_lost:
+            # One notice into the agent's own session: its last one said it would be stopped.
+            self.told_lost = False
+            self.agent.steer(
+                f"[pi-matrix] You were adopted by a new parent (session {directive.parent_session_id}, "
+                f"pid {new_parent.pid}). Resuming: carry on with your task.",
+                notice=True,
+            )
         self._watch()
         if not procs.is_alive(new_parent):
             self.parent_lost()
