@@ -35,10 +35,9 @@ from .. import procs
 from ..errors import PiMatrixError, TmuxUnavailable
 from ..inotify import DirWatch
 from ..inotify import available as inotify_available
-from ..matrix import lifecycle
 from ..matrix.mailbox import EventLog, Inbox, addressee
-from ..matrix.model import Entry
 from ..matrix.store import MatrixStore, now_ms
+from ..matrix.strays import stop_stray, stray_agent
 from .jobs import JobStore, result_now
 from .model import AgentResult, Job, JobAgent, ResultKind
 
@@ -55,6 +54,7 @@ _LINE_BREAKING_CSI: Final = frozenset("ABEFGHdf")
 _DECORATION: Final = " \t\u2502\u2503|>*\u2022\u25cf"  # box rules, quote marks, bullets a TUI adds
 MAX_LINE: Final = 64 * 1024
 STOP_WAIT_S: Final = 15.0  # host stop sequence: request + grace + SIGTERM + SIGKILL, with margin
+STRAY_GRACE_S: Final = 5.0  # an agent without its host: SIGTERM, this long, then SIGKILL
 
 
 class MarkerScanner:
@@ -355,35 +355,21 @@ def stop_agents(
 
 def _stop_unsupervised(store: MatrixStore, agents: Sequence[JobAgent]) -> list[JobAgent]:
     """Agents whose host is dead while the agent itself runs on (no host forwards a stop): each is
-    stopped by its recorded identity (SIGTERM, then SIGKILL) and its entry closed; the ones that
-    survive are returned."""
-    orphans: list[tuple[JobAgent, procs.ProcessIdentity, str]] = []
+    stopped by its recorded identity and its end recorded (:func:`~..matrix.strays.stop_stray`,
+    the same as ``stop KEY``); the ones that survive are returned."""
+    left: list[JobAgent] = []
     for agent in agents:
         try:
             entry = store.find(agent.key)
         except PiMatrixError:
             continue
-        if entry is not None and entry.child_process is not None and procs.is_alive(entry.child_process):
-            orphans.append((agent, entry.child_process, entry.generation))
-    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
-        alive = [ident for _, ident, _ in orphans if procs.is_alive(ident)]
-        for ident in alive:
-            procs.send_signal(ident, sig)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(procs.is_alive(i) for i in alive):
-            time.sleep(0.05)
-    left = []
-    for agent, ident, generation in orphans:
-        if procs.is_alive(ident):
-            left.append(agent)
+        if entry is None or stray_agent(entry) is None:
             continue
-        now = now_ms()
-
-        def closed(entry: Entry, at: int = now) -> Entry:
-            return lifecycle.close(entry, "stopped", at)
-
-        with contextlib.suppress(PiMatrixError):
-            store.update(agent.key, closed, expected=generation)
+        try:
+            stop_stray(store, entry, grace_s=STRAY_GRACE_S)
+        except PiMatrixError as exc:
+            log.warning("%s: %s", agent.key, exc)
+            left.append(agent)
     return left
 
 

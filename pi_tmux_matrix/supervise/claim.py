@@ -18,19 +18,18 @@ unknown: it is nobody's child to wait for).
 from __future__ import annotations
 
 import logging
-import signal
 from typing import IO, Final
 
 import attrs
 
 from .. import procs
-from ..errors import NotFound, PiMatrixError
-from ..identity import Mode, ProcessIdentity, Role
-from ..matrix import lifecycle
+from ..errors import PiMatrixError
+from ..identity import Mode, Role
 from ..matrix.mailbox import Inbox
-from ..matrix.model import Entry, ExitKind, ExitRecord, Status
-from ..matrix.store import MatrixStore, now_ms
-from .child import AgentChild, signal_child
+from ..matrix.model import Entry, ExitKind, Status
+from ..matrix.store import MatrixStore
+from ..matrix.strays import stop_agent, stop_stray, stray_agent, unsupervised
+from .child import AgentChild
 from .record import OwnRecord
 
 __all__ = [
@@ -48,26 +47,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 TAKEN_OVER: Final = "taken_over"  # the stop reason of a master's agent whose session was taken over
-_KILL_WAIT_S: Final = 2.0  # after SIGKILL: only the kernel's own work is left
 
 
 def _stop_command(key: str) -> str:
     # cli/base.py's STOP_WORD: the one word every stop takes (the CLI sits above this layer).
     return f"pi-matrix stop {key} --confirm yes-tmux-stop"
-
-
-def stray_agent(entry: Entry) -> ProcessIdentity | None:
-    """The agent ``entry`` names, when it runs while its host does not."""
-    agent = entry.child_process
-    if agent is None or procs.is_alive(entry.process) or not procs.is_alive(agent):
-        return None
-    return agent
-
-
-def unsupervised(entry: Entry) -> str | None:
-    """What every view says of an agent running without its host, or None."""
-    agent = stray_agent(entry)
-    return None if agent is None else f"agent pid {agent.pid} unsupervised"
 
 
 def live_master(entry: Entry | None) -> bool:
@@ -102,47 +86,6 @@ def check_claim(previous: Entry | None, *, takeover: bool) -> None:
             f"continue; stop it with '{_stop_command(previous.key)}', or pass --takeover to stop it "
             "and go on"
         )
-
-
-def stop_agent(agent: ProcessIdentity, mode: Mode | None, grace_s: float) -> bool:
-    """SIGTERM, up to ``grace_s`` to leave, then SIGKILL: each signal to exactly ``agent``
-    (identity checked right before the send), a print or rpc agent with its process group as its
-    host would. True once it is gone."""
-    how = mode or Mode.INTERACTIVE
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, _KILL_WAIT_S)):
-        signal_child(agent, how, sig)
-        if procs.wait_for_exit(agent, wait_s):
-            return True
-    return not procs.is_alive(agent)
-
-
-def stop_stray(store: MatrixStore, entry: Entry, *, grace_s: float) -> Entry | None:
-    """Stop the agent ``entry`` names while its host is gone, and record its end as ``killed``
-    (a worker's owner gets it as a handoff; a master's record closes). Returns the entry as
-    written, None when it changed meanwhile (a new host registered: its record is its own)."""
-    agent = stray_agent(entry)
-    if agent is None:
-        raise PiMatrixError(f"{entry.key}: no agent of it runs without its host; nothing was stopped")
-    if not stop_agent(agent, entry.identity.mode, grace_s):
-        raise PiMatrixError(
-            f"{entry.key}: its agent (pid {agent.pid}) is still there after SIGKILL (stuck in the "
-            "kernel?); look at it with 'ps -o pid,stat,wchan -p PID'"
-        )
-    now = now_ms()
-    ended = ExitRecord(kind=ExitKind.KILLED, at=now)  # code unknown: it was nobody's child
-
-    def finish(current: Entry) -> Entry | None:
-        same = (current.registration, current.child_pid) == (entry.registration, entry.child_pid)
-        if not same or not current.can_move_to(Status.TERMINAL):
-            return None
-        summary = "stopped by its owner (pi-matrix stop) while its host was gone"
-        return lifecycle.record_terminal(current, ended, now, summary=summary)
-
-    try:
-        written = store.update(entry.key, finish)
-    except NotFound:
-        return None
-    return written if written.exit == ended else None
 
 
 def take_over(store: MatrixStore, previous: Entry, *, sender: str, wait_s: float, grace_s: float) -> str:

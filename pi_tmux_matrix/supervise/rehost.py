@@ -15,13 +15,13 @@ from __future__ import annotations
 import contextlib
 import os
 
-from .. import procs
 from ..contract import NEVER_INHERITED, LaunchContract
 from ..errors import Conflict, PiMatrixError, ResumeRefused
 from ..identity import ProcessIdentity
 from ..matrix import lifecycle
 from ..matrix.model import Entry
 from ..matrix.store import MatrixStore, now_ms
+from ..matrix.strays import stray_agent
 from ..programs import cli_argv, spawn_detached
 
 __all__ = ["REHOST", "needs_rehost", "rehost"]
@@ -31,7 +31,7 @@ REHOST = "rehost"
 
 def needs_rehost(entry: Entry) -> bool:
     """Its host is dead and its agent lives: supervision, not adoption, is what it lacks."""
-    return not procs.is_alive(entry.process) and procs.is_alive(entry.child_process)
+    return stray_agent(entry) is not None
 
 
 def claim_rehost(entry: Entry) -> Entry:

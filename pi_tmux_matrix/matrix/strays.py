@@ -1,0 +1,79 @@
+"""An agent whose host is gone: seen, and stopped by its identity without its host.
+
+Every view says ``agent pid N unsupervised`` of it (:func:`unsupervised`); ``stop KEY`` and
+``stop JOB`` reach it through :func:`stop_stray`: SIGTERM, the grace, SIGKILL, each after checking
+its identity (a print or rpc agent with the process group it leads, as its host would), and its
+end recorded as ``killed`` with the code unknown (it is nobody's child to wait for). A master
+takes such an agent over with a new host instead (``supervise.rehost``).
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Final
+
+from .. import procs
+from ..errors import NotFound, PiMatrixError
+from ..identity import Mode, ProcessIdentity
+from . import lifecycle
+from .model import Entry, ExitKind, ExitRecord, Status
+from .store import MatrixStore, now_ms
+
+__all__ = ["stop_agent", "stop_stray", "stray_agent", "unsupervised"]
+
+_KILL_WAIT_S: Final = 2.0  # after SIGKILL: only the kernel's own work is left
+
+
+def stray_agent(entry: Entry) -> ProcessIdentity | None:
+    """The agent ``entry`` names, when it runs while its host does not."""
+    agent = entry.child_process
+    if agent is None or procs.is_alive(entry.process) or not procs.is_alive(agent):
+        return None
+    return agent
+
+
+def unsupervised(entry: Entry) -> str | None:
+    """What every view says of an agent running without its host, or None."""
+    agent = stray_agent(entry)
+    return None if agent is None else f"agent pid {agent.pid} unsupervised"
+
+
+def stop_agent(agent: ProcessIdentity, mode: Mode | None, grace_s: float) -> bool:
+    """SIGTERM, up to ``grace_s`` to leave, then SIGKILL: each signal to exactly ``agent``
+    (identity checked right before the send), a print or rpc agent with its process group as its
+    host would. True once it is gone."""
+    group = (mode or Mode.INTERACTIVE) is not Mode.INTERACTIVE  # a print/rpc agent leads its group
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, _KILL_WAIT_S)):
+        procs.send_signal(agent, sig, group=group)
+        if procs.wait_for_exit(agent, wait_s):
+            return True
+    return not procs.is_alive(agent)
+
+
+def stop_stray(store: MatrixStore, entry: Entry, *, grace_s: float) -> Entry | None:
+    """Stop the agent ``entry`` names while its host is gone, and record its end as ``killed``
+    (a worker's owner gets it as a handoff; a master's record closes). Returns the entry as
+    written, None when it changed meanwhile (a new host registered: its record is its own)."""
+    agent = stray_agent(entry)
+    if agent is None:
+        raise PiMatrixError(f"{entry.key}: no agent of it runs without its host; nothing was stopped")
+    if not stop_agent(agent, entry.identity.mode, grace_s):
+        raise PiMatrixError(
+            f"{entry.key}: its agent (pid {agent.pid}) is still there after SIGKILL (stuck in the "
+            "kernel?); look at it with 'ps -o pid,stat,wchan -p PID'"
+        )
+    now = now_ms()
+    ended = ExitRecord(kind=ExitKind.KILLED, at=now)  # code unknown: it was nobody's child
+
+    def finish(current: Entry) -> Entry | None:
+        same = (current.registration, current.child_pid) == (entry.registration, entry.child_pid)
+        if not same or not current.can_move_to(Status.TERMINAL):
+            return None
+        summary = "stopped by its owner (pi-matrix stop) while its host was gone"
+        return lifecycle.record_terminal(current, ended, now, summary=summary)
+
+    try:
+        written = store.update(entry.key, finish)
+    except NotFound:
+        return None
+    return written if written.exit == ended else None
