@@ -172,7 +172,8 @@ def cmd_fire(args: argparse.Namespace, io: Io) -> int:
         _dump(io, result.to_json())
         return EXIT_OK
     verb = "would launch" if result.dry_run else "launched"
-    io.out.write(f"job {result.job.id} ({result.job.task_ref}): {verb} {len(result.job.agents)} agent(s)\n")
+    task = result.job.task_ref or "no task ref"
+    io.out.write(f"job {result.job.id} ({task}): {verb} {len(result.job.agents)} agent(s)\n")
     for planned, agent in zip(result.planned, result.job.agents, strict=True):
         where = agent.target or "-"
         io.out.write(f"  {agent.agent_id}  {agent.key}  {agent.profile}  lane {agent.lane or '-'}  {where}\n")
@@ -221,8 +222,9 @@ def _print_job(io: Io, view: ListedJob) -> None:
         )
         return
     job = view.job
+    task = job.task_ref or "-"
     io.out.write(
-        f"{job.id}  {view.state}  {job.team or job.profile}  task {job.task_ref}  age {age(job.created_at)}\n"
+        f"{job.id}  {view.state}  {job.team or job.profile}  task {task}  age {age(job.created_at)}\n"
     )
     for shown in view.agents:
         agent, result = shown.agent, shown.result

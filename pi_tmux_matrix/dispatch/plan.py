@@ -68,7 +68,7 @@ class _JobPlace:
 
     job_id: str
     task: str
-    task_ref: str
+    task_ref: str | None  # only from a goal (seed 000): none is recorded as none, never minted
     cwd: str  # the agents' cwd: the lane's worktree, else the request's folder
     worktree: str | None
     lane: str | None
@@ -158,7 +158,10 @@ class Planner:
         return worktree
 
     def _task_ref(self, request: FireRequest, parent: ProcessIdentity) -> str | None:
-        """The goal id given, else (matrix on) the calling master's own task ref."""
+        """The goal id given, else (matrix on) the calling master's own task ref, else none.
+
+        Never made up: exact recovery compares task refs, so a ref the master never had (the
+        job's id, say) would make its own goal-less workers foreign after a restart."""
         if request.goal_id is not None:
             return validate_task_ref(request.goal_id, "--goal-id")
         if not self.settings.enabled:
@@ -218,7 +221,7 @@ class Planner:
         worktree = self._worktree(cwd, lane, dry_run=request.dry_run)
         job_id = job_id_of(request) or new_job_id()
         place = _JobPlace(
-            job_id=job_id, task=task, task_ref=self._task_ref(request, parent) or f"job:{job_id}",
+            job_id=job_id, task=task, task_ref=self._task_ref(request, parent),
             cwd=worktree or cwd, worktree=worktree, lane=lane, parent=parent, parent_session=parent_session,
             backend=backend.name, socket=backend.socket(request.socket),
         )  # fmt: skip

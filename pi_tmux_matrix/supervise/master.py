@@ -10,6 +10,7 @@ leave); headless, it is only reported and nothing is written.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterable
 from typing import IO, Final, Protocol
 
@@ -38,12 +39,15 @@ __all__ = [
     "gather_facts",
     "is_exact",
     "owning_master",
+    "recorded_goal",
     "require_master",
 ]
 
 log = logging.getLogger(__name__)
 
 TASK_STATES: Final = ("active", "blocked", "terminal")
+# The task ref the dispatcher once made up for a launch without a goal: ``job:`` and the job id.
+MINTED_TASK_REF: Final = re.compile(r"job:job-[0-9]{8}-[0-9]{6}-[0-9a-f]{6}")
 
 
 class Prompter(Protocol):
@@ -143,9 +147,20 @@ def handshake(store: MatrixStore, observed: Entry, step: Callable[[Entry], Entry
     return written
 
 
+def recorded_goal(task_ref: str | None) -> str | None:
+    """The goal a worker's recorded task ref names: none for none, and none for the ref the
+    dispatcher used to make up from the job's id when it was given no goal (``job:<job id>``), so
+    a worker launched before that stopped is still its goal-less master's own."""
+    if task_ref is None or MINTED_TASK_REF.fullmatch(task_ref):
+        return None
+    return task_ref
+
+
 def is_exact(entry: Entry, session_id: str, task_ref: str | None) -> bool:
-    """Seed 000's identity fence for recovery without asking."""
-    return entry.parent_session_id == session_id and entry.task_ref == task_ref
+    """Seed 000's identity fence for recovery without asking: the same parent session and the
+    same goal, where no goal on both sides is the same goal (a master run without ``--task-ref``
+    owns the workers it fired without one)."""
+    return entry.parent_session_id == session_id and recorded_goal(entry.task_ref) == task_ref
 
 
 @attrs.define

@@ -1,0 +1,190 @@
+"""Exact recovery at its seams (issue 18): a goal-less master's own workers, the contract's padded
+values, and a ``--parent-session`` that names the wrong master.
+
+Real processes throughout: ``pi-matrix master`` and ``pi-matrix host`` with the bundled stand-in,
+fired through the dispatcher into a private tmux server (``tmux -L <unique>``), masters SIGKILLed.
+Everything a test starts is stopped by its identity in the lab's cleanup.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+from helpers import make_entry
+from test_dispatch import STANDIN, Lab, wait_for
+from test_master import Pty
+
+from pi_tmux_matrix import procs
+from pi_tmux_matrix.contract import ENV_TASK_REF
+from pi_tmux_matrix.matrix.model import Entry, Status
+from pi_tmux_matrix.supervise.master import is_exact
+
+# A grace window long enough that a loaded machine still starts the next master inside it.
+SETTINGS = {"processMatrix": {"heartbeatMs": 1000, "watcherPollMs": 1000, "adoptionGraceMs": 60000}}
+
+
+@pytest.fixture
+def lab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
+    the_lab = Lab(tmp_path, tmux_socket)
+    (the_lab.agent_dir / "settings.json").write_text(json.dumps(SETTINGS))
+    terms: list[Pty] = []
+    the_lab.terms = terms  # type: ignore[attr-defined]
+    try:
+        yield the_lab
+    finally:
+        for term in terms:
+            term.close()
+        the_lab.cleanup()
+
+
+def cli(lab: Lab, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(lab.state), *args],
+        capture_output=True, text=True, env=lab.env, cwd=lab.work, timeout=60, check=False,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def goalless_master(lab: Lab, session: str, mode: str = "print", *extra: str) -> tuple[Entry, Path]:
+    """A headless ``pi-matrix master`` run without ``--task-ref`` (its output in a file), with the
+    stand-in as its agent in ``mode``; returns once it registered."""
+    out = lab.tmp / f"master-{session}-{len(lab.started)}.out"
+    agent = {"print": ["-p", "HANG orchestrating"], "rpc": ["--mode", "rpc"]}[mode]
+    argv = [
+        sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", session, "--headless",
+        "--mode", mode, *extra, "--", *STANDIN, *agent,
+    ]  # fmt: skip
+    with open(out, "ab") as sink:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink, cwd=lab.work, env=lab.env,
+            start_new_session=True,
+        )  # fmt: skip
+    ident = procs.identify(proc.pid)
+    assert ident is not None
+    lab.started.append(ident)
+    lab.master = wait_for(
+        "the master to register",
+        lambda: e if (e := lab.store.find(f"master-{session}")) and e.pid == proc.pid else None,
+        detail=out.read_text,
+    )
+    return lab.master, out
+
+
+def fire_goalless(lab: Lab) -> Entry:
+    """One stand-in worker fired with no goal by the current master; its running entry."""
+    fired = lab.fire("HANG goal-less work")
+    (agent,) = fired.job.agents
+    return lab.worker(agent.key)
+
+
+def kill_master(lab: Lab, master: Entry, worker: Entry) -> Entry:
+    """SIGKILL the master; returns the worker's entry once it wound down to ``resumable``."""
+    assert master.process is not None
+    procs.send_signal(master.process, signal.SIGKILL)
+    return wait_for(
+        "the worker to wind down",
+        lambda: e if (e := lab.store.get(worker.key)).status is Status.RESUMABLE else None,
+    )
+
+
+def readopted_by(lab: Lab, key: str, pid: int) -> Entry:
+    return wait_for(
+        f"{key} to be re-adopted by pid {pid}",
+        lambda: e if (e := lab.store.get(key)).status is Status.RUNNING and e.parent_pid == pid else None,
+    )
+
+
+# === case 1: a master without a task ref recovers its own workers after kill -9 ===================
+def test_a_goalless_fire_records_no_task_ref(lab: Lab) -> None:
+    master, _ = goalless_master(lab, "plain")
+    fired = lab.fire("HANG anything", dry_run=True)
+    (planned,) = fired.planned
+    assert fired.job.task_ref is None and planned.launch.task_ref is None
+    assert ENV_TASK_REF not in planned.env
+    assert "--task-ref" not in planned.argv
+    shown = cli(
+        lab, "fire", "--dry-run", "--profile", "stand-in", "--socket", lab.socket, "--path", str(lab.work),
+        "--parent-pid", str(master.pid), "--parent-session", "plain", "--", "HANG",
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "(no task ref): would launch 1 agent(s)" in shown.stdout
+
+
+@pytest.mark.parametrize("mode", ["print", "rpc"])
+def test_a_headless_master_without_a_task_ref_readopts_its_own_live_worker_after_kill_9(
+    lab: Lab, mode: str
+) -> None:
+    master, _ = goalless_master(lab, "lead", mode)
+    worker = fire_goalless(lab)
+    before = kill_master(lab, master, worker)
+
+    again, out = goalless_master(lab, "lead", mode)
+
+    after = readopted_by(lab, worker.key, again.pid or 0)
+    assert after.registration == before.registration  # the same host, re-parented
+    assert procs.is_alive(after.process) and procs.is_alive(after.child_process)
+    text = wait_for("the activation report", lambda: t if "re-adopted" in (t := out.read_text()) else None)
+    assert f"orphan {worker.key} (exact, alive" in text
+    assert "reported" not in text
+
+
+def test_an_interactive_master_without_a_task_ref_readopts_its_own_worker_without_asking(lab: Lab) -> None:
+    master, _ = goalless_master(lab, "lead")
+    worker = fire_goalless(lab)
+    kill_master(lab, master, worker)
+
+    argv = [sys.executable, "-m", "pi_tmux_matrix", "master", "--interactive", "--session-id", "lead"]
+    term = Pty(argv, lab.env, lab.work)
+    lab.terms.append(term)  # type: ignore[attr-defined]
+
+    said = term.expect(rf"orphan {worker.key} \([^)]*\): re-adopted|\[y/N\]")
+    assert "[y/N]" not in said.group(0), term.seen
+    assert said.group(0).startswith(f"orphan {worker.key} (exact, alive")
+    readopted_by(lab, worker.key, term.proc.pid)
+
+
+def test_a_master_without_a_task_ref_relaunches_its_own_dead_worker_into_its_session(lab: Lab) -> None:
+    master, _ = goalless_master(lab, "lead")
+    worker = fire_goalless(lab)
+    session_file = Path(worker.identity.session_file or "")
+    wait_for("the worker's session file", lambda: session_file.exists() and session_file.stat().st_size)
+    before = kill_master(lab, master, worker)
+    for ident in (before.process, before.child_process):
+        assert ident is not None
+        procs.send_signal(ident, signal.SIGKILL)
+        procs.wait_for_exit(ident, 5)
+    size = session_file.stat().st_size
+
+    again, out = goalless_master(lab, "lead", "print", "--relaunch", "tmux", "--socket", lab.socket)
+
+    text = wait_for("the activation report", lambda: t if "relaunched" in (t := out.read_text()) else None)
+    assert f"orphan {worker.key} (exact, dead" in text, text
+    back = wait_for(
+        "the relaunched host",
+        lambda: e if (e := lab.store.get(worker.key)).registration != before.registration
+        and e.status is Status.RUNNING else None,
+    )  # fmt: skip
+    assert back.parent_pid == again.pid
+    if back.process is not None:
+        lab.started.append(back.process)
+    assert back.identity.session_file == str(session_file)
+    assert back.task_ref is None and back.identity.agent_id == worker.identity.agent_id
+    wait_for("the resumed turn in the same file", lambda: session_file.stat().st_size > size)
+
+
+def test_a_worker_recorded_with_the_old_made_up_job_ref_is_still_its_goalless_masters_own() -> None:
+    """A worker fired before this fix carries ``job:<job id>``: after the upgrade its goal-less
+    master still recovers it without asking; any other ref is a goal and fences as before."""
+    old = make_entry("w1", parent_session_id="lead", task_ref="job:job-20250101-120000-0a1b2c")
+    assert is_exact(old, "lead", None)
+    assert not is_exact(old, "lead", "goal-1")
+    assert not is_exact(old, "other", None)
+    assert not is_exact(attrs.evolve(old, task_ref="job:mine"), "lead", None)  # a goal of that name
+    assert is_exact(attrs.evolve(old, task_ref=None), "lead", None)
