@@ -5,6 +5,8 @@ the agent host parses it back from env and flags (flags win). The rules at this 
 
 * ``PI_PARENT_PID`` malformed, non-positive or out of range: ignored with one warning, and the
   process acts as a master. Bad env never crashes an agent.
+* ``PI_PARENT_SESSION``, ``PI_ORCHESTRATION_AGENT_ID`` and ``PI_TASK_REF`` (and their flags) are
+  trimmed; one that is only whitespace is absent.
 * ``PI_WORKER_ALLOWED_PATHS`` malformed: startup fails naming the variable. It is a security
   envelope, so it is taken whole or not at all; ``[]`` means full-machine scope.
 * Ids are validated before anything touches the filesystem.
@@ -280,6 +282,17 @@ def _optional(env: Mapping[str, str], name: str) -> str | None:
     return value if value else None
 
 
+def _trimmed(value: str | None) -> str | None:
+    """An id-like contract value with the whitespace around it dropped; only whitespace is none.
+
+    Launchers and shells pad values (``PI_TASK_REF="goal-1 "``, a line read with its newline):
+    as in the origin, the padding is not part of the id, so it neither stops the agent nor loses
+    the parent session that makes it recoverable."""
+    if value is None:
+        return None
+    return value.strip() or None
+
+
 def parse_env(env: Mapping[str, str] | None = None) -> LaunchContract:
     """Read the contract from an environment (``os.environ`` by default)."""
     source = os.environ if env is None else env
@@ -313,6 +326,7 @@ def _build(
     allowed_raw: str | None,
 ) -> LaunchContract:
     parent_pid = parse_parent_pid(parent_pid_raw, parent_pid_source)
+    parent_session, agent_id, task_ref = _trimmed(parent_session), _trimmed(agent_id), _trimmed(task_ref)
     if parent_session is not None:
         try:
             validate_id(parent_session, parent_session_source)

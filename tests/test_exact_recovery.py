@@ -8,7 +8,9 @@ Everything a test starts is stopped by its identity in the lab's cleanup.
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -22,7 +24,15 @@ from test_dispatch import STANDIN, Lab, wait_for
 from test_master import Pty
 
 from pi_tmux_matrix import procs
-from pi_tmux_matrix.contract import ENV_TASK_REF
+from pi_tmux_matrix.contract import (
+    ENV_AGENT_ID,
+    ENV_PARENT_PID,
+    ENV_PARENT_SESSION,
+    ENV_TASK_REF,
+    add_contract_arguments,
+    contract_from_args,
+    parse_env,
+)
 from pi_tmux_matrix.matrix.model import Entry, Status
 from pi_tmux_matrix.supervise.master import is_exact
 
@@ -52,9 +62,9 @@ def cli(lab: Lab, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def goalless_master(lab: Lab, session: str, mode: str = "print", *extra: str) -> tuple[Entry, Path]:
-    """A headless ``pi-matrix master`` run without ``--task-ref`` (its output in a file), with the
-    stand-in as its agent in ``mode``; returns once it registered."""
+def start_master(lab: Lab, session: str, mode: str = "print", *extra: str) -> tuple[Entry, Path]:
+    """A headless ``pi-matrix master`` (no ``--task-ref`` unless in ``extra``; its output in a
+    file), with the stand-in as its agent in ``mode``; returns once it registered."""
     out = lab.tmp / f"master-{session}-{len(lab.started)}.out"
     agent = {"print": ["-p", "HANG orchestrating"], "rpc": ["--mode", "rpc"]}[mode]
     argv = [
@@ -103,7 +113,7 @@ def readopted_by(lab: Lab, key: str, pid: int) -> Entry:
 
 # === case 1: a master without a task ref recovers its own workers after kill -9 ===================
 def test_a_goalless_fire_records_no_task_ref(lab: Lab) -> None:
-    master, _ = goalless_master(lab, "plain")
+    master, _ = start_master(lab, "plain")
     fired = lab.fire("HANG anything", dry_run=True)
     (planned,) = fired.planned
     assert fired.job.task_ref is None and planned.launch.task_ref is None
@@ -121,11 +131,11 @@ def test_a_goalless_fire_records_no_task_ref(lab: Lab) -> None:
 def test_a_headless_master_without_a_task_ref_readopts_its_own_live_worker_after_kill_9(
     lab: Lab, mode: str
 ) -> None:
-    master, _ = goalless_master(lab, "lead", mode)
+    master, _ = start_master(lab, "lead", mode)
     worker = fire_goalless(lab)
     before = kill_master(lab, master, worker)
 
-    again, out = goalless_master(lab, "lead", mode)
+    again, out = start_master(lab, "lead", mode)
 
     after = readopted_by(lab, worker.key, again.pid or 0)
     assert after.registration == before.registration  # the same host, re-parented
@@ -136,7 +146,7 @@ def test_a_headless_master_without_a_task_ref_readopts_its_own_live_worker_after
 
 
 def test_an_interactive_master_without_a_task_ref_readopts_its_own_worker_without_asking(lab: Lab) -> None:
-    master, _ = goalless_master(lab, "lead")
+    master, _ = start_master(lab, "lead")
     worker = fire_goalless(lab)
     kill_master(lab, master, worker)
 
@@ -151,7 +161,7 @@ def test_an_interactive_master_without_a_task_ref_readopts_its_own_worker_withou
 
 
 def test_a_master_without_a_task_ref_relaunches_its_own_dead_worker_into_its_session(lab: Lab) -> None:
-    master, _ = goalless_master(lab, "lead")
+    master, _ = start_master(lab, "lead")
     worker = fire_goalless(lab)
     session_file = Path(worker.identity.session_file or "")
     wait_for("the worker's session file", lambda: session_file.exists() and session_file.stat().st_size)
@@ -162,7 +172,7 @@ def test_a_master_without_a_task_ref_relaunches_its_own_dead_worker_into_its_ses
         procs.wait_for_exit(ident, 5)
     size = session_file.stat().st_size
 
-    again, out = goalless_master(lab, "lead", "print", "--relaunch", "tmux", "--socket", lab.socket)
+    again, out = start_master(lab, "lead", "print", "--relaunch", "tmux", "--socket", lab.socket)
 
     text = wait_for("the activation report", lambda: t if "relaunched" in (t := out.read_text()) else None)
     assert f"orphan {worker.key} (exact, dead" in text, text
@@ -188,3 +198,75 @@ def test_a_worker_recorded_with_the_old_made_up_job_ref_is_still_its_goalless_ma
     assert not is_exact(old, "other", None)
     assert not is_exact(attrs.evolve(old, task_ref="job:mine"), "lead", None)  # a goal of that name
     assert is_exact(attrs.evolve(old, task_ref=None), "lead", None)
+
+
+# === case 10: padded contract values are trimmed; whitespace only is absent =======================
+@pytest.mark.parametrize(
+    ("raw", "trimmed"),
+    [(" boss", "boss"), ("boss\n", "boss"), ("\tboss  ", "boss"), ("   ", None), ("\n", None)],
+)
+def test_the_id_variables_are_trimmed_and_whitespace_only_is_absent(raw: str, trimmed: str | None) -> None:
+    env = {ENV_PARENT_PID: "77", ENV_PARENT_SESSION: raw, ENV_AGENT_ID: raw, ENV_TASK_REF: raw}
+    contract = parse_env(env)
+    assert (contract.parent_session, contract.agent_id, contract.task_ref) == (trimmed,) * 3
+    args = argparse.ArgumentParser()
+    add_contract_arguments(args)
+    flags = ["--parent-pid", "77", "--parent-session", raw, "--task-ref", raw]
+    from_flags = contract_from_args(args.parse_args(flags), {ENV_AGENT_ID: raw})
+    assert (from_flags.parent_session, from_flags.agent_id, from_flags.task_ref) == (trimmed,) * 3
+
+
+def host_argv(lab: Lab, session: str, *agent: str) -> list[str]:
+    return [
+        sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(lab.state), "host", "--session-id",
+        session, "--session-file", str(lab.tmp / f"{session}.jsonl"), "--cwd", str(lab.work),
+        "--provider", "pi", "--mode", "print", "--", *STANDIN, "-p", *agent,
+    ]  # fmt: skip
+
+
+def test_a_host_with_padded_values_runs_and_stays_its_masters_exact_worker(lab: Lab) -> None:
+    master, _ = start_master(lab, "boss", "print", "--task-ref", "goal-1")
+    env = dict(
+        lab.env, PI_PARENT_PID=str(master.pid), PI_PARENT_SESSION=" boss\n", PI_TASK_REF="goal-1 ",
+        PI_ORCHESTRATION_AGENT_ID="\tagent-x ",
+    )  # fmt: skip
+    log = lab.tmp / "padded.log"
+    with open(log, "wb") as sink:
+        proc = subprocess.Popen(
+            host_argv(lab, "padded", "HANG padded"), env=env, cwd=lab.work, stdin=subprocess.DEVNULL,
+            stdout=sink, stderr=sink, start_new_session=True,
+        )  # fmt: skip
+    host = procs.identify(proc.pid)
+    assert host is not None
+    lab.started.append(host)
+
+    def running() -> Entry | None:
+        assert proc.poll() is None, log.read_text()
+        entry = lab.store.find("worker-padded")
+        return entry if entry is not None and entry.child_pid is not None else None
+
+    worker = wait_for("the padded worker to start its agent", running)
+    recorded = (worker.parent_session_id, worker.task_ref, worker.identity.agent_id)
+    assert recorded == ("boss", "goal-1", "agent-x")
+    assert worker.parent_pid == master.pid
+
+    kill_master(lab, master, worker)
+    again, _ = start_master(lab, "boss", "print", "--task-ref", "goal-1")
+    readopted_by(lab, worker.key, again.pid or 0)
+    assert proc.poll() is None
+
+
+def test_a_host_with_whitespace_only_values_runs_as_if_they_were_unset(lab: Lab) -> None:
+    env = dict(
+        lab.env, PI_PARENT_PID=str(os.getpid()), PI_PARENT_SESSION="\t", PI_TASK_REF="  ",
+        PI_ORCHESTRATION_AGENT_ID=" ",
+    )  # fmt: skip
+    done = subprocess.run(
+        host_argv(lab, "blank", "say hi"), env=env, cwd=lab.work, stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    entry = lab.store.get("worker-blank")
+    assert entry.parent_pid == os.getpid()
+    assert entry.parent_session_id is None and entry.task_ref is None
+    assert entry.identity.agent_id == "agent-blank"  # the default, as with the variable unset
