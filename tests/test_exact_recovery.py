@@ -270,3 +270,52 @@ def test_a_host_with_whitespace_only_values_runs_as_if_they_were_unset(lab: Lab)
     assert entry.parent_pid == os.getpid()
     assert entry.parent_session_id is None and entry.task_ref is None
     assert entry.identity.agent_id == "agent-blank"  # the default, as with the variable unset
+
+
+# === case 12: --parent-session must be the session of the master at --parent-pid ==================
+def written_by_a_launch(lab: Lab) -> list[str]:
+    """What a launch writes: job and result records, entries, pi session files (the live master's
+    own entry, mailbox and events aside)."""
+    found = [
+        str(p.relative_to(lab.state)) for p in lab.state.rglob("*")
+        if not p.name.startswith(".") and ("jobs" in p.parts or "results" in p.parts or p.suffix == ".json")
+    ]  # fmt: skip
+    # A worker's pi session file is made under its cwd's folder (the master's stand-in keeps its own).
+    folder = "--" + str(lab.work).strip("/").replace("/", "-") + "--"
+    found += [str(p) for p in (lab.agent_dir / "sessions" / folder).glob("*")]
+    return sorted(found)
+
+
+def test_fire_refuses_a_parent_session_that_is_not_the_registered_masters_and_writes_nothing(
+    lab: Lab,
+) -> None:
+    master, _ = start_master(lab, "boss")
+    before = written_by_a_launch(lab)
+
+    done = cli(
+        lab, "fire", "--profile", "stand-in", "--socket", lab.socket, "--path", str(lab.work),
+        "--parent-pid", str(master.pid), "--parent-session", "wrong", "--", "HANG never",
+    )  # fmt: skip
+
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--parent-session" in done.stderr and "'wrong'" in done.stderr
+    assert "--parent-session boss" in done.stderr  # the registered session, as the fix
+    assert "Traceback" not in done.stderr
+    assert written_by_a_launch(lab) == before == ["master-boss.json"]  # no job, no entry, no session file
+    assert [e.key for e in lab.store.list().entries] == ["master-boss"]
+    panes = subprocess.run(["tmux", "-L", lab.socket, "list-panes", "-a"], capture_output=True, check=False)
+    assert panes.returncode != 0  # no server was ever started on the socket: no pane
+
+
+def test_adopt_refuses_a_parent_session_that_is_not_the_registered_masters(lab: Lab) -> None:
+    master, _ = start_master(lab, "boss")
+    worker = fire_goalless(lab)
+    kill_master(lab, master, worker)
+    other, _ = start_master(lab, "other", "print", "--task-ref", "goal-1")  # foreign: nothing automatic
+    orphan = lab.store.get(worker.key)
+
+    done = cli(lab, "adopt", worker.key, "--parent-pid", str(other.pid), "--parent-session", "boss")
+
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--parent-session" in done.stderr and "--parent-session other" in done.stderr
+    assert lab.store.get(worker.key) == orphan  # no grant written

@@ -33,7 +33,8 @@ def owning_master(
     store: MatrixStore, parent_pid: int | None, parent_session: str | None
 ) -> tuple[ProcessIdentity, str] | None:
     """The master an owner command acts for: ``--parent-pid``/``--parent-session`` when given
-    (both, a live pid), else the calling master; None when there is none."""
+    (both, a live pid; when that pid is a registered master, the session must be its own), else
+    the calling master; None when there is none."""
     if parent_pid is None and parent_session is None:
         return calling_master(store)
     if parent_pid is None or parent_session is None:
@@ -41,7 +42,29 @@ def owning_master(
     master = procs.identify(parent_pid)
     if master is None:
         raise ContractError("--parent-pid", f"no live process {parent_pid}", "name the live master process")
-    return master, validate_id(parent_session, "--parent-session")
+    session = validate_id(parent_session, "--parent-session")
+    registered = _registered_sessions(store, master)
+    if registered and session not in registered:
+        # A worker recorded under a session its parent does not have is nobody's: no master of
+        # that session is there to take its handoff, recover it, or see it in its tree.
+        names = ", ".join(registered)
+        raise ContractError(
+            "--parent-session", f"{session!r} is not the session of the master at pid {parent_pid} ({names})",
+            f"pass --parent-session {registered[0]}, or the pid of the master of {session!r}",
+        )  # fmt: skip
+    return master, session
+
+
+def _registered_sessions(store: MatrixStore, master: ProcessIdentity) -> list[str]:
+    """The session ids this live process is registered as a master of (more than one only
+    between a session switch's two writes)."""
+    return sorted(
+        e.identity.session_id
+        for e in store.list().entries
+        if e.role is Role.MASTER
+        and (e.pid, e.proc_start) == (master.pid, master.start_ticks)
+        and e.status not in (Status.TERMINAL, Status.CLOSED)
+    )
 
 
 def require_master(found: tuple[ProcessIdentity, str] | None) -> tuple[ProcessIdentity, str]:
