@@ -31,9 +31,10 @@ from typing import Any
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.manager import Dispatcher, FireRequest
-from pi_tmux_matrix.identity import ProcessIdentity, Role
+from pi_tmux_matrix.identity import AgentIdentityContract, ProcessIdentity, Role
+from pi_tmux_matrix.matrix import lifecycle
 from pi_tmux_matrix.matrix.model import Status
-from pi_tmux_matrix.matrix.store import MatrixStore
+from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
 from pi_tmux_matrix.settings import load_settings
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -55,7 +56,8 @@ def _wait_up(store: MatrixStore, count: int, timeout: float = 120.0) -> None:
 def _stop_all(store: MatrixStore, extra: list[ProcessIdentity]) -> None:
     targets = list(extra)
     for entry in store.list().entries:
-        targets += [i for i in (entry.process, entry.child_process) if i is not None]
+        if entry.role is Role.WORKER:  # the master lives on for the next side
+            targets += [i for i in (entry.process, entry.child_process) if i is not None]
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for ident in targets:
             procs.send_signal(ident, sig)
@@ -92,7 +94,9 @@ def _wait_watchers(state: Path, timeout: float = 15.0) -> None:
 def run(agents: int, root: Path) -> dict[str, Any]:
     agent_dir = root / "agent"
     agent_dir.mkdir()
-    settings = {"processMatrix": {"heartbeatMs": 30000, "maxConcurrentAgents": 64}}
+    # The agents' master is a registered sleeper that never beats: the longest heartbeat makes its
+    # window (2 x heartbeatMs + watcherPollMs, over 20 min) outlast any run.
+    settings = {"processMatrix": {"heartbeatMs": 600000, "maxConcurrentAgents": 64}}
     (agent_dir / "settings.json").write_text(json.dumps(settings))
     work = root / "work"
     work.mkdir()
@@ -108,10 +112,11 @@ def run(agents: int, root: Path) -> dict[str, Any]:
     assert master_id is not None
     tag = os.getpid()
     figures: dict[str, Any] = {"agents": agents}
+    ours_socket, base_socket = f"pm-bench-fire-{tag}-ours", f"pm-bench-fire-{tag}-base"
     try:
         # -- ours ------------------------------------------------------------------------------------
-        ours_socket = f"pm-bench-fire-{tag}-ours"
         store = MatrixStore(root / "state-ours")
+        _register_master(store, master_id)
         dispatcher = Dispatcher(
             store, load_settings(work, env), env=dict(env, PI_MATRIX_STATE_DIR=str(store.root))
         )
@@ -139,8 +144,8 @@ def run(agents: int, root: Path) -> dict[str, Any]:
         _wait_watchers(store.root)
 
         # -- baseline: the same argv and env, raw tmux calls ----------------------------------------
-        base_socket = f"pm-bench-fire-{tag}-base"
         base_store = MatrixStore(root / "state-base")
+        _register_master(base_store, master_id)
         t0 = time.perf_counter()
         for i, (planned_argv, planned_env) in enumerate(planned):
             # The same pane command, pointed at the baseline's own state dir.
@@ -160,11 +165,19 @@ def run(agents: int, root: Path) -> dict[str, Any]:
         _kill_server(base_socket)
         _wait_watchers(base_store.root)
     finally:
+        for socket in (ours_socket, base_socket):  # a run that failed half-way leaves no server
+            _kill_server(socket)
         procs.send_signal(master_id, signal.SIGKILL)
         master.wait(timeout=10)
     figures["ratio_up"] = figures["ours_up_s"] / figures["base_up_s"]
     figures["ratio_launch_calls"] = figures["ours_fire_s"] / figures["base_fire_s"]
     return figures
+
+
+def _register_master(store: MatrixStore, master: ProcessIdentity) -> None:
+    """The sleeper as a running master of ``store``: a host counts a parent that is none lost."""
+    identity = AgentIdentityContract(agent_id="bench-master", session_id="bench")
+    store.register(lifecycle.new_entry(role=Role.MASTER, identity=identity, process=master, now=now_ms()))
 
 
 def main() -> int:

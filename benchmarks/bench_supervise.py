@@ -80,6 +80,20 @@ def spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     )
 
 
+def spawn_master(state: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """The hosts' parent: a real, heartbeating ``pi-matrix master`` (a host counts a parent that is
+    no running master lost); returns once it is registered."""
+    master = spawn(
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(state), "master", "--session-id",
+         "bench-master", "--headless"],
+        env,
+    )  # fmt: skip
+    wait_for(lambda: (state / "master-bench-master.json").exists() or master.poll() is not None, 30, "master")
+    if master.poll() is not None:
+        raise RuntimeError(f"the bench master ended with {master.returncode}")
+    return master
+
+
 def stop(process: subprocess.Popen[bytes]) -> None:
     if process.poll() is None:
         process.kill()
@@ -90,7 +104,7 @@ def death_latency(root: Path, env: dict[str, str], trials: int, poll_ms: int) ->
     latencies: list[float] = []
     for trial in range(trials):
         state = root / f"death-{trial}"
-        parent = spawn([sys.executable, "-c", "import time; time.sleep(600)"], env)
+        parent = spawn_master(state, env)
         host = spawn(host_argv(state, f"w{trial}", parent.pid, ["sleep", "600"]), env)
         try:
             wait_for(
@@ -128,7 +142,7 @@ def death_latency(root: Path, env: dict[str, str], trials: int, poll_ms: int) ->
 
 def rss(root: Path, env: dict[str, str]) -> dict[str, Any]:
     state = root / "rss"
-    parent = spawn([sys.executable, "-c", "import time; time.sleep(600)"], env)
+    parent = spawn_master(state, env)
     child = [sys.executable, "-m", "pi_tmux_matrix.standin", "--no-session", "HANG"]
     host = spawn(host_argv(state, "rss", parent.pid, child), env)
     try:
@@ -152,7 +166,7 @@ def rss(root: Path, env: dict[str, str]) -> dict[str, Any]:
 
 def idle_cpu(root: Path, env: dict[str, str], count: int, window: float) -> dict[str, Any]:
     state = root / "idle"
-    parent = spawn([sys.executable, "-c", "import time; time.sleep(3600)"], env)
+    parent = spawn_master(state, env)
     hosts = [spawn(host_argv(state, f"idle{i}", parent.pid, ["sleep", "3600"]), env) for i in range(count)]
     try:
         for i in range(count):

@@ -54,6 +54,46 @@ def spawn_sleeper(seconds: float = 60) -> subprocess.Popen[bytes]:
     )
 
 
+# A registered master and nothing more: it registers, then beats every BEAT seconds until killed.
+_REGISTERED_PARENT = """
+import sys, time
+from pi_tmux_matrix import procs
+from pi_tmux_matrix.identity import AgentIdentityContract, Role
+from pi_tmux_matrix.matrix import lifecycle
+from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
+store, session, beat_s = MatrixStore(sys.argv[1]), sys.argv[2], float(sys.argv[3])
+identity = AgentIdentityContract(agent_id="parent-" + session, session_id=session)
+entry = store.register(
+    lifecycle.new_entry(role=Role.MASTER, identity=identity, process=procs.current(), now=now_ms())
+)
+print("registered", flush=True)
+while True:
+    time.sleep(beat_s)
+    store.update(entry.key, lambda e: lifecycle.heartbeat(e, now_ms()), registration=entry.registration)
+"""
+
+
+def spawn_registered_parent(
+    state_dir: str | Path, session: str, beat_s: float = 1.0
+) -> subprocess.Popen[bytes]:
+    """A real process registered as a running master of ``session`` that heartbeats like one and
+    does nothing else (no activation, no handoff delivery): the parent a worker host needs (a
+    parent that is not a beating master counts as lost), for tests of the host itself. Returns
+    once it is registered; the test kills it by pid."""
+    popen = subprocess.Popen(
+        [sys.executable, "-c", _REGISTERED_PARENT, str(state_dir), session, str(beat_s)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    assert popen.stdout is not None
+    line = popen.stdout.readline()
+    popen.stdout.close()
+    if line != b"registered\n":
+        popen.kill()
+        popen.wait()
+        raise AssertionError(f"the registered parent did not start: {line!r}")
+    return popen
+
+
 def dir_digest(root: str) -> dict[str, tuple[int, int, int, str]]:
     """Every name under ``root`` (not following links) with type, mode, size, content hash."""
     import hashlib

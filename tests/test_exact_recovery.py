@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import pytest
-from helpers import make_entry
+from helpers import make_entry, read_events, spawn_sleeper
 from test_dispatch import STANDIN, Lab, wait_for
 from test_master import Pty
 
@@ -33,8 +34,10 @@ from pi_tmux_matrix.contract import (
     contract_from_args,
     parse_env,
 )
+from pi_tmux_matrix.identity import Role
 from pi_tmux_matrix.matrix.model import Entry, Status
 from pi_tmux_matrix.supervise.master import is_exact
+from pi_tmux_matrix.supervise.worker import Clocks, ParentBeat, ParentState, parent_master
 
 # A grace window long enough that a loaded machine still starts the next master inside it.
 SETTINGS = {"processMatrix": {"heartbeatMs": 1000, "watcherPollMs": 1000, "adoptionGraceMs": 60000}}
@@ -257,8 +260,9 @@ def test_a_host_with_padded_values_runs_and_stays_its_masters_exact_worker(lab: 
 
 
 def test_a_host_with_whitespace_only_values_runs_as_if_they_were_unset(lab: Lab) -> None:
+    master, _ = start_master(lab, "boss")
     env = dict(
-        lab.env, PI_PARENT_PID=str(os.getpid()), PI_PARENT_SESSION="\t", PI_TASK_REF="  ",
+        lab.env, PI_PARENT_PID=str(master.pid), PI_PARENT_SESSION="\t", PI_TASK_REF="  ",
         PI_ORCHESTRATION_AGENT_ID=" ",
     )  # fmt: skip
     done = subprocess.run(
@@ -267,7 +271,7 @@ def test_a_host_with_whitespace_only_values_runs_as_if_they_were_unset(lab: Lab)
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     entry = lab.store.get("worker-blank")
-    assert entry.parent_pid == os.getpid()
+    assert entry.parent_pid == master.pid
     assert entry.parent_session_id is None and entry.task_ref is None
     assert entry.identity.agent_id == "agent-blank"  # the default, as with the variable unset
 
@@ -319,3 +323,189 @@ def test_adopt_refuses_a_parent_session_that_is_not_the_registered_masters(lab: 
     assert done.returncode == 2, done.stdout + done.stderr
     assert "--parent-session" in done.stderr and "--parent-session other" in done.stderr
     assert lab.store.get(worker.key) == orphan  # no grant written
+
+
+# === case 9: a hung or unregistered parent is lost; a master that comes back re-claims ============
+def events_of(lab: Lab, key: str, name: str) -> list[dict[str, Any]]:
+    return [e for e in read_events(lab.state, key) if e.get("event") == name]
+
+
+def test_a_stopped_master_is_lost_to_its_worker_and_takes_it_back_when_it_continues(lab: Lab) -> None:
+    master, out = start_master(lab, "lead")
+    worker = fire_goalless(lab)
+    assert master.process is not None
+    stopped_at = time.monotonic()
+    procs.send_signal(master.process, signal.SIGSTOP)
+    try:
+        lost = wait_for(
+            "the worker to count its stopped master lost",
+            lambda: e if (e := lab.store.get(worker.key)).status is Status.RESUMABLE else None,
+        )
+        # Not before its heartbeat stood still for 2 x heartbeatMs + watcherPollMs (3 s here).
+        assert time.monotonic() - stopped_at >= 3.0
+        assert lost.reason == "parent_lost" and lost.parent_pid == master.pid
+        assert procs.is_alive(master.process)  # alive, and still no parent
+        assert [e["why"] for e in events_of(lab, worker.key, "parent_lost")] == ["hung"]
+        assert procs.is_alive(lost.process) and procs.is_alive(lost.child_process)
+    finally:
+        procs.send_signal(master.process, signal.SIGCONT)
+
+    back = readopted_by(lab, worker.key, master.pid or 0)
+    assert back.registration == lost.registration  # the same host and agent: no task lost
+    text = wait_for("the master's line", lambda: t if "re-claimed" in (t := out.read_text()) else None)
+    assert f"orphan {worker.key} (exact, alive" in text
+
+
+def test_a_new_master_of_the_session_recovers_the_workers_of_a_stopped_one(lab: Lab) -> None:
+    master, _ = start_master(lab, "lead")
+    worker = fire_goalless(lab)
+    assert master.process is not None
+    procs.send_signal(master.process, signal.SIGSTOP)
+    try:
+        lost = wait_for(
+            "the worker to count its stopped master lost",
+            lambda: e if (e := lab.store.get(worker.key)).status is Status.RESUMABLE else None,
+        )
+        scan = json.loads(cli(lab, "scan", "--json").stdout)
+        assert [row["key"] for row in scan] == [worker.key]  # an orphan, though its parent lives
+
+        again, out = start_master(lab, "lead")
+
+        back = readopted_by(lab, worker.key, again.pid or 0)
+        assert back.registration == lost.registration
+        assert f"orphan {worker.key} (exact, alive" in out.read_text()
+    finally:
+        procs.send_signal(master.process, signal.SIGCONT)
+
+
+def test_a_worker_whose_parent_is_not_a_registered_master_counts_it_lost(lab: Lab) -> None:
+    sleeper = spawn_sleeper()
+    try:
+        log = lab.tmp / "unregistered.log"
+        with open(log, "wb") as sink:
+            proc = subprocess.Popen(
+                host_argv(lab, "stray", "HANG stray"), env=dict(lab.env, PI_PARENT_PID=str(sleeper.pid),
+                PI_PARENT_SESSION="nobody"), cwd=lab.work, stdin=subprocess.DEVNULL, stdout=sink, stderr=sink,
+                start_new_session=True,
+            )  # fmt: skip
+        host = procs.identify(proc.pid)
+        assert host is not None
+        lab.started.append(host)
+        lost = wait_for(
+            "the worker to count its unregistered parent lost",
+            lambda: e if (e := lab.store.find("worker-stray")) and e.status is Status.RESUMABLE else None,
+            detail=log.read_text,
+        )
+        assert lost.reason == "parent_lost" and lost.parent_pid == sleeper.pid
+        assert [e["why"] for e in events_of(lab, "worker-stray", "parent_lost")] == ["unregistered"]
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def clocks(mono: float, boot: float | None = None, wall: float | None = None) -> Clocks:
+    return Clocks(mono, mono if boot is None else boot, 1e9 + mono if wall is None else wall)
+
+
+def test_a_heartbeat_that_stands_still_for_the_window_is_hung_and_one_that_moves_is_not() -> None:
+    beat = ParentBeat(window_s=3.0)
+    master = make_entry("m", role=Role.MASTER, heartbeat_at=1000)
+    assert beat.judge(master, clocks(0.0)) == (ParentState.ALIVE, None)
+    assert beat.judge(master, clocks(2.9)) == (ParentState.ALIVE, None)
+    moved = attrs.evolve(master, heartbeat_at=2000)
+    assert beat.judge(moved, clocks(3.5)) == (ParentState.ALIVE, None)  # moved: the window restarts
+    assert beat.judge(moved, clocks(6.4)) == (ParentState.ALIVE, None)
+    assert beat.judge(moved, clocks(6.6)) == (ParentState.HUNG, None)
+
+
+def test_the_window_never_spans_a_suspend_or_a_clock_jump_and_each_is_reported() -> None:
+    master = make_entry("m", role=Role.MASTER, heartbeat_at=1000)
+    beat = ParentBeat(window_s=3.0)
+    beat.judge(master, clocks(0.0))
+    # The machine slept 600 s between two looks: boot time ran on, monotonic did not.
+    assert beat.judge(master, clocks(1.0, boot=601.0, wall=1e9 + 601.0)) == (
+        ParentState.ALIVE, ("suspend", 600.0)
+    )  # fmt: skip
+    assert beat.judge(master, clocks(3.9, boot=603.9, wall=1e9 + 603.9)) == (ParentState.ALIVE, None)
+    assert beat.judge(master, clocks(4.1, boot=604.1, wall=1e9 + 604.1))[0] is ParentState.HUNG
+
+    for moved in (3600.0, -3600.0):  # the wall clock set forward, or back
+        beat = ParentBeat(window_s=3.0)
+        beat.judge(master, clocks(0.0))
+        state, jump = beat.judge(master, clocks(2.0, wall=1e9 + 2.0 + moved))
+        assert state is ParentState.ALIVE and jump == ("clock_jump", moved)
+        assert beat.judge(master, clocks(4.9, wall=1e9 + 4.9 + moved))[0] is ParentState.ALIVE
+        assert beat.judge(master, clocks(5.1, wall=1e9 + 5.1 + moved))[0] is ParentState.HUNG
+
+
+def test_no_master_entry_is_unregistered_on_the_second_look_only() -> None:
+    """A master's session switch closes its old entry just before registering the new one."""
+    beat = ParentBeat(window_s=3.0)
+    assert beat.judge(None, clocks(0.0))[0] is ParentState.ALIVE
+    assert beat.judge(make_entry("m", role=Role.MASTER, heartbeat_at=1), clocks(1.0))[0] is ParentState.ALIVE
+    assert beat.judge(None, clocks(2.0))[0] is ParentState.ALIVE
+    assert beat.judge(None, clocks(3.0))[0] is ParentState.UNREGISTERED
+
+
+def test_the_parent_master_is_the_running_entry_of_that_very_process() -> None:
+    me = procs.current()
+    other = attrs.evolve(me, start_ticks=me.start_ticks + 1)
+    running = make_entry("m1", role=Role.MASTER, process=me, heartbeat_at=5)
+    switched = make_entry("m0", role=Role.MASTER, process=me, heartbeat_at=9, status=Status.CLOSED)
+    worker = make_entry("w", process=me, heartbeat_at=10)
+    assert parent_master([running, switched, worker], me) == running
+    assert parent_master([running], other) is None  # the pid, but another process
+
+
+def test_fire_refuses_a_parent_pid_that_is_no_running_master_and_writes_nothing(lab: Lab) -> None:
+    sleeper = spawn_sleeper()
+    try:
+        fire = [
+            "fire", "--profile", "stand-in", "--socket", lab.socket, "--path", str(lab.work),
+            "--parent-pid", str(sleeper.pid), "--parent-session", "nobody",
+        ]  # fmt: skip
+        done = cli(lab, *fire, "--", "HANG never")
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert "--parent-pid" in done.stderr and "not a running master" in done.stderr
+        assert "Traceback" not in done.stderr
+        assert written_by_a_launch(lab) == []
+        # A dry run starts nothing under it: it still shows the plan.
+        dry = cli(lab, *fire, "--dry-run", "--", "HANG never")
+        assert dry.returncode == 0, dry.stderr
+        assert written_by_a_launch(lab) == []
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_master_that_comes_back_after_the_grace_window_relaunches_its_worker(lab: Lab) -> None:
+    settings = {"processMatrix": {"heartbeatMs": 1000, "watcherPollMs": 1000, "adoptionGraceMs": 5000}}
+    (lab.agent_dir / "settings.json").write_text(json.dumps(settings))
+    master, out = start_master(lab, "lead")
+    worker = fire_goalless(lab)
+    assert master.process is not None
+    procs.send_signal(master.process, signal.SIGSTOP)
+    try:
+        # Lost (3 s), then the grace window (5 s) runs out: the host stops its agent and ends.
+        ended = wait_for(
+            "the worker's host to give up and end",
+            lambda: e if (e := lab.store.get(worker.key)).status is Status.RESUMABLE
+            and not procs.is_alive(e.process) and not procs.is_alive(e.child_process) else None,
+            timeout=30,
+        )  # fmt: skip
+    finally:
+        procs.send_signal(master.process, signal.SIGCONT)
+
+    back = wait_for(
+        "the relaunched worker under its master",
+        lambda: e if (e := lab.store.get(worker.key)).registration != ended.registration
+        and e.status is Status.RUNNING and e.parent_pid == master.pid else None,
+        timeout=30,
+    )  # fmt: skip
+    if back.process is not None:
+        lab.started.append(back.process)
+    assert back.identity.session_file == worker.identity.session_file
+    assert back.identity.agent_id == worker.identity.agent_id
+    text = wait_for("the master's line", lambda: t if "relaunched" in (t := out.read_text()) else None)
+    assert f"orphan {worker.key} (exact, dead" in text

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from helpers import dir_digest, read_events, spawn_sleeper
+from helpers import dir_digest, read_events, spawn_registered_parent, spawn_sleeper
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.cli import main
@@ -106,10 +106,15 @@ class Reaper:
         return identity
 
     def sleeper(self) -> subprocess.Popen[bytes]:
-        """A live stand-in for a parent session (a process the test can kill)."""
+        """A live process that is no master (a process the test can kill)."""
         popen = spawn_sleeper(120)
         self.popen(popen)
         return popen
+
+    def parent(self, store: MatrixStore, session: str) -> subprocess.Popen[bytes]:
+        """A live parent session: a process registered as a running master of ``session`` that
+        heartbeats (a worker counts any other parent lost), which the test can kill or stop."""
+        return self.popen(spawn_registered_parent(store.root, session, BEAT_S))
 
     def cleanup(self) -> None:
         for identity in reversed(self.identities):
@@ -353,7 +358,7 @@ def assert_one_handoff(entry: Entry, kind: ExitKind, *, parent_session: str) -> 
 def test_parent_death_winds_down_steers_the_agent_and_expires_leaving_it_resumable(
     mode: str, reaper: Reaper, store: MatrixStore, work: Path
 ) -> None:
-    parent = reaper.sleeper()
+    parent = reaper.parent(store, "boss1")
     task = "HANG port the widget" if mode == "interactive" else "port the widget"
     host = start_host(
         reaper, store, work, f"wd-{mode}", mode=mode, parent=parent.pid, parent_session="boss1",
@@ -443,7 +448,7 @@ def test_an_adopted_agent_is_told_in_its_own_session_that_it_goes_on(
 def test_adoption_within_the_grace_window_reparents_and_a_new_parent_death_winds_down_again(
     reaper: Reaper, store: MatrixStore, work: Path
 ) -> None:
-    parent = reaper.sleeper()
+    parent = reaper.parent(store, "boss1")
     task = "HANG long job"
     host = start_host(
         reaper, store, work, "adopt1", mode="interactive", parent=parent.pid, parent_session="boss1",
@@ -455,7 +460,7 @@ def test_adoption_within_the_grace_window_reparents_and_a_new_parent_death_winds
     killed_at = kill_parent(parent)
     wait_for("resumable", entry_is(host, Status.RESUMABLE), timeout=5, detail=host.diagnose)
 
-    new_parent = reaper.sleeper()
+    new_parent = reaper.parent(store, "boss2")
     done = owner_command(
         store, "adopt", host.key, "--parent-pid", str(new_parent.pid), "--parent-session", "boss2", cwd=work
     )
@@ -512,7 +517,7 @@ def test_a_grant_that_lands_before_the_parent_death_is_seen_wins_over_the_wind_d
     """A master adopts a worker whose parent dies the same instant (before the host's next poll):
     the host honours a live grant instead of winding down over it; a grant to a dead master is
     dropped with a normal wind-down."""
-    parent = reaper.sleeper()
+    parent = reaper.parent(store, "boss1")
     task = "HANG adopted early"
     host = start_host(
         reaper, store, work, f"early-{new_master_alive}", mode="interactive", parent=parent.pid,
@@ -521,7 +526,7 @@ def test_a_grant_that_lands_before_the_parent_death_is_seen_wins_over_the_wind_d
     child = host.wait_child(reaper)
     wait_for("the agent's first turn", lambda: host.turn_started(task), detail=host.diagnose)
 
-    new_parent = reaper.sleeper()
+    new_parent = reaper.parent(store, "boss2")
     # Freeze the host so the grant and the parent's death are both pending when it wakes: the
     # order a busy host (or an unlucky scheduler) produces.
     wait_for("the host idle", lambda: host.entry() is not None)
@@ -571,7 +576,7 @@ def test_a_grant_that_lands_before_the_parent_death_is_seen_wins_over_the_wind_d
 def test_cleanup_within_the_grace_window_stops_agent_and_host_within_a_poll_and_a_second(
     mode: str, reaper: Reaper, store: MatrixStore, work: Path
 ) -> None:
-    parent = reaper.sleeper()
+    parent = reaper.parent(store, "boss1")
     task = "HANG cleanup me" if mode == "interactive" else "cleanup me"
     host = start_host(
         reaper, store, work, f"clean-{mode}", mode=mode, parent=parent.pid, parent_session="boss1",
@@ -608,7 +613,7 @@ def test_cleanup_within_the_grace_window_stops_agent_and_host_within_a_poll_and_
 def test_owner_handshake_survives_a_heartbeat_between_its_read_and_write(
     verb: str, reaper: Reaper, store: MatrixStore, work: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    parent = reaper.sleeper()
+    parent = reaper.parent(store, "boss1")
     task = "HANG orphaned"
     host = start_host(
         reaper, store, work, f"race-{verb}", mode="interactive", parent=parent.pid, parent_session="boss1",
@@ -630,7 +635,7 @@ def test_owner_handshake_survives_a_heartbeat_between_its_read_and_write(
 
     args = ["--state-dir", str(store.root), verb, host.key]
     if verb == "adopt":
-        new_parent = reaper.sleeper()
+        new_parent = reaper.parent(store, "boss2")
         args += ["--parent-pid", str(new_parent.pid), "--parent-session", "boss2"]
     out, err = io.StringIO(), io.StringIO()
     with monkeypatch.context() as patched:
@@ -656,7 +661,7 @@ def test_owner_handshake_survives_a_heartbeat_between_its_read_and_write(
 def _two_hosts_setup(
     reaper: Reaper, store: MatrixStore, work: Path, session: str
 ) -> tuple[Host, ProcessIdentity, str]:
-    parent = reaper.sleeper()
+    parent = reaper.parent(store, "boss1")
     first = start_host(
         reaper, store, work, session, mode="interactive", parent=parent.pid, parent_session="boss1",
         agent=["HANG first"],
@@ -760,7 +765,7 @@ def test_first_host_exit_write_after_a_takeover_is_refused_even_as_its_first_wri
 def test_print_mode_exit_is_classified_exited_with_the_childs_code(
     task: str, code: int, reaper: Reaper, store: MatrixStore, work: Path
 ) -> None:
-    parent = reaper.sleeper()
+    parent = reaper.parent(store, "boss1")
     host = start_host(
         reaper, store, work, f"print{code}", mode="print", parent=parent.pid, parent_session="boss1",
         agent=[task],
@@ -776,7 +781,7 @@ def test_print_mode_exit_is_classified_exited_with_the_childs_code(
 def test_child_killed_by_a_foreign_signal_is_crashed_and_host_exits_137(
     reaper: Reaper, store: MatrixStore, work: Path
 ) -> None:
-    parent = reaper.sleeper()
+    parent = reaper.parent(store, "boss1")
     host = start_host(
         reaper, store, work, "crash1", mode="interactive", parent=parent.pid, parent_session="boss1",
         agent=["HANG forever"],
@@ -791,7 +796,7 @@ def test_child_killed_by_a_foreign_signal_is_crashed_and_host_exits_137(
 
 
 def test_deadline_stops_a_hanging_agent_as_timed_out(reaper: Reaper, store: MatrixStore, work: Path) -> None:
-    parent = reaper.sleeper()
+    parent = reaper.parent(store, "boss1")
     started = time.monotonic()
     host = start_host(
         reaper, store, work, "deadline1", mode="print", parent=parent.pid, parent_session="boss1",
@@ -811,7 +816,7 @@ def test_deadline_stops_a_hanging_agent_as_timed_out(reaper: Reaper, store: Matr
 def test_stop_needs_confirm_and_then_stops_the_agent_as_killed(
     reaper: Reaper, store: MatrixStore, work: Path
 ) -> None:
-    parent = reaper.sleeper()
+    parent = reaper.parent(store, "boss1")
     host = start_host(
         reaper, store, work, "stop1", mode="interactive", parent=parent.pid, parent_session="boss1",
         agent=["HANG until stopped"],
@@ -850,7 +855,7 @@ def test_stop_needs_confirm_and_then_stops_the_agent_as_killed(
 def test_sigterm_to_an_interactive_host_is_forwarded_and_recorded_killed(
     reaper: Reaper, store: MatrixStore, work: Path
 ) -> None:
-    parent = reaper.sleeper()
+    parent = reaper.parent(store, "boss1")
     task = "HANG until terminated"
     host = start_host(
         reaper, store, work, "term1", mode="interactive", parent=parent.pid, parent_session="boss1",
@@ -921,7 +926,7 @@ def test_send_to_an_agent_that_takes_no_message_refuses_and_queues_nothing(
 def test_rpc_events_go_to_the_events_file_and_stdin_stays_open_until_stopped(
     reaper: Reaper, store: MatrixStore, work: Path
 ) -> None:
-    parent = reaper.sleeper()
+    parent = reaper.parent(store, "boss1")
     host = start_host(
         reaper, store, work, "rpc1", mode="rpc", parent=parent.pid, parent_session="boss1", agent=[],
         extra=("--rpc-prompt", "summarize the repo"),
@@ -984,7 +989,7 @@ def test_disabled_host_just_runs_its_child_and_writes_nothing(
 def test_host_killed_while_its_child_lives_still_names_the_child(
     reaper: Reaper, store: MatrixStore, work: Path
 ) -> None:
-    parent = reaper.sleeper()
+    parent = reaper.parent(store, "boss1")
     host = start_host(
         reaper, store, work, "orphan1", mode="interactive", parent=parent.pid, parent_session="boss1",
         agent=["HANG outlive the host"],

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import make_entry, make_identity, spawn_sleeper
+from helpers import make_entry, make_identity, spawn_registered_parent, spawn_sleeper
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.identity import ProcessIdentity, Role
@@ -63,7 +63,7 @@ def test_top_draws_the_tree_and_the_adopt_key_asks_then_writes_the_grant(
             parent_pid=dead_master.pid, parent_session_id="m-old", parent_proc_start=1,
         )  # fmt: skip
         orphans.append(store.create(entry))
-    new_master = spawn_sleeper()
+    new_master = spawn_registered_parent(store.root, "m-new")  # a running master: top acts for it
     sleepers.append(new_master)
 
     pid, fd = pty.fork()
@@ -77,8 +77,10 @@ def test_top_draws_the_tree_and_the_adopt_key_asks_then_writes_the_grant(
         screen = _read_until(fd, "worker-w2")
         assert "master-m-old" in screen and "worker-w1" in screen
         assert "lane-a" in screen and "resumable" in screen
-        os.write(fd, b"j")  # from the master row to the first orphan
-        time.sleep(0.3)
+        assert "master-m-new" in screen  # the adopting master's own row comes first
+        for _ in range(2):  # past both master rows to the first orphan
+            os.write(fd, b"j")
+            time.sleep(0.3)
         os.write(fd, b"a")
         _read_until(fd, "adopt worker agent-w1 (lane lane-a)? [y/N]")
         assert store.get("worker-w1").directive is None  # nothing before the answer

@@ -323,7 +323,9 @@ def cmd_resume(args: argparse.Namespace, io: Io) -> int:
     store = store_of(args)
     parse_key(args.key)
     entry = store.get(args.key)
-    parent, session = require_master(owning_master(store, args.parent_pid, args.parent_session))
+    parent, session = require_master(
+        owning_master(store, args.parent_pid, args.parent_session, registered=not args.dry_run)
+    )
     if procs.is_alive(entry.process):
         io.err.write(f"pi-matrix: error: {args.key}'s host (pid {entry.pid}) is alive; adopt it instead\n")
         return EXIT_FAILED

@@ -27,7 +27,7 @@ from ..matrix.store import MatrixStore, now_ms
 from ..settings import load_settings
 from ..supervise.claim import check_claim, live_master, stray_agent, take_over
 from ..supervise.host import AgentHost, HostHooks, HostSpec
-from ..supervise.master import TASK_STATES, ActivationReport, Master, TtyPrompter
+from ..supervise.master import TASK_STATES, ActivationReport, Decision, Master, TtyPrompter
 from ..supervise.relaunch import Relauncher
 from .base import add_verb, printable, store_of
 from .host import abort_forks, become, provider_of
@@ -137,6 +137,16 @@ def _print_report(report: ActivationReport, io: Io) -> None:
         io.out.write(f"orphan {d.key} ({who}): {d.action}{detail}\n")
     # Delivered handoffs were already printed by the deliver callback, once each.
     io.out.flush()
+
+
+def _print_reclaimed(decisions: list[Decision], io: Io) -> None:
+    """What a master that came back took back (its workers had counted it hung or lost)."""
+    for d in decisions:
+        detail = f": {d.detail}" if d.detail else ""
+        who = f"exact, {'alive' if d.alive else 'dead'}, agent {d.agent_id}, lane {d.lane or '-'}"
+        io.out.write(f"orphan {d.key} ({who}): {d.action}{detail}\n")
+    if decisions:
+        io.out.flush()
 
 
 def _report_json(report: ActivationReport) -> dict[str, Any]:
@@ -320,6 +330,7 @@ class _MasterSession:
     def on_tick(self, _host: AgentHost) -> None:
         if self.master is not None:
             self.master.deliver_handoffs()
+            _print_reclaimed(self.master.reclaim(), self.io)
 
     def on_switch(self, host: AgentHost, _old_key: str) -> None:
         # Identity, notices and the orphan scan follow the active session.

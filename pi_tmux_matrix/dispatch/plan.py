@@ -116,8 +116,10 @@ class Planner:
     # -- who, where ----------------------------------------------------------------------------------
     def _parent(self, request: FireRequest) -> tuple[ProcessIdentity, str]:
         explicit = request.parent_pid is not None or request.parent_session is not None
+        # Nothing starts under the parent on a dry run, nor as a worker with the matrix off.
+        registered = self.settings.enabled and not request.dry_run
         found = (
-            owning_master(self.store, request.parent_pid, request.parent_session)
+            owning_master(self.store, request.parent_pid, request.parent_session, registered=registered)
             if explicit or self.settings.enabled
             else None
         )

@@ -6,13 +6,15 @@ Below supervise/ and dispatch/ alike: both the dispatcher (``fire``'s parent) an
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from .. import procs
 from ..errors import ContractError
 from ..identity import ProcessIdentity, Role, validate_id
-from .model import Status
+from .model import Entry, Status
 from .store import MatrixStore
 
-__all__ = ["calling_master", "owning_master", "require_master"]
+__all__ = ["calling_master", "masters_of", "owning_master", "require_master"]
 
 
 def calling_master(store: MatrixStore) -> tuple[ProcessIdentity, str] | None:
@@ -30,11 +32,15 @@ def calling_master(store: MatrixStore) -> tuple[ProcessIdentity, str] | None:
 
 
 def owning_master(
-    store: MatrixStore, parent_pid: int | None, parent_session: str | None
+    store: MatrixStore, parent_pid: int | None, parent_session: str | None, *, registered: bool = True
 ) -> tuple[ProcessIdentity, str] | None:
     """The master an owner command acts for: ``--parent-pid``/``--parent-session`` when given
-    (both, a live pid; when that pid is a registered master, the session must be its own), else
-    the calling master; None when there is none."""
+    (both; a live process registered as a running master of that session), else the calling
+    master; None when there is none.
+
+    ``registered=False`` (a dry run, the matrix off) lets a live pid no master registered pass:
+    nothing will be started under it. A pid that is a registered master must still be named with
+    its own session."""
     if parent_pid is None and parent_session is None:
         return calling_master(store)
     if parent_pid is None or parent_session is None:
@@ -43,28 +49,33 @@ def owning_master(
     if master is None:
         raise ContractError("--parent-pid", f"no live process {parent_pid}", "name the live master process")
     session = validate_id(parent_session, "--parent-session")
-    registered = _registered_sessions(store, master)
-    if registered and session not in registered:
+    sessions = sorted(e.identity.session_id for e in masters_of(store.list().entries, master))
+    if not sessions and registered:
+        # A worker counts a parent that is no running master lost at its first looks (seed 000's
+        # declaredParentIsAlive): it would wind down as soon as it started.
+        raise ContractError(
+            "--parent-pid", f"process {parent_pid} is not a running master of this matrix",
+            "name the pid of a live 'pi-matrix master' (pi-matrix ls shows them), or run this under one",
+        )  # fmt: skip
+    if sessions and session not in sessions:
         # A worker recorded under a session its parent does not have is nobody's: no master of
         # that session is there to take its handoff, recover it, or see it in its tree.
-        names = ", ".join(registered)
         raise ContractError(
-            "--parent-session", f"{session!r} is not the session of the master at pid {parent_pid} ({names})",
-            f"pass --parent-session {registered[0]}, or the pid of the master of {session!r}",
+            "--parent-session",
+            f"{session!r} is not the session of the master at pid {parent_pid} ({', '.join(sessions)})",
+            f"pass --parent-session {sessions[0]}, or the pid of the master of {session!r}",
         )  # fmt: skip
     return master, session
 
 
-def _registered_sessions(store: MatrixStore, master: ProcessIdentity) -> list[str]:
-    """The session ids this live process is registered as a master of (more than one only
-    between a session switch's two writes)."""
-    return sorted(
-        e.identity.session_id
-        for e in store.list().entries
-        if e.role is Role.MASTER
-        and (e.pid, e.proc_start) == (master.pid, master.start_ticks)
-        and e.status not in (Status.TERMINAL, Status.CLOSED)
-    )
+def masters_of(entries: Iterable[Entry], process: ProcessIdentity) -> list[Entry]:
+    """The running master entries of exactly this process, by pid and start time (two only for
+    the instant of a session switch, which re-keys a master under the same process)."""
+    return [
+        e for e in entries
+        if e.role is Role.MASTER and e.status is Status.RUNNING
+        and (e.pid, e.proc_start) == (process.pid, process.start_ticks)
+    ]  # fmt: skip
 
 
 def require_master(found: tuple[ProcessIdentity, str] | None) -> tuple[ProcessIdentity, str]:

@@ -121,8 +121,9 @@ class AgentHost:
         self.yielding = Yielding(self.record, self.agent, self.role, err or sys.stderr)
         self.record.on_superseded = self.yielding
         self.worker = WorkerSide(
-            self.record, self.agent, self.role, self.me, settings.adoption_grace_ms / 1000
-        )
+            self.record, self.agent, self.role, self.me, settings.adoption_grace_ms / 1000,
+            beat_window_s=(2 * settings.heartbeat_ms + settings.watcher_poll_ms) / 1000,
+        )  # fmt: skip
         self.reports = BridgeReports()
         self._inbox_watch: DirWatch | None = None
         self._selector: selectors.BaseSelector | None = None

@@ -37,6 +37,7 @@ __all__ = [
     "apply_plan",
     "calling_master",
     "gather_facts",
+    "gave_up_on_parent",
     "is_exact",
     "owning_master",
     "recorded_goal",
@@ -79,7 +80,8 @@ class Decision:
     lane: str | None
     exact: bool
     alive: bool
-    # re-adopted | rehosted | relaunched | adopted | cleanup_requested | resumed | left | reported | failed
+    # re-adopted | re-claimed | rehosted | relaunched | adopted | cleanup_requested | resumed | left
+    # | reported | failed
     action: str
     detail: str = ""
 
@@ -95,6 +97,17 @@ class ActivationReport:
     delivered: tuple[tuple[str, Handoff], ...]
 
 
+def gave_up_on_parent(entry: Entry) -> bool:
+    """The worker itself counted its parent lost (dead, hung, or not a running master) and winds
+    down or waits ``resumable``. Its parent's process may live on (a stopped master), and it is
+    still no parent: such a worker is an orphan like one whose parent died."""
+    return (
+        entry.role is Role.WORKER
+        and entry.status in (Status.WINDING_DOWN, Status.RESUMABLE)
+        and entry.reason == lifecycle.PARENT_LOST
+    )
+
+
 def gather_facts(entries: Iterable[Entry], now: int | None = None) -> Facts:
     """Liveness by process identity, for the pure reconciliation pass."""
     alive: dict[str, bool] = {}
@@ -103,7 +116,7 @@ def gather_facts(entries: Iterable[Entry], now: int | None = None) -> Facts:
     for entry in entries:
         alive[entry.key] = procs.is_alive(entry.process)
         child[entry.key] = procs.is_alive(entry.child_process)
-        parent[entry.key] = procs.is_alive(entry.parent_process)
+        parent[entry.key] = procs.is_alive(entry.parent_process) and not gave_up_on_parent(entry)
     return Facts(now_ms=now_ms() if now is None else now, alive=alive, child_alive=child, parent_alive=parent)
 
 
@@ -176,6 +189,7 @@ class Master:
     prompter: Prompter | None = None  # None: headless, report only
     deliver: Callable[[Entry, Handoff], bool] | None = None
     _delivered_ids: set[str] = attrs.field(factory=set)
+    _reclaimed: set[tuple[str, str]] = attrs.field(factory=set)  # (key, generation) acted on
 
     @property
     def key(self) -> str:
@@ -205,7 +219,7 @@ class Master:
             return None
         except PiMatrixError as exc:
             return Decision(key, "?", None, False, False, "failed", str(exc))
-        if entry.parent_process is not None and procs.is_alive(entry.parent_process):
+        if procs.is_alive(entry.parent_process) and not gave_up_on_parent(entry):
             return None  # re-parented since the scan
         alive = procs.is_alive(entry.process) or procs.is_alive(entry.child_process)
         exact = is_exact(entry, self.session_id, self.task_ref)
@@ -226,11 +240,11 @@ class Master:
             return decision
         return self._ask(entry, decision)
 
-    def _recover(self, entry: Entry, decision: Decision) -> Decision:
+    def _recover(self, entry: Entry, decision: Decision, adopted: str = "re-adopted") -> Decision:
         if decision.alive and needs_rehost(entry):
             return self._rehost(entry, decision)
         if decision.alive:
-            return self._adopt(entry, decision, "re-adopted")
+            return self._adopt(entry, decision, adopted)
         return self._resume(entry, decision, "relaunched")
 
     def _rehost(self, entry: Entry, decision: Decision) -> Decision:
@@ -295,6 +309,28 @@ class Master:
         if self.prompter.ask(f"clean up {name} gracefully?"):
             return self._cleanup(entry, decision)
         return attrs.evolve(decision, action="left")
+
+    def reclaim(self) -> list[Decision]:
+        """A master that comes back (it was stopped, or too busy to beat) takes back, without
+        asking, its exact workers that counted it lost, as at activation: live ones re-claimed (a
+        grant; a new host for an agent whose host died), dead ones relaunched. Called on every
+        heartbeat; each worker version is acted on once (a refused relaunch is not retried until
+        the entry changes)."""
+        if self.task_state != "active":
+            return []
+        decisions: list[Decision] = []
+        for entry in self.store.list().entries:
+            mine = (entry.parent_pid, entry.parent_proc_start) == (self.me.pid, self.me.start_ticks)
+            if not (mine and gave_up_on_parent(entry) and is_exact(entry, self.session_id, self.task_ref)):
+                continue
+            if (entry.key, entry.generation) in self._reclaimed:
+                continue
+            self._reclaimed.add((entry.key, entry.generation))
+            alive = procs.is_alive(entry.process) or procs.is_alive(entry.child_process)
+            identity = entry.identity
+            decision = Decision(entry.key, identity.agent_id, identity.lane, True, alive, "reported")
+            decisions.append(self._recover(entry, decision, adopted="re-claimed"))
+        return decisions
 
     # -- handoffs -----------------------------------------------------------------------------------
     def deliver_handoffs(self) -> list[tuple[str, Handoff]]:

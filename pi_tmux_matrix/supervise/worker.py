@@ -3,8 +3,13 @@
 adoption, a cleanup, or expiry.
 
 The parent is watched with a pidfd, so its death is seen at once; the loop's ``watcherPollMs``
-poll is the safety net. A master's host has no parent: its phase stays ``RUNNING`` until it is
-asked to stop.
+poll is the safety net, and it also asks what a pidfd cannot tell (the origin's
+``declaredParentIsAlive``): is the parent a running master of this matrix, and does its heartbeat
+still move? A parent that is not a registered master, or whose heartbeat stood still for
+``2 x heartbeatMs + watcherPollMs`` of this host's own monotonic time, is lost like a dead one.
+That window is never measured across a suspend or a wall-clock jump this host detected: it is
+recorded and the window starts again. A master's host has no parent: its phase stays
+``RUNNING`` until it is asked to stop.
 """
 
 from __future__ import annotations
@@ -13,21 +18,36 @@ import enum
 import os
 import selectors
 import time
+from collections.abc import Iterable
 from typing import Final
 
 import attrs
 
 from .. import procs
+from ..errors import PiMatrixError
 from ..identity import ProcessIdentity, Role
 from ..matrix import lifecycle
 from ..matrix.model import DirectiveKind, Entry, ExitKind, Status
+from ..matrix.owners import masters_of
 from ..matrix.store import now_ms
 from .child import AgentChild
 from .record import OwnRecord
 
-__all__ = ["PARENT_TAG", "Phase", "WorkerSide", "grant_pending"]
+__all__ = [
+    "PARENT_TAG",
+    "Clocks",
+    "ParentBeat",
+    "ParentState",
+    "Phase",
+    "WorkerSide",
+    "grant_pending",
+    "parent_master",
+]
 
 PARENT_TAG: Final = "parent"  # the selector's tag for the parent's pidfd
+# How far the clocks may drift apart between two looks before it counts as a suspend or a jump:
+# well above scheduling noise and NTP's slewing, well below any heartbeat window.
+CLOCK_TOLERANCE_S: Final = 2.0
 
 
 class Phase(enum.Enum):
@@ -36,6 +56,91 @@ class Phase(enum.Enum):
     RUNNING = "running"  # under a live parent (or a master's own host)
     GRACE = "grace"  # the parent is gone: resumable, waiting for an adoption or a cleanup
     STOPPING = "stopping"  # a cleanup or the grace window's end: the child is being stopped
+
+
+class ParentState(enum.Enum):
+    """What the host's last look found of its declared parent."""
+
+    ALIVE = "alive"  # a running master whose heartbeat moves
+    GONE = "gone"  # the process is gone
+    UNREGISTERED = "unregistered"  # alive, but not a running master of this matrix
+    HUNG = "hung"  # its heartbeat stood still for the whole window (stopped, wedged)
+
+
+@attrs.frozen
+class Clocks:
+    """One reading of the three clocks: monotonic (stops while the machine sleeps), boot time
+    (runs on through a suspend) and the wall clock (may be set)."""
+
+    monotonic: float
+    boottime: float
+    wall: float
+
+    @classmethod
+    def read(cls) -> Clocks:
+        return cls(time.monotonic(), time.clock_gettime(time.CLOCK_BOOTTIME), time.time())
+
+
+@attrs.define
+class ParentBeat:
+    """Whether the parent's heartbeat still moves, judged on this host's own clocks.
+
+    Pure: it is given the parent's master entry (or None) and a :class:`Clocks` reading. The
+    heartbeat is compared with itself, never with our wall clock (the master's clock and ours may
+    disagree, and either may be set), and its age is counted in our monotonic time since we last
+    saw it move. A suspend or a wall-clock jump between two looks restarts the window.
+    """
+
+    window_s: float
+    tolerance_s: float = CLOCK_TOLERANCE_S
+    _beat: int | None = None
+    _since: float | None = None  # monotonic: when the beat was last seen to move (or the window began)
+    _last: Clocks | None = None
+    _unregistered: bool = False  # the last look found no running master entry of the parent
+
+    def restart(self) -> None:
+        """A new parent (an adoption): its window starts at the next look."""
+        self._beat = None
+        self._since = None
+        self._unregistered = False
+
+    def discontinuity(self, now: Clocks) -> tuple[str, float] | None:
+        """``("suspend", seconds slept)`` or ``("clock_jump", seconds moved)`` since the last
+        reading, else None."""
+        last, self._last = self._last, now
+        if last is None:
+            return None
+        ran = now.monotonic - last.monotonic
+        slept = (now.boottime - last.boottime) - ran
+        if slept > self.tolerance_s:
+            return "suspend", round(slept, 3)
+        jumped = (now.wall - last.wall) - (now.boottime - last.boottime)
+        if abs(jumped) > self.tolerance_s:
+            return "clock_jump", round(jumped, 3)
+        return None
+
+    def judge(self, master: Entry | None, now: Clocks) -> tuple[ParentState, tuple[str, float] | None]:
+        """The parent's state by its master entry, and any discontinuity seen on the way."""
+        jump = self.discontinuity(now)
+        if master is None:
+            # Confirmed on a second look: a master's session switch closes its old entry just
+            # before it registers the new one, and a look in between must not lose the parent.
+            seen, self._unregistered = self._unregistered, True
+            return (ParentState.UNREGISTERED if seen else ParentState.ALIVE), jump
+        self._unregistered = False
+        if jump is not None or self._since is None or master.heartbeat_at != self._beat:
+            self._beat = master.heartbeat_at
+            self._since = now.monotonic
+            return ParentState.ALIVE, jump
+        if now.monotonic - self._since > self.window_s:
+            return ParentState.HUNG, None
+        return ParentState.ALIVE, None
+
+
+def parent_master(entries: Iterable[Entry], parent: ProcessIdentity) -> Entry | None:
+    """The running master entry of exactly this process (by pid and start time, so a session
+    switch, which re-keys the master, keeps it), the freshest if it holds two for an instant."""
+    return max(masters_of(entries, parent), key=lambda e: e.heartbeat_at or 0, default=None)
 
 
 def grant_pending(entry: Entry, boot_id: str) -> bool:
@@ -56,6 +161,14 @@ def _accept(entry: Entry) -> Entry | None:
     return lifecycle.accept_adoption(entry, now_ms())
 
 
+_LOST_AS: Final = {
+    ParentState.GONE: "is gone",
+    ParentState.UNREGISTERED: "is not a registered master",
+    ParentState.HUNG: "stopped answering (its heartbeat stands still)",
+    ParentState.ALIVE: "is gone",
+}
+
+
 @attrs.define(eq=False)
 class WorkerSide:
     """The parent, its watch, and the phase of the wind-down."""
@@ -65,12 +178,21 @@ class WorkerSide:
     role: Role
     me: ProcessIdentity
     grace_s: float  # the adoption grace window (``adoptionGraceMs``)
+    # 2 x heartbeatMs + watcherPollMs: how long the parent's heartbeat may stand still; None: the
+    # parent's process alone is watched (a host built without settings).
+    beat_window_s: float | None = attrs.field(default=None, kw_only=True)
     parent: ProcessIdentity | None = None
     phase: Phase = Phase.RUNNING
     grace_deadline: float | None = None  # monotonic end of the grace window while in GRACE
     told_lost: bool = False  # the agent was told its parent is gone (an adoption then tells it more)
     _fd: int | None = attrs.field(default=None, init=False)  # the parent's pidfd, while watched
     _selector: selectors.BaseSelector | None = attrs.field(default=None, init=False)  # the loop's
+    _beat: ParentBeat | None = attrs.field(default=None, init=False)
+    lost_as: ParentState | None = attrs.field(default=None, init=False)  # why the parent was lost
+
+    def __attrs_post_init__(self) -> None:
+        if self.beat_window_s is not None:
+            self._beat = ParentBeat(self.beat_window_s)
 
     # -- the watch --------------------------------------------------------------------------------
     def start_watching(self, selector: selectors.BaseSelector) -> None:
@@ -100,15 +222,40 @@ class WorkerSide:
             self._fd = None
 
     def alive(self) -> bool:
-        return self.parent is not None and procs.is_alive(self.parent)
+        """The parent holds: its process lives and (with a window) it is a running master whose
+        heartbeat moves."""
+        state = self.look()
+        if state is not ParentState.ALIVE:
+            self.lost_as = state
+        return state is ParentState.ALIVE
+
+    def look(self) -> ParentState:
+        if self.parent is None or not procs.is_alive(self.parent):
+            return ParentState.GONE
+        if self._beat is None:
+            return ParentState.ALIVE
+        try:
+            entries = self.record.store.list().entries
+        except PiMatrixError as exc:
+            # The state dir cannot be read right now: that is no evidence against the parent.
+            self.record.events.write("parent_unchecked", error=str(exc)[:300])
+            return ParentState.ALIVE
+        state, jump = self._beat.judge(parent_master(entries, self.parent), Clocks.read())
+        if jump is not None:
+            # Recorded, and the heartbeat window starts again: a sleep of the whole machine or a
+            # clock being set is never taken for a hung master.
+            self.record.events.write(jump[0], seconds=jump[1])
+        return state
 
     def check(self) -> None:
         """The pidfd woke us: the parent may be gone."""
-        if not self.alive():
+        if self.parent is None or not procs.is_alive(self.parent):
+            self.lost_as = ParentState.GONE
             self.parent_lost()
 
     def poll(self) -> None:
-        """The safety net, on every ``watcherPollMs`` tick."""
+        """The safety net, on every ``watcherPollMs`` tick, and the only look at the parent's
+        registration and heartbeat."""
         if self.phase is Phase.RUNNING and self.role is Role.WORKER and not self.alive():
             self.parent_lost()
 
@@ -121,7 +268,8 @@ class WorkerSide:
         self.unwatch()
         self.phase = Phase.GRACE
         now = now_ms()
-        record.events.write("parent_lost", parent_pid=self.parent.pid if self.parent else None)
+        why = (self.lost_as or ParentState.GONE).value
+        record.events.write("parent_lost", parent_pid=self.parent.pid if self.parent else None, why=why)
         boot = self.me.boot_id
 
         # Winding down over a live grant would void an approved adoption, so the grant wins; a
@@ -145,10 +293,11 @@ class WorkerSide:
         if self.phase is not Phase.GRACE:
             return
         entry = record.entry
+        what = _LOST_AS[self.lost_as or ParentState.GONE]
         text = (
             f"[pi-matrix] Your parent session ({entry.parent_session_id if entry else '?'}, "
-            f"pid {entry.parent_pid if entry else '?'}) is gone. Finish or checkpoint the current "
-            f"step and start no new work. A new master may adopt you within {self.grace_s:.0f}s; "
+            f"pid {entry.parent_pid if entry else '?'}) {what}. Finish or checkpoint the current "
+            f"step and start no new work. A master may adopt you within {self.grace_s:.0f}s; "
             "otherwise this agent will be stopped and left resumable."
         )
         self.agent.steer(text, notice=True)
@@ -187,6 +336,9 @@ class WorkerSide:
         self.parent = new_parent
         self.phase = Phase.RUNNING
         self.grace_deadline = None
+        self.lost_as = None
+        if self._beat is not None:
+            self._beat.restart()
         self.record.events.write(
             "adopted", parent_pid=new_parent.pid, parent_session=directive.parent_session_id
         )
