@@ -82,11 +82,15 @@ def start_master(lab: Lab, session: str, mode: str = "print", *extra: str) -> tu
     ident = procs.identify(proc.pid)
     assert ident is not None
     lab.started.append(ident)
-    lab.master = wait_for(
-        "the master to register",
-        lambda: e if (e := lab.store.find(f"master-{session}")) and e.pid == proc.pid else None,
-        detail=out.read_text,
-    )
+    def registered() -> Entry | None:
+        entry = lab.store.find(f"master-{session}")
+        return entry if entry is not None and entry.pid == proc.pid and entry.child_pid else None
+
+    lab.master = wait_for("the master to register and start its agent", registered, detail=out.read_text)
+    # Its agent outlives a SIGKILLed master, and the next master of the session takes the entry
+    # that names it: tracked here, so the lab's cleanup still finds it.
+    assert lab.master.child_process is not None
+    lab.started.append(lab.master.child_process)
     return lab.master, out
 
 
