@@ -417,7 +417,7 @@ def test_an_adopted_agent_is_told_in_its_own_session_that_it_goes_on(
 ) -> None:
     """Issue 18.8: its last notice said "start no new work ... this agent will be stopped"; the
     adoption sends one more, naming the new parent (the origin: "adopted by a new parent")."""
-    parent = reaper.sleeper()
+    parent = reaper.parent(store, "boss1")
     task = "HANG long job"
     host = start_host(
         reaper, store, work, "told1", mode="interactive", parent=parent.pid, parent_session="boss1",
@@ -427,7 +427,7 @@ def test_an_adopted_agent_is_told_in_its_own_session_that_it_goes_on(
     wait_for("the agent's first turn", lambda: host.turn_started(task), detail=host.diagnose)
     kill_parent(parent)
     wait_for("resumable", entry_is(host, Status.RESUMABLE), timeout=5, detail=host.diagnose)
-    new_parent = reaper.sleeper()
+    new_parent = reaper.parent(store, "boss2")
     done = owner_command(
         store, "adopt", host.key, "--parent-pid", str(new_parent.pid), "--parent-session", "boss2", cwd=work
     )
