@@ -170,3 +170,40 @@ def test_the_pi_tool_sets_and_lists_job_variables_and_refuses_a_bad_name(
     for agent in JobStore(at.store).get("vars-2").agents:
         if agent.host is not None:
             at.started.append(agent.host)
+
+
+def test_the_origins_team_templates_ship_and_templates_lists_and_shows_them(tmp_path: object) -> None:
+    listed = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "templates", "--json"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    names = {t["name"] for t in json.loads(listed.stdout)}
+    assert {"builder-validator", "full-provider-review", "provider-prompt-smoke", "impl-review"} <= names
+    one = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "templates", "builder-validator", "--json"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    shown = json.loads(one.stdout)
+    assert [m["suffix"] for m in shown["members"]] == ["builder", "validator"]
+    assert all(m["instructions"] for m in shown["members"])
+    missing = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "templates", "nope"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert missing.returncode == 3 and "no team named 'nope'" in missing.stderr
+
+
+def test_the_pi_tool_lists_and_shows_templates(mlab: tuple[Lab, FakeLLM, Scripted]) -> None:  # noqa: F811
+    at, llm, script = mlab
+    script.steps = [
+        tool(action="list_templates"),
+        tool(action="show_template", templateName="full-provider-review"),
+        lambda _r: Reply(text="done"),
+    ]
+    done = run_print_master(at, "Which templates are there?")
+    assert done.returncode == 0, done.stdout + done.stderr
+    listed, shown = (last_tool_result(r) for r in llm.requests[1:3])
+    assert "builder-validator" in listed and "provider-prompt-smoke" in listed
+    profiles = [m["profile"] for m in json.loads(shown)["members"]]
+    assert profiles == ["pi-reviewer", "claude", "codex", "opencode"]

@@ -31,6 +31,8 @@ const ACTIONS = [
   "stop_job",
   "set_variable",
   "list_variables",
+  "list_templates",
+  "show_template",
 ] as const;
 
 type Cli = { code: number; out: string; err: string };
@@ -179,6 +181,10 @@ export function installMaster(pi: any): void {
         if (typeof value !== "string") throw new Error('tmux_agent_manager: set_variable needs "value" (a string)');
         return text(call(["var", need(params, "jobId", "job_id"), name, value, "--json"], cwd));
       }
+      case "list_templates":
+        return text(call(["templates", "--json"], cwd));
+      case "show_template":
+        return text(call(["templates", need(params, "templateName", "name"), "--json"], cwd));
       case "list_variables":
         return text(call(["var", need(params, "jobId", "job_id"), "--json"], cwd));
       case "stop_job": {
@@ -206,7 +212,8 @@ export function installMaster(pi: any): void {
       "list_profiles, fire_task (profile or teamTemplate, task; optional lane, goalId, path, deadlineSeconds, " +
       "launchKey, force, workspaceName, dryRun), job_status (jobId), list_jobs, send_followup (jobId, text, " +
       `optional agent), dismiss (jobId), stop_job (jobId; previews unless confirm is "${STOP_WORD}"), ` +
-      "set_variable (jobId, name, value), list_variables (jobId). " +
+      "set_variable (jobId, name, value), list_variables (jobId), list_templates, " +
+      "show_template (templateName). " +
       "snake_case names (job_id, goal_id, dry_run, team, deadline) are accepted too.",
     promptSnippet: "Launch and manage worker agents (pi-matrix dispatcher)",
     parameters: Type.Object({
@@ -234,6 +241,7 @@ export function installMaster(pi: any): void {
       confirm: Type.Optional(Type.String({ description: `stop_job: "${STOP_WORD}" to really stop` })),
       name: Type.Optional(Type.String({ description: "set_variable: the variable (1-80 of A-Z a-z 0-9 _ . -)" })),
       value: Type.Optional(Type.String({ description: "set_variable: its value" })),
+      templateName: Type.Optional(Type.String({ description: "show_template: the team template" })),
     }),
     execute,
   });

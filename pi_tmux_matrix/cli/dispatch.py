@@ -47,9 +47,7 @@ def register(sub: Any, epilog: str) -> None:
     fire.add_argument(
         "--socket", metavar="NAME", help=f"tmux -L socket (default: ${ENV_SOCKET} or pi-matrix)"
     )
-    fire.add_argument(
-        "--backend", choices=BACKEND_NAMES, default=TMUX, help="tmux panes, or detached"
-    )
+    fire.add_argument("--backend", choices=BACKEND_NAMES, default=TMUX, help="tmux panes, or detached")
     fire.add_argument("--deadline", type=float, metavar="SECONDS", help="per agent (default: the profile's)")
     fire.add_argument("--agent-id", metavar="ID", help="the logical agent id (team members add a suffix)")
     fire.add_argument(
@@ -133,6 +131,12 @@ def register(sub: Any, epilog: str) -> None:
     profiles.add_argument("--json", action="store_true")
     profiles.set_defaults(handler=cmd_profiles)
 
+    templates = sub.add_parser(
+        "templates", help="team templates: list them, or show one with its members' instructions", **common
+    )
+    templates.add_argument("name", nargs="?", metavar="NAME", help="the template to show")
+    templates.add_argument("--json", action="store_true")
+    templates.set_defaults(handler=cmd_templates)
 
 
 def _dispatcher(args: argparse.Namespace, cwd: str | None = None) -> Dispatcher:
@@ -180,7 +184,6 @@ def cmd_fire(args: argparse.Namespace, io: Io) -> int:
         if result.dry_run:
             io.out.write(f"    cwd  {planned.cwd}\n    argv {json.dumps(list(planned.argv))}\n")
     return EXIT_OK
-
 
 
 def cmd_var(args: argparse.Namespace, io: Io) -> int:
@@ -386,4 +389,34 @@ def cmd_profiles(args: argparse.Namespace, io: Io) -> int:
         io.out.write(f"{name:<16} {provider:<9} {mode:<12} {confined:<36} {row['description']}\n")
     for team in teams:
         io.out.write(f"team {team['name']:<11} {' + '.join(team['members'])}\n")
+    return EXIT_OK
+
+
+def cmd_templates(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix templates [NAME] [--json]``: the team templates in force (shipped, or the agent
+    dir's own of the same name), or one with each member's profile, suffix and instructions."""
+    from ..dispatch.profile import load_profiles
+    from ..settings import agent_dir
+
+    found = load_profiles(agent_dir())
+    names = [args.name] if args.name else found.team_names()
+    shown: list[dict[str, Any]] = []
+    for name in names:
+        team = found.team(validate_id(name, "NAME"))
+        members = [
+            {"profile": m.profile, "suffix": m.suffix, "instructions": m.instructions} for m in team.members
+        ]
+        shown.append(
+            {"name": team.name, "description": team.description, "source": team.source, "members": members}
+        )
+    if args.json:
+        _dump(io, shown[0] if args.name else shown)
+        return EXIT_OK
+    for row in shown:
+        who = " + ".join(m["profile"] for m in row["members"])
+        io.out.write(f"{row['name']:<22} {who}  {row['description']}\n")
+        if args.name:
+            io.out.write(f"  source {row['source']}\n")
+            for m in row["members"]:
+                io.out.write(f"  {m['suffix']:<10} {m['profile']:<12} {printable(m['instructions'])}\n")
     return EXIT_OK
