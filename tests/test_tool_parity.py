@@ -13,6 +13,7 @@ from fake_llm import FakeLLM, Reply
 from test_dispatch import Lab, lab, sublab  # noqa: F401 - fixtures
 from test_master_tool import Scripted, last_tool_result, mlab, run_print_master, tool  # noqa: F401
 
+from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore
 
 
@@ -207,3 +208,33 @@ def test_the_pi_tool_lists_and_shows_templates(mlab: tuple[Lab, FakeLLM, Scripte
     assert "builder-validator" in listed and "provider-prompt-smoke" in listed
     profiles = [m["profile"] for m in json.loads(shown)["members"]]
     assert profiles == ["pi-reviewer", "claude", "codex", "opencode"]
+
+
+def test_stop_session_previews_without_the_word_then_stops_every_job_of_that_tmux_session(lab: Lab) -> None:  # noqa: F811
+    lab.start_master()
+    jobs = []
+    for key in ("ws-a", "ws-b"):
+        done = _fire(
+            lab, "--socket", lab.socket, "--workspace", f"review-{key}", "--launch-key", key, "--json"
+        )
+        assert done.returncode == 0, done.stderr
+        jobs.append(json.loads(done.stdout))
+    other = _fire(lab, "--socket", lab.socket, "--launch-key", "elsewhere", "--json")
+    assert other.returncode == 0, other.stderr
+    store = JobStore(lab.store)
+    hosts = {j.id: [a.host for a in j.agents] for j in store.list_jobs()[0]}
+    for ids in hosts.values():
+        lab.started.extend(h for h in ids if h is not None)
+    preview = _cli(lab, "stop-session", "review-ws-a", "--socket", lab.socket)
+    assert preview.returncode == 2 and "ws-a" in preview.stdout and "nothing was stopped" in preview.stderr
+    assert all(procs.is_alive(h) for h in hosts["ws-a"])
+    done = _cli(lab, "stop-session", "review-ws-a", "--socket", lab.socket, "--confirm", "yes-tmux-stop")
+    assert done.returncode == 0, done.stderr
+    assert all(procs.wait_for_exit(h, 20) for h in hosts["ws-a"] if h is not None)
+    assert all(procs.is_alive(h) for h in hosts["ws-b"] + hosts["elsewhere"])  # only that session
+    assert store.get("ws-a").stopped_at is not None and store.get("ws-b").stopped_at is None
+    # A job named by its launch key is stopped by that key too.
+    by_key = _cli(lab, "stop", "ws-b", "--confirm", "yes-tmux-stop")
+    assert by_key.returncode == 0, by_key.stderr
+    missing = _cli(lab, "stop-session", "no-such-session", "--socket", lab.socket)
+    assert missing.returncode == 3 and "no job has agents" in missing.stderr

@@ -33,6 +33,7 @@ const ACTIONS = [
   "list_variables",
   "list_templates",
   "show_template",
+  "stop_session",
 ] as const;
 
 type Cli = { code: number; out: string; err: string };
@@ -181,6 +182,18 @@ export function installMaster(pi: any): void {
         if (typeof value !== "string") throw new Error('tmux_agent_manager: set_variable needs "value" (a string)');
         return text(call(["var", need(params, "jobId", "job_id"), name, value, "--json"], cwd));
       }
+      case "stop_session": {
+        const name = need(params, "sessionName", "workspaceName");
+        if (params.confirm !== STOP_WORD) {
+          const preview = runCli(["stop-session", name], cwd);
+          if (preview.code !== 0 && preview.code !== 2) throw cliError(preview);
+          return text(
+            `PREVIEW ONLY, nothing was stopped.\n${preview.out.trim()}\n` +
+              `To stop them, call stop_session again with confirm: "${STOP_WORD}".`,
+          );
+        }
+        return text(call(["stop-session", name, "--confirm", STOP_WORD, "--json"], cwd));
+      }
       case "list_templates":
         return text(call(["templates", "--json"], cwd));
       case "show_template":
@@ -213,7 +226,7 @@ export function installMaster(pi: any): void {
       "launchKey, force, workspaceName, dryRun), job_status (jobId), list_jobs, send_followup (jobId, text, " +
       `optional agent), dismiss (jobId), stop_job (jobId; previews unless confirm is "${STOP_WORD}"), ` +
       "set_variable (jobId, name, value), list_variables (jobId), list_templates, " +
-      "show_template (templateName). " +
+      `show_template (templateName), stop_session (sessionName; previews unless confirm is "${STOP_WORD}"). ` +
       "snake_case names (job_id, goal_id, dry_run, team, deadline) are accepted too.",
     promptSnippet: "Launch and manage worker agents (pi-matrix dispatcher)",
     parameters: Type.Object({
@@ -242,6 +255,7 @@ export function installMaster(pi: any): void {
       name: Type.Optional(Type.String({ description: "set_variable: the variable (1-80 of A-Z a-z 0-9 _ . -)" })),
       value: Type.Optional(Type.String({ description: "set_variable: its value" })),
       templateName: Type.Optional(Type.String({ description: "show_template: the team template" })),
+      sessionName: Type.Optional(Type.String({ description: "stop_session: the tmux session (a workspaceName)" })),
     }),
     execute,
   });

@@ -10,7 +10,21 @@ from typing import IO
 
 from .. import __version__
 from ..errors import EXIT_FAILED, EXIT_USAGE, PiMatrixError
-from . import completion, demo, dispatch, doctor, entries, host, master, owner, runs, top, tree, watch
+from . import (
+    completion,
+    demo,
+    dispatch,
+    doctor,
+    entries,
+    host,
+    master,
+    owner,
+    runs,
+    teamwork,
+    top,
+    tree,
+    watch,
+)
 from .base import EPILOG, Io, Parser
 
 __all__ = ["Io", "build_parser", "main", "run"]
@@ -38,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     owner.register(sub, EPILOG)
     tree.register(sub, EPILOG)
     dispatch.register(sub, EPILOG)
+    teamwork.register(sub, EPILOG)
     runs.register(sub, EPILOG)
     demo.register(sub, EPILOG)
     doctor.register(sub, EPILOG)

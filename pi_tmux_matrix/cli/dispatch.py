@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from .. import procs
 from ..dispatch import BACKEND_NAMES, TMUX
-from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, ContractError
+from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ContractError
 from ..identity import parse_key, validate_id
 from ..settings import load_settings
-from .base import STOP_WORD, age, confirmed, printable, store_of
+from .base import STOP_WORD, age, confirmed, store_of
 
 if TYPE_CHECKING:
     from ..dispatch.manager import Dispatcher
@@ -99,16 +99,6 @@ def register(sub: Any, epilog: str) -> None:
     dismiss.add_argument("--json", action="store_true")
     dismiss.set_defaults(handler=cmd_dismiss)
 
-    var = sub.add_parser(
-        "var", help="a job's variables: list, read or set one (its workers read them when told to)",
-        usage="pi-matrix var ID [NAME [VALUE]] [--json]", **common,
-    )  # fmt: skip
-    var.add_argument("job_id", metavar="ID")
-    var.add_argument("name", nargs="?", metavar="NAME", help="1-80 letters, digits, _ . -")
-    var.add_argument("value", nargs="?", metavar="VALUE", help="set NAME to this (at most 16 KiB)")
-    var.add_argument("--json", action="store_true")
-    var.set_defaults(handler=cmd_var)
-
     resume = sub.add_parser(
         "resume", help="relaunch a resumable worker into its exact session file", **common
     )
@@ -131,15 +121,8 @@ def register(sub: Any, epilog: str) -> None:
     profiles.add_argument("--json", action="store_true")
     profiles.set_defaults(handler=cmd_profiles)
 
-    templates = sub.add_parser(
-        "templates", help="team templates: list them, or show one with its members' instructions", **common
-    )
-    templates.add_argument("name", nargs="?", metavar="NAME", help="the template to show")
-    templates.add_argument("--json", action="store_true")
-    templates.set_defaults(handler=cmd_templates)
 
-
-def _dispatcher(args: argparse.Namespace, cwd: str | None = None) -> Dispatcher:
+def dispatcher_of(args: argparse.Namespace, cwd: str | None = None) -> Dispatcher:
     from ..dispatch.manager import Dispatcher
     from ..dispatch.plugins import plugin_manager
 
@@ -148,7 +131,7 @@ def _dispatcher(args: argparse.Namespace, cwd: str | None = None) -> Dispatcher:
     return Dispatcher(store_of(args), settings, plugins=plugin_manager(matrix=settings.enabled))
 
 
-def _dump(io: Io, value: Any) -> None:
+def dump_json(io: Io, value: Any) -> None:
     io.out.write(json.dumps(value, indent=2) + "\n")
 
 
@@ -171,9 +154,9 @@ def cmd_fire(args: argparse.Namespace, io: Io) -> int:
     )  # fmt: skip
     if args.force and args.launch_key is None:
         raise ContractError("--force", "given without --launch-key", "force replaces a job named by its key")
-    result = _dispatcher(args, args.path).fire(request)
+    result = dispatcher_of(args, args.path).fire(request)
     if args.json:
-        _dump(io, result.to_json())
+        dump_json(io, result.to_json())
         return EXIT_OK
     verb = "would launch" if result.dry_run else "launched"
     task = result.job.task_ref or "no task ref"
@@ -183,33 +166,6 @@ def cmd_fire(args: argparse.Namespace, io: Io) -> int:
         io.out.write(f"  {agent.agent_id}  {agent.key}  {agent.profile}  lane {agent.lane or '-'}  {where}\n")
         if result.dry_run:
             io.out.write(f"    cwd  {planned.cwd}\n    argv {json.dumps(list(planned.argv))}\n")
-    return EXIT_OK
-
-
-def cmd_var(args: argparse.Namespace, io: Io) -> int:
-    """``pi-matrix var ID [NAME [VALUE]]``: list, read or set a job's variables."""
-    from ..dispatch.variables import Variables, check_name
-
-    dispatcher = _dispatcher(args)
-    if args.value is not None and not dispatcher.settings.enabled:
-        raise ContractError("VALUE", "processMatrix.enabled is false: nothing may be written", "enable it")
-    job = dispatcher.jobs.get(validate_id(args.job_id, "ID"))
-    variables = Variables(dispatcher.store)
-    if args.value is not None:
-        values = variables.set(job.id, args.name, args.value)
-    else:
-        values = variables.of(job.id)
-        if args.name is not None:
-            check_name(args.name)
-            if args.name not in values:
-                io.err.write(f"pi-matrix: error: job {job.id} has no variable {args.name!r}\n")
-                return EXIT_NOT_FOUND
-            values = {args.name: values[args.name]}
-    if args.json:
-        _dump(io, {"jobId": job.id, "file": str(variables.path(job.id)), "values": values})
-        return EXIT_OK
-    for name, value in sorted(values.items()):
-        io.out.write(f"{name}={printable(value)}\n")
     return EXIT_OK
 
 
@@ -243,11 +199,11 @@ def _print_job(io: Io, view: ListedJob) -> None:
 
 
 def cmd_jobs(args: argparse.Namespace, io: Io) -> int:
-    views = _dispatcher(args).reconcile(sockets={args.socket or default_socket()})
+    views = dispatcher_of(args).reconcile(sockets={args.socket or default_socket()})
     if not args.all:
         views = [v for v in views if v.state != "dismissed"]
     if args.json:
-        _dump(io, [view.to_json() for view in views])
+        dump_json(io, [view.to_json() for view in views])
         return EXIT_OK
     if args.ndjson:
         io.out.write("".join(json.dumps(view.to_json()) + "\n" for view in views))
@@ -260,11 +216,11 @@ def cmd_jobs(args: argparse.Namespace, io: Io) -> int:
 
 
 def cmd_job(args: argparse.Namespace, io: Io) -> int:
-    dispatcher = _dispatcher(args)
+    dispatcher = dispatcher_of(args)
     job = dispatcher.jobs.get(validate_id(args.job_id, "ID"))
     view = dispatcher.view(job, tmux_state=dispatcher.tmux_states(job))
     if args.json:
-        _dump(io, view.to_json())
+        dump_json(io, view.to_json())
     else:
         _print_job(io, view)
     return EXIT_OK
@@ -273,10 +229,10 @@ def cmd_job(args: argparse.Namespace, io: Io) -> int:
 def cmd_followup(args: argparse.Namespace, io: Io) -> int:
     if not args.argv:
         raise ContractError("TEXT", "missing", "give the follow-up after --")
-    dispatcher = _dispatcher(args)
+    dispatcher = dispatcher_of(args)
     job = dispatcher.followup(validate_id(args.job_id, "ID"), " ".join(args.argv), args.agent)
     if args.json:
-        _dump(io, dispatcher.view(job).to_json())
+        dump_json(io, dispatcher.view(job).to_json())
     else:
         rearmed = [a.agent_id for a in job.agents if args.agent in (None, a.agent_id)]
         io.out.write(f"follow-up sent to {', '.join(rearmed)} of {job.id}\n")
@@ -284,10 +240,10 @@ def cmd_followup(args: argparse.Namespace, io: Io) -> int:
 
 
 def cmd_dismiss(args: argparse.Namespace, io: Io) -> int:
-    dispatcher = _dispatcher(args)
+    dispatcher = dispatcher_of(args)
     job = dispatcher.dismiss(validate_id(args.job_id, "ID"))
     if args.json:
-        _dump(io, dispatcher.view(job).to_json())
+        dump_json(io, dispatcher.view(job).to_json())
     else:
         io.out.write(f"dismissed {job.id}\n")
     return EXIT_OK
@@ -295,7 +251,7 @@ def cmd_dismiss(args: argparse.Namespace, io: Io) -> int:
 
 def stop_job(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix stop JOB --confirm yes-tmux-stop`` (a preview without the word)."""
-    dispatcher = _dispatcher(args)
+    dispatcher = dispatcher_of(args)
     job = dispatcher.jobs.get(validate_id(args.key, "ID"))
     view = dispatcher.view(job, tmux_state=dispatcher.tmux_states(job))
     if not confirmed(args, io, f"job {job.id}"):
@@ -312,7 +268,7 @@ def stop_job(args: argparse.Namespace, io: Io) -> int:
         return EXIT_USAGE
     job, written = dispatcher.stop(job.id)
     if getattr(args, "json", False):
-        _dump(io, dispatcher.view(job).to_json())
+        dump_json(io, dispatcher.view(job).to_json())
     else:
         io.out.write(f"stopped job {job.id} ({len(written)} agent(s) had not finished)\n")
     return EXIT_OK
@@ -335,7 +291,7 @@ def cmd_resume(args: argparse.Namespace, io: Io) -> int:
     if args.dry_run:
         plan = plan_resume(store, entry, parent, session)
         if args.json:
-            _dump(io, plan.to_json())
+            dump_json(io, plan.to_json())
         else:
             io.out.write(f"would resume {args.key} in {plan.cwd}:\n  argv {json.dumps(list(plan.argv))}\n")
         return EXIT_OK
@@ -356,7 +312,7 @@ def cmd_resume(args: argparse.Namespace, io: Io) -> int:
         io.err.write(f"pi-matrix: error: no plugin relaunched {args.key} (is the matrix plugin disabled?)\n")
         return EXIT_FAILED
     if args.json:
-        _dump(io, {"key": args.key, "hostPid": pid})
+        dump_json(io, {"key": args.key, "hostPid": pid})
     else:
         io.out.write(f"resumed {args.key}: new host pid {pid}\n")
     return EXIT_OK
@@ -382,41 +338,11 @@ def cmd_profiles(args: argparse.Namespace, io: Io) -> int:
         for name in found.team_names()
     ]
     if args.json:
-        _dump(io, {"profiles": rows, "teams": teams})
+        dump_json(io, {"profiles": rows, "teams": teams})
         return EXIT_OK
     for row in rows:
         name, provider, mode, confined = row["name"], row["provider"], row["mode"], row["confined"]
         io.out.write(f"{name:<16} {provider:<9} {mode:<12} {confined:<36} {row['description']}\n")
     for team in teams:
         io.out.write(f"team {team['name']:<11} {' + '.join(team['members'])}\n")
-    return EXIT_OK
-
-
-def cmd_templates(args: argparse.Namespace, io: Io) -> int:
-    """``pi-matrix templates [NAME] [--json]``: the team templates in force (shipped, or the agent
-    dir's own of the same name), or one with each member's profile, suffix and instructions."""
-    from ..dispatch.profile import load_profiles
-    from ..settings import agent_dir
-
-    found = load_profiles(agent_dir())
-    names = [args.name] if args.name else found.team_names()
-    shown: list[dict[str, Any]] = []
-    for name in names:
-        team = found.team(validate_id(name, "NAME"))
-        members = [
-            {"profile": m.profile, "suffix": m.suffix, "instructions": m.instructions} for m in team.members
-        ]
-        shown.append(
-            {"name": team.name, "description": team.description, "source": team.source, "members": members}
-        )
-    if args.json:
-        _dump(io, shown[0] if args.name else shown)
-        return EXIT_OK
-    for row in shown:
-        who = " + ".join(m["profile"] for m in row["members"])
-        io.out.write(f"{row['name']:<22} {who}  {row['description']}\n")
-        if args.name:
-            io.out.write(f"  source {row['source']}\n")
-            for m in row["members"]:
-                io.out.write(f"  {m['suffix']:<10} {m['profile']:<12} {printable(m['instructions'])}\n")
     return EXIT_OK

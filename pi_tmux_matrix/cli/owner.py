@@ -18,6 +18,7 @@ from ..matrix import lifecycle
 from ..matrix.mailbox import Inbox, encode_message
 from ..matrix.model import Entry, Status
 from ..matrix.reconcile import reconcile
+from ..matrix.statedir import is_key
 from ..matrix.store import MatrixStore, now_ms
 from ..settings import load_settings
 from ..supervise.child import reachable
@@ -229,7 +230,8 @@ def cmd_send(args: argparse.Namespace, io: Io) -> int:
 
 def cmd_stop(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix stop KEY|JOB --confirm yes-tmux-stop`` (a preview, exit 2, without the word)."""
-    if stop_target(args).startswith("job-"):
+    if not is_key(stop_target(args)):
+        # Not an entry key (worker-…, master-…): a job id, generated (job-…) or a launch key.
         from .dispatch import stop_job
 
         return stop_job(args, io)

@@ -1,0 +1,149 @@
+"""The job verbs a person uses beside ``fire`` (issue 22's parity with the origin's tool): a job's
+variables (``var``), the team templates (``templates``) and a whole tmux session's stop
+(``stop-session``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, ContractError, PiMatrixError
+from ..identity import validate_id
+from .base import STOP_WORD, confirmed, printable
+from .dispatch import ENV_SOCKET, default_socket, dispatcher_of, dump_json
+
+if TYPE_CHECKING:
+    from .base import Io
+
+__all__ = ["register"]
+
+
+def register(sub: Any, epilog: str) -> None:
+    """Add ``var``, ``templates`` and ``stop-session``."""
+    common = {"epilog": epilog, "formatter_class": argparse.RawDescriptionHelpFormatter}
+    var = sub.add_parser(
+        "var", help="a job's variables: list, read or set one (its workers read them when told to)",
+        usage="pi-matrix var ID [NAME [VALUE]] [--json]", **common,
+    )  # fmt: skip
+    var.add_argument("job_id", metavar="ID")
+    var.add_argument("name", nargs="?", metavar="NAME", help="1-80 letters, digits, _ . -")
+    var.add_argument("value", nargs="?", metavar="VALUE", help="set NAME to this (at most 16 KiB)")
+    var.add_argument("--json", action="store_true")
+    var.set_defaults(handler=cmd_var)
+
+    stop_session = sub.add_parser(
+        "stop-session", help="stop every job with agents in tmux session NAME (a preview without the word)",
+        usage=f"pi-matrix stop-session NAME [--socket S] [--confirm {STOP_WORD}]", **common,
+    )  # fmt: skip
+    stop_session.add_argument("name", metavar="NAME", help="the tmux session (a fire's --workspace)")
+    stop_session.add_argument(
+        "--socket", metavar="S", help=f"tmux -L socket (default: ${ENV_SOCKET} or pi-matrix)"
+    )
+    stop_session.add_argument(
+        "--confirm", nargs="?", const=True, metavar="WORD", help=f"{STOP_WORD} to really stop"
+    )
+    stop_session.add_argument("--json", action="store_true")
+    stop_session.set_defaults(handler=cmd_stop_session)
+
+    templates = sub.add_parser(
+        "templates", help="team templates: list them, or show one with its members' instructions", **common
+    )
+    templates.add_argument("name", nargs="?", metavar="NAME", help="the template to show")
+    templates.add_argument("--json", action="store_true")
+    templates.set_defaults(handler=cmd_templates)
+
+
+def cmd_var(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix var ID [NAME [VALUE]]``: list, read or set a job's variables."""
+    from ..dispatch.variables import Variables, check_name
+
+    dispatcher = dispatcher_of(args)
+    if args.value is not None and not dispatcher.settings.enabled:
+        raise ContractError("VALUE", "processMatrix.enabled is false: nothing may be written", "enable it")
+    job = dispatcher.jobs.get(validate_id(args.job_id, "ID"))
+    variables = Variables(dispatcher.store)
+    if args.value is not None:
+        values = variables.set(job.id, args.name, args.value)
+    else:
+        values = variables.of(job.id)
+        if args.name is not None:
+            check_name(args.name)
+            if args.name not in values:
+                io.err.write(f"pi-matrix: error: job {job.id} has no variable {args.name!r}\n")
+                return EXIT_NOT_FOUND
+            values = {args.name: values[args.name]}
+    if args.json:
+        dump_json(io, {"jobId": job.id, "file": str(variables.path(job.id)), "values": values})
+        return EXIT_OK
+    for name, value in sorted(values.items()):
+        io.out.write(f"{name}={printable(value)}\n")
+    return EXIT_OK
+
+
+def cmd_templates(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix templates [NAME] [--json]``: the team templates in force (shipped, or the agent
+    dir's own of the same name), or one with each member's profile, suffix and instructions."""
+    from ..dispatch.profile import load_profiles
+    from ..settings import agent_dir
+
+    found = load_profiles(agent_dir())
+    names = [args.name] if args.name else found.team_names()
+    shown: list[dict[str, Any]] = []
+    for name in names:
+        team = found.team(validate_id(name, "NAME"))
+        members = [
+            {"profile": m.profile, "suffix": m.suffix, "instructions": m.instructions} for m in team.members
+        ]
+        shown.append(
+            {"name": team.name, "description": team.description, "source": team.source, "members": members}
+        )
+    if args.json:
+        dump_json(io, shown[0] if args.name else shown)
+        return EXIT_OK
+    for row in shown:
+        who = " + ".join(m["profile"] for m in row["members"])
+        io.out.write(f"{row['name']:<22} {who}  {row['description']}\n")
+        if args.name:
+            io.out.write(f"  source {row['source']}\n")
+            for m in row["members"]:
+                io.out.write(f"  {m['suffix']:<10} {m['profile']:<12} {printable(m['instructions'])}\n")
+    return EXIT_OK
+
+
+def cmd_stop_session(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix stop-session NAME --confirm yes-tmux-stop``: every unfinished job with an agent in
+    tmux session NAME is stopped the way ``stop JOB`` stops one (through its hosts first)."""
+    from ..dispatch.tmux_model import check_session
+
+    name = check_session(args.name, "NAME")
+    socket = args.socket or default_socket()
+    dispatcher = dispatcher_of(args)
+    jobs, _problems = dispatcher.jobs.list_jobs()
+    held = [
+        job for job in jobs
+        if job.stopped_at is None and job.dismissed_at is None
+        and any(a.socket == socket and (a.target or "").startswith(f"{name}:") for a in job.agents)
+    ]  # fmt: skip
+    if not held:
+        io.err.write(f"pi-matrix: error: no job has agents in tmux session {name!r} on socket {socket!r}\n")
+        return EXIT_NOT_FOUND
+    if not confirmed(args, io, f"tmux session {name} ({len(held)} job(s))"):
+        io.out.write(
+            f"would stop {len(held)} job(s) in tmux session {name}: " + ", ".join(j.id for j in held) + "\n"
+        )
+        io.err.write(f"pi-matrix: error: nothing was stopped; add --confirm {STOP_WORD} to stop them\n")
+        return EXIT_USAGE
+    stopped, failed = [], []
+    for job in held:
+        try:
+            dispatcher.stop(job.id)
+            stopped.append(job.id)
+        except PiMatrixError as exc:
+            failed.append(f"{job.id}: {exc}")
+    if args.json:
+        dump_json(io, {"session": name, "socket": socket, "stopped": stopped, "failed": failed})
+    else:
+        io.out.write(f"stopped {len(stopped)} job(s) in tmux session {name}: {', '.join(stopped) or '-'}\n")
+    for line in failed:
+        io.err.write(f"pi-matrix: error: {line}\n")
+    return EXIT_FAILED if failed else EXIT_OK
