@@ -238,3 +238,49 @@ def test_stop_session_previews_without_the_word_then_stops_every_job_of_that_tmu
     assert by_key.returncode == 0, by_key.stderr
     missing = _cli(lab, "stop-session", "no-such-session", "--socket", lab.socket)
     assert missing.returncode == 3 and "no job has agents" in missing.stderr
+
+
+def test_notify_and_the_status_option_reach_the_named_tmux_session_and_tmux_formats_never_run(
+    lab: Lab,  # noqa: F811
+) -> None:
+    subprocess.run(
+        ["tmux", "-L", lab.socket, "new-session", "-d", "-s", "ops", "sleep", "600"], check=True, timeout=10
+    )
+    planted = lab.tmp / "pwned"
+    note = _cli(lab, "notify", "ops", "--socket", lab.socket, "--", f"build done #(touch {planted})")
+    assert note.returncode == 0, note.stderr
+    assert not planted.exists()
+    assert _cli(lab, "set-status", "ops", "build", "green", "--socket", lab.socket).returncode == 0
+    shown = subprocess.run(
+        ["tmux", "-L", lab.socket, "show-options", "-t", "=ops:", "@pi_build"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert shown.stdout.strip() == "@pi_build green"
+    assert _cli(lab, "set-status", "ops", "build", "--socket", lab.socket).returncode == 0
+    gone = subprocess.run(
+        ["tmux", "-L", lab.socket, "show-options", "-t", "=ops:", "@pi_build"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert gone.returncode != 0
+    bad = _cli(lab, "set-status", "ops", "no spaces", "x", "--socket", lab.socket)
+    assert bad.returncode == 2 and "KEY" in bad.stderr
+    control = _cli(lab, "notify", "ops", "--socket", lab.socket, "--", "a\x1b[2Jb")
+    assert control.returncode == 2 and "TEXT" in control.stderr
+
+
+def test_the_pi_tool_notifies_and_sets_and_clears_a_status(mlab: tuple[Lab, FakeLLM, Scripted]) -> None:  # noqa: F811
+    at, llm, script = mlab
+    subprocess.run(
+        ["tmux", "-L", at.socket, "new-session", "-d", "-s", "ops", "sleep", "600"], check=True, timeout=10
+    )
+    script.steps = [
+        tool(action="notify", sessionName="ops", message="hello"),
+        tool(action="set_status", sessionName="ops", key="phase", value="review"),
+        tool(action="clear_status", sessionName="ops", key="phase"),
+        lambda _r: Reply(text="done"),
+    ]
+    done = run_print_master(at, "Tell the ops session.")
+    assert done.returncode == 0, done.stdout + done.stderr
+    notified, set_one, cleared = (last_tool_result(r) for r in llm.requests[1:4])
+    assert "notified session ops" in notified
+    assert "set @pi_phase" in set_one and "cleared @pi_phase" in cleared

@@ -34,6 +34,9 @@ const ACTIONS = [
   "list_templates",
   "show_template",
   "stop_session",
+  "notify",
+  "set_status",
+  "clear_status",
 ] as const;
 
 type Cli = { code: number; out: string; err: string };
@@ -194,6 +197,12 @@ export function installMaster(pi: any): void {
         }
         return text(call(["stop-session", name, "--confirm", STOP_WORD, "--json"], cwd));
       }
+      case "notify":
+        return text(call(["notify", need(params, "sessionName", "workspaceName"), "--", need(params, "message", "text")], cwd));
+      case "set_status":
+        return text(call(["set-status", need(params, "sessionName", "workspaceName"), need(params, "key"), need(params, "value")], cwd));
+      case "clear_status":
+        return text(call(["set-status", need(params, "sessionName", "workspaceName"), need(params, "key")], cwd));
       case "list_templates":
         return text(call(["templates", "--json"], cwd));
       case "show_template":
@@ -226,7 +235,8 @@ export function installMaster(pi: any): void {
       "launchKey, force, workspaceName, dryRun), job_status (jobId), list_jobs, send_followup (jobId, text, " +
       `optional agent), dismiss (jobId), stop_job (jobId; previews unless confirm is "${STOP_WORD}"), ` +
       "set_variable (jobId, name, value), list_variables (jobId), list_templates, " +
-      `show_template (templateName), stop_session (sessionName; previews unless confirm is "${STOP_WORD}"). ` +
+      `show_template (templateName), stop_session (sessionName; previews unless confirm is "${STOP_WORD}"), ` +
+      "notify (sessionName, message), set_status (sessionName, key, value), clear_status (sessionName, key). " +
       "snake_case names (job_id, goal_id, dry_run, team, deadline) are accepted too.",
     promptSnippet: "Launch and manage worker agents (pi-matrix dispatcher)",
     parameters: Type.Object({
@@ -255,7 +265,9 @@ export function installMaster(pi: any): void {
       name: Type.Optional(Type.String({ description: "set_variable: the variable (1-80 of A-Z a-z 0-9 _ . -)" })),
       value: Type.Optional(Type.String({ description: "set_variable: its value" })),
       templateName: Type.Optional(Type.String({ description: "show_template: the team template" })),
-      sessionName: Type.Optional(Type.String({ description: "stop_session: the tmux session (a workspaceName)" })),
+      sessionName: Type.Optional(Type.String({ description: "stop_session, notify, set_status: the tmux session" })),
+      message: Type.Optional(Type.String({ description: "notify: one printable line" })),
+      key: Type.Optional(Type.String({ description: "set_status, clear_status: the status key (@pi_<key>)" })),
     }),
     execute,
   });

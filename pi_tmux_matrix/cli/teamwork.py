@@ -13,6 +13,7 @@ from .base import STOP_WORD, confirmed, printable
 from .dispatch import ENV_SOCKET, default_socket, dispatcher_of, dump_json
 
 if TYPE_CHECKING:
+    from ..dispatch.tmux import TmuxServer
     from .base import Io
 
 __all__ = ["register"]
@@ -44,6 +45,24 @@ def register(sub: Any, epilog: str) -> None:
     )
     stop_session.add_argument("--json", action="store_true")
     stop_session.set_defaults(handler=cmd_stop_session)
+
+    notify = sub.add_parser(
+        "notify", help="show a one-line message to the clients of a tmux session (tmux display-message)",
+        usage="pi-matrix notify SESSION [--socket S] -- TEXT...", **common,
+    )  # fmt: skip
+    notify.add_argument("session", metavar="SESSION")
+    notify.add_argument("--socket", metavar="S", help=f"tmux -L socket (default: ${ENV_SOCKET} or pi-matrix)")
+    notify.set_defaults(handler=cmd_notify, takes_argv=True)
+
+    status = sub.add_parser(
+        "set-status", help="set (or with no VALUE clear) a tmux session's @pi_KEY option for its status line",
+        usage="pi-matrix set-status SESSION KEY [VALUE] [--socket S]", **common,
+    )  # fmt: skip
+    status.add_argument("session", metavar="SESSION")
+    status.add_argument("key", metavar="KEY", help="1-64 of A-Z a-z 0-9 _ - (the option is @pi_KEY)")
+    status.add_argument("value", nargs="?", metavar="VALUE", help="one printable line; none clears it")
+    status.add_argument("--socket", metavar="S", help=f"tmux -L socket (default: ${ENV_SOCKET} or pi-matrix)")
+    status.set_defaults(handler=cmd_set_status)
 
     templates = sub.add_parser(
         "templates", help="team templates: list them, or show one with its members' instructions", **common
@@ -147,3 +166,26 @@ def cmd_stop_session(args: argparse.Namespace, io: Io) -> int:
     for line in failed:
         io.err.write(f"pi-matrix: error: {line}\n")
     return EXIT_FAILED if failed else EXIT_OK
+
+
+def _server(args: argparse.Namespace) -> TmuxServer:
+    from ..dispatch.tmux import TmuxServer
+
+    return TmuxServer(validate_id(args.socket or default_socket(), "--socket"))
+
+
+def cmd_notify(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix notify SESSION -- TEXT``: the origin's ``notify``."""
+    text = " ".join(args.argv)
+    _server(args).notify(args.session, text)
+    io.out.write(f"notified session {args.session}\n")
+    return EXIT_OK
+
+
+def cmd_set_status(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix set-status SESSION KEY [VALUE]``: the origin's ``set_status`` / ``clear_status``."""
+    _server(args).set_status(args.session, args.key, args.value)
+    io.out.write(
+        f"{'set' if args.value is not None else 'cleared'} @pi_{args.key} on session {args.session}\n"
+    )
+    return EXIT_OK

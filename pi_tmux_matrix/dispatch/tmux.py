@@ -43,6 +43,7 @@ from .tmux_model import (
     Pane,
     check_argv,
     check_cwd,
+    check_notice,
     check_pane_id,
     check_session,
     check_tags,
@@ -50,6 +51,7 @@ from .tmux_model import (
     env_args,
     literal,
     parse_row,
+    status_option,
     word,
 )
 
@@ -368,6 +370,27 @@ class TmuxServer:
         result = self._run("pipe-pane", "-O", "-t", check_pane_id(pane_id), line)
         if result.returncode != 0:
             raise self._failed(result, f"pipe-pane of {pane_id}")
+
+    # --- the origin's notices: a message to a session, a status user option --------------------
+    def notify(self, session: str, text: str, *, duration_ms: int = 5000) -> None:
+        """``display-message`` to the clients of ``session`` (none attached: shown to no one). The
+        text is shown as written: tmux formats in it (``#{…}``, ``#(cmd)``) are escaped, never run."""
+        check_session(session, "session")
+        shown = check_notice(text).replace("#", "##")
+        result = self._run("display-message", "-d", str(duration_ms), "-t", f"={session}:", "--", shown)
+        if result.returncode != 0:
+            raise self._failed(result, f"display-message to session {session!r}")
+
+    def set_status(self, session: str, key: str, value: str | None) -> None:
+        """Set (or with None unset) the session's user option ``@pi_<key>`` for a status line."""
+        check_session(session, "session")
+        name = status_option(key)
+        args = ["set-option", "-u", "-t", f"={session}:", name] if value is None else [
+            "set-option", "-t", f"={session}:", name, check_notice(value)
+        ]  # fmt: skip
+        result = self._run(*args)
+        if result.returncode != 0:
+            raise self._failed(result, f"set-option {name} on session {session!r}")
 
     def kill_pane(self, pane_id: str) -> bool:
         """Kill the pane; True if it was there, False if the server answers without it."""

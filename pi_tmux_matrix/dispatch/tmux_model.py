@@ -211,3 +211,23 @@ def parse_row(line: str) -> tuple[Pane, tuple[str, ...]]:
         dead=dead == "1",
     )
     return pane, names
+
+
+_STATUS_KEY: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+MAX_NOTICE: Final = 1024
+
+
+def status_option(key: str) -> str:
+    """The session user option a status key names: ``@pi_<key>``."""
+    if not isinstance(key, str) or not _STATUS_KEY.fullmatch(key):
+        raise ContractError("KEY", f"{str(key)[:70]!r} is not a status key", "use 1-64 of A-Z a-z 0-9 _ -")
+    return f"@pi_{key}"
+
+
+def check_notice(text: str) -> str:
+    """A one-line, printable text of at most 1 KiB (a notice or a status value)."""
+    if not isinstance(text, str) or not text.strip() or len(text) > MAX_NOTICE or _CONTROL.search(text):
+        raise ContractError(
+            "TEXT", "empty, over 1024 characters, or holds control characters", "give one printable line"
+        )
+    return text
