@@ -20,7 +20,13 @@ from ..errors import PiMatrixError
 from ..identity import validate_id
 from ..matrix.mailbox import EventLog
 
-__all__ = ["BRIDGE_KINDS", "BRIDGE_REPORT_S", "ENVELOPE_TEXT_CHARS", "BridgeReports", "SessionReport"]
+__all__ = [
+    "BRIDGE_KINDS",
+    "BRIDGE_REPORT_S",
+    "ENVELOPE_TEXT_CHARS",
+    "BridgeReports",
+    "SessionReport",
+]
 
 log = logging.getLogger(__name__)
 BRIDGE_REPORT_S: Final = 20  # how long a pi child with the bridge gets to report in
@@ -88,6 +94,14 @@ class BridgeReports:
             # pi took the message: only now may the master mark the handoff delivered.
             self.handoffs_accepted.add(report["id"])
             events.write("handoff_accepted", id=report["id"][:200])
+        elif report.get("event") == "notice_taken" and isinstance(report.get("id"), str):
+            # An owner's prompt or steer is in pi's conversation: delivered, not only posted.
+            taken_kind = report.get("kind")
+            events.write(
+                "notice_taken",
+                id=report["id"][:64],
+                kind=taken_kind[:32] if isinstance(taken_kind, str) else None,
+            )
         elif report.get("event") in ("tool_blocked", "envelope_refused"):
             _envelope_report(report, events)
         else:
