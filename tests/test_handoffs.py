@@ -8,10 +8,12 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from fake_llm import FakeLLM
+import pytest
+from fake_llm import FakeLLM, Reply
 from test_dispatch import Lab, wait_for
 from test_master_tool import Scripted, master_window, mlab  # noqa: F401  (the fixture)
 from test_real_pi import pilab  # noqa: F401  (the fixture)
@@ -66,11 +68,13 @@ def idle_pi_master(lab: Lab, llm: FakeLLM) -> Entry:
     return entry
 
 
-def finish_workers_while_held(lab: Lab, master: Entry, count: int) -> list[str]:
-    """``count`` workers end while the master's host is stopped, so their handoffs are pending
-    together when it runs again (as after a burst of workers ending in one second)."""
-    assert master.process is not None
-    procs.send_signal(master.process, signal.SIGSTOP)
+def finish_workers_while_held(lab: Lab, master: Entry, count: int, *, kill: bool = False) -> list[str]:
+    """``count`` workers end while the master's pi is stopped: their handoffs are all posted to
+    its bridge, which finds them together when pi runs again (as after a burst of workers ending
+    at once), or (``kill``) which dies with its host before taking any. The host itself cannot
+    be held: tmux continues a stopped pane process at once."""
+    assert master.process is not None and master.child_process is not None
+    procs.send_signal(master.child_process, signal.SIGSTOP)
     keys: list[str] = []
     try:
         for n in range(count):
@@ -78,29 +82,117 @@ def finish_workers_while_held(lab: Lab, master: Entry, count: int) -> list[str]:
             keys += [a.key for a in fired.job.agents]
         for key in keys:
             wait_for(f"{key}'s handoff recorded", lambda k=key: lab.store.get(k).undelivered, timeout=60)
+        wait_for("every handoff posted to pi", lambda: set(keys) <= set(handoff_order(lab)), timeout=30)
     finally:
-        procs.send_signal(master.process, signal.SIGCONT)
+        if kill:
+            for identity in (master.child_process, master.process):
+                procs.send_signal(identity, signal.SIGKILL)
+        procs.send_signal(master.child_process, signal.SIGCONT)
+    if kill:
+        for identity in (master.child_process, master.process):
+            assert procs.wait_for_exit(identity, 10)
     return keys
 
 
-def test_two_handoffs_at_an_idle_master_both_reach_the_conversation_once_in_order(mlab: MLab) -> None:  # noqa: F811
-    lab, llm, _script = mlab
-    master = idle_pi_master(lab, llm)
-    keys = finish_workers_while_held(lab, master, 2)
+def assert_each_once_in_order(lab: Lab, llm: FakeLLM, keys: list[str]) -> None:
+    """Every key's handoff in the model's latest conversation exactly once, in posting order."""
 
-    def both_seen() -> bool:
+    def all_seen() -> bool:
         said = "\n".join(last_conversation(llm))
         return all(key in said for key in keys)
 
-    wait_for("both handoffs in the model's conversation", both_seen, timeout=30,
+    wait_for("every handoff in the model's conversation", all_seen, timeout=60,
              detail=lambda: "\n---\n".join(last_conversation(llm)))  # fmt: skip
     for key in keys:
-        wait_for(f"{key} delivered", lambda k=key: lab.store.get(k).status is Status.CLOSED, timeout=30)
+        wait_for(f"{key} delivered", lambda k=key: delivered(lab, k), timeout=30)
     conversation = last_conversation(llm)
     for key in keys:
         assert sum(key in text for text in conversation) == 1, f"{key} not exactly once"
-    at = [next(i for i, text in enumerate(conversation) if key in text) for key in handoff_order(lab)]
+    order = [key for key in handoff_order(lab) if key in keys]
+    at = [next(i for i, text in enumerate(conversation) if key in text) for key in order]
     assert at == sorted(at), "the handoffs reached the conversation in the order they were posted"
+
+
+def delivered(lab: Lab, key: str) -> bool:
+    """Marked delivered: its record closed (and, once closed, a reconcile may remove it)."""
+    entry = lab.store.find(key)
+    return entry is None or entry.status is Status.CLOSED
+
+
+def allow_agents(lab: Lab, count: int) -> None:
+    settings = json.loads((lab.agent_dir / "settings.json").read_text())
+    settings["processMatrix"]["maxConcurrentAgents"] = count
+    (lab.agent_dir / "settings.json").write_text(json.dumps(settings))
+
+
+@pytest.mark.parametrize("count", [2, 10])
+def test_handoffs_arriving_together_at_an_idle_master_each_reach_the_conversation_once_in_order(
+    mlab: MLab,  # noqa: F811
+    count: int,
+) -> None:
+    lab, llm, _script = mlab
+    allow_agents(lab, count + 1)
+    master = idle_pi_master(lab, llm)
+    keys = finish_workers_while_held(lab, master, count)
+    assert_each_once_in_order(lab, llm, keys)
+
+
+def test_three_handoffs_while_the_master_is_mid_turn_wait_in_pis_queue_and_are_marked_only_once_taken(
+    mlab: MLab,  # noqa: F811
+) -> None:
+    lab, llm, script = mlab
+    master = idle_pi_master(lab, llm)
+    asked = len(llm.requests)
+    script.steps = [lambda _r: Reply(text="Still thinking.", delay_s=8.0)]
+    send(lab, master.key, "--prompt", "Think for a while.")
+    wait_for("the slow turn to start", lambda: len(llm.requests) > asked, timeout=30)
+    keys: list[str] = []
+    for n in range(3):
+        keys += [a.key for a in lab.fire(f"Say hello {n}.", profile="standin-print").job.agents]
+    wait_for("the three handoffs posted to pi", lambda: len(set(handoff_order(lab))) == 3, timeout=30)
+    time.sleep(2.5)  # more than two heartbeats: time enough to be marked, were anything acknowledged
+    assert len(llm.requests) == asked + 1, "the slow turn is still running"
+    # In pi's follow-up queue, not yet in its conversation: not delivered.
+    assert all(lab.store.get(key).undelivered for key in keys)
+    assert_each_once_in_order(lab, llm, keys)
+
+
+def test_a_master_killed_with_three_pending_handoffs_delivers_all_three_once_after_a_restart(
+    mlab: MLab,  # noqa: F811
+) -> None:
+    lab, llm, _script = mlab
+    master = idle_pi_master(lab, llm)
+    session_file = Path(master.identity.session_file or "")
+    keys = finish_workers_while_held(lab, master, 3, kill=True)
+
+    for attempt in range(2):  # a new master of the session; then, all delivered, one more
+        master_window(lab, "--session", str(session_file))
+        back = wait_for(
+            "the new master",
+            lambda m=master: (e := lab.store.find("master-boss")) and e.pid != m.pid and e.child_pid and e,
+            timeout=30,
+        )
+        lab.started.extend(i for i in (back.process, back.child_process) if i is not None)
+        assert_each_once_in_order(lab, llm, keys)
+        if attempt == 0:
+            asked = len(llm.requests)
+            for identity in (back.child_process, back.process):
+                assert identity is not None
+                procs.send_signal(identity, signal.SIGKILL)
+                assert procs.wait_for_exit(identity, 10)
+            master = back
+    time.sleep(2.5)  # heartbeats of the last master: nothing is delivered again
+    assert len(llm.requests) == asked, "nothing new was sent to the model"
+    assert len(_session_handoffs(session_file)) == 3
+
+
+def _session_handoffs(session_file: Path) -> list[str]:
+    found = []
+    for line in session_file.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("type") == "custom_message" and record.get("customType") == "pi-matrix-handoff":
+            found.append(str(record.get("content")))
+    return found
 
 
 def send(lab: Lab, key: str, *words: str) -> None:
@@ -109,8 +201,10 @@ def send(lab: Lab, key: str, *words: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_two_prompts_in_a_row_to_an_idle_pi_worker_both_reach_the_model_once_in_order(
+@pytest.mark.parametrize("count", [2, 5])
+def test_prompts_sent_in_a_row_to_an_idle_pi_worker_each_reach_the_model_once_in_order(
     pilab: tuple[Lab, FakeLLM],  # noqa: F811
+    count: int,
 ) -> None:
     lab, llm = pilab
     lab.start_master()
@@ -119,31 +213,37 @@ def test_two_prompts_in_a_row_to_an_idle_pi_worker_both_reach_the_model_once_in_
     entry = lab.worker(agent.key)
     wait_for("the DONE result", lambda: lab.result(fired.job.id, agent.agent_id), timeout=60)
     assert entry.child_process is not None
-    # pi is held while both arrive, so its bridge finds them together (two sends in one poll).
+    # pi is held while they arrive, so its bridge finds them together (several sends in one poll).
+    words = [f"follow-up WORD{n}X" for n in range(count)]
     procs.send_signal(entry.child_process, signal.SIGSTOP)
     try:
-        send(lab, agent.key, "--prompt", "first follow-up ALPHA")
-        send(lab, agent.key, "--prompt", "second follow-up BRAVO")
-        wait_for("both notices", lambda: len(notices_posted(lab, agent.key, "prompt")) == 2, timeout=20)
+        for word in words:
+            send(lab, agent.key, "--prompt", word)
+        wait_for("the notices", lambda: len(notices_posted(lab, agent.key, "prompt")) == count, timeout=20)
     finally:
         procs.send_signal(entry.child_process, signal.SIGCONT)
 
-    def both_seen() -> bool:
+    def all_seen() -> bool:
         said = "\n".join(last_conversation(llm))
-        return "ALPHA" in said and "BRAVO" in said
+        return all(word in said for word in words)
 
-    wait_for("both prompts in the model's conversation", both_seen, timeout=30,
+    wait_for("every prompt in the model's conversation", all_seen, timeout=30,
              detail=lambda: "\n---\n".join(last_conversation(llm)))  # fmt: skip
     conversation = last_conversation(llm)
-    alpha = [i for i, text in enumerate(conversation) if "ALPHA" in text]
-    bravo = [i for i, text in enumerate(conversation) if "BRAVO" in text]
-    assert len(alpha) == 1 and len(bravo) == 1 and alpha[0] < bravo[0]
+    at = []
+    for word in words:
+        found = [i for i, text in enumerate(conversation) if word in text]
+        assert len(found) == 1, f"{word} not exactly once"
+        at += found
+    assert at == sorted(at), "in the order they were sent"
     taken = wait_for(
         "pi's acknowledgements",
-        lambda: len(e := [x for x in _events(lab, agent.key) if x.get("event") == "notice_taken"]) >= 2 and e,
+        lambda: (
+            len(e := [x for x in _events(lab, agent.key) if x.get("event") == "notice_taken"]) >= count and e
+        ),
         timeout=20,
     )
-    assert [t["kind"] for t in taken] == ["prompt", "prompt"]
+    assert [t["kind"] for t in taken] == ["prompt"] * count
 
 
 def _events(lab: Lab, key: str) -> list[dict[str, Any]]:
