@@ -19,6 +19,7 @@ from test_master_tool import Scripted, master_window, mlab  # noqa: F401  (the f
 from test_real_pi import pilab  # noqa: F401  (the fixture)
 
 from pi_tmux_matrix import procs
+from pi_tmux_matrix.cli.master import handoff_message
 from pi_tmux_matrix.matrix.model import Entry, Status
 
 MLab = tuple[Lab, FakeLLM, Scripted]
@@ -251,3 +252,27 @@ def _events(lab: Lab, key: str) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_a_pi_workers_handoff_carries_its_last_answer_from_the_result_artifact(
+    pilab: tuple[Lab, FakeLLM],  # noqa: F811
+) -> None:
+    lab, _llm = pilab
+    profile_dir = lab.agent_dir / "launch_profiles"
+    profile_dir.mkdir(exist_ok=True)
+    (profile_dir / "pi-print.toml").write_text(
+        '[profile]\nname = "pi-print"\nprovider = "pi"\ncommand = ["pi"]\nmode = "print"\ndeadline = 120\n'
+    )
+    lab.start_master()
+    fired = lab.fire("Say hello.", profile="pi-print")
+    (agent,) = fired.job.agents
+    wait_for("the entry to end", lambda: lab.store.get(agent.key).exit is not None, timeout=60)
+    (handoff,) = lab.store.get(agent.key).handoffs
+    artifact = json.loads(Path(str(handoff.result_pointer)).read_text())
+    assert "Done with the task." in artifact["text"]
+    # The worker's answer, not "exited code 0": what the master reads is the result itself.
+    assert handoff.summary == artifact["text"].strip()
+    assert handoff.outcome.value == "exited" and handoff.code == 0
+    text = handoff_message(lab.store.get(agent.key), handoff)
+    for part in (agent.key, agent.agent_id, "Done with the task.", str(handoff.result_pointer)):
+        assert part in text
