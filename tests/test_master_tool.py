@@ -192,17 +192,13 @@ def master_window(lab: Lab, *pi_args: str) -> None:
 
 
 def _handoff_lines(session_file: Path) -> list[str]:
+    """The handoffs in the master's session: custom messages of the bridge's handoff type."""
     found = []
     for line in session_file.read_text().splitlines():
         record = json.loads(line)
-        message = record.get("message") or {}
-        content = message.get("content")
+        content = record.get("content")
         text = content if isinstance(content, str) else json.dumps(content)
-        if (
-            record.get("type") == "message"
-            and message.get("role") == "user"
-            and "[pi-matrix handoff]" in text
-        ):
+        if record.get("type") == "custom_message" and record.get("customType") == "pi-matrix-handoff":
             found.append(text)
     return found
 

@@ -4,7 +4,9 @@
 // PI_MATRIX_STATE_DIR set) it:
 //   * reports pi's real session id and session file to the host (an "identity" message);
 //   * delivers the host's notices (PI_MATRIX_MAILBOX, one JSON object per line) into the session:
-//     steer/prompt as user messages (steering while busy), abort, and shutdown (a clean exit);
+//     steer/prompt as user messages (a steer or follow-up while busy, one at a time while idle;
+//     see delivery.ts), each acknowledged once pi's conversation has it; abort, and shutdown (a
+//     clean exit);
 //   * writes a result artifact on every agent_end (final assistant text, stop reason, usage) and
 //     tells the host where it is (a "result" message);
 //   * makes SIGTERM graceful (pi's shutdown hooks run).
@@ -13,6 +15,7 @@
 import * as fs from "node:fs";
 import * as path from "node:path";
 import { KEY, MAILBOX, STATE, atomicWrite, lastAssistant, post, textOf, underHost } from "./common.ts";
+import { Delivery, type Item, type Mode } from "./delivery.ts";
 import { installEnvelope } from "./envelope.ts";
 import { installFork } from "./fork.ts";
 import { handoffDelivery, installMaster } from "./master.ts";
@@ -23,13 +26,37 @@ export default function (pi: any) {
   // The envelope: a worker's under its host; a fork child's (private roots only) without one.
   installEnvelope(pi);
   if (!underHost()) return;
-  installMaster(pi);
   let ctxRef: any = null;
   let offset = 0;
   let runs = 0;
   let timer: ReturnType<typeof setInterval> | null = null;
+  // A ctx gone stale (pi shutting down, a session replaced) throws: then nothing is sent.
+  const delivery = new Delivery(() => {
+    try {
+      return Boolean(ctxRef && ctxRef.isIdle());
+    } catch {
+      return false;
+    }
+  });
+  installMaster(pi, delivery);
 
-  function deliver(notice: any): void {
+  /** An owner's steer or prompt: a user message (the owner's own words), acknowledged to the
+   * host once pi's conversation has it. */
+  function userMessage(kind: string, text: string, id: string): Item {
+    const body = `[pi-matrix ${kind}] ${text}`;
+    return {
+      id,
+      kind,
+      send(mode: Mode): void {
+        if (mode === "idle") pi.sendUserMessage(body);
+        else pi.sendUserMessage(body, { deliverAs: mode });
+      },
+      matches: (message: any) => Boolean(message) && message.role === "user" && textOf(message) === body,
+      taken: () => post("bridge", JSON.stringify({ event: "notice_taken", id, kind })),
+    };
+  }
+
+  function deliver(notice: any, at: number): void {
     const kind = String(notice.type || "");
     const text = String(notice.message || "");
     const ctx = ctxRef;
@@ -38,13 +65,13 @@ export default function (pi: any) {
       if (kind === "shutdown") {
         ctx.shutdown();
       } else if (kind === "abort") {
+        delivery.keptByPi();
         if (typeof ctx.abort === "function") ctx.abort();
       } else if (kind === "handoff") {
         if (handoffDelivery.deliver !== null) handoffDelivery.deliver(notice);
       } else if (kind === "steer" || kind === "prompt") {
-        const body = `[pi-matrix ${kind}] ${text}`;
-        if (ctx.isIdle()) pi.sendUserMessage(body);
-        else pi.sendUserMessage(body, { deliverAs: kind === "steer" ? "steer" : "followUp" });
+        // The host's id for the notice; a host without ids: the notice's place in the file.
+        delivery.add(userMessage(kind, text, String(notice.id || `${kind}@${at}`)));
       }
     } catch {
       // A notice that cannot be delivered now is not retried: the host recorded it.
@@ -67,17 +94,24 @@ export default function (pi: any) {
       const chunk = buffer.subarray(0, read).toString("utf8");
       const end = chunk.lastIndexOf("\n");
       if (end < 0) return;
+      let at = offset;
       offset += Buffer.byteLength(chunk.slice(0, end + 1));
       for (const line of chunk.slice(0, end).split("\n")) {
         try {
-          deliver(JSON.parse(line));
+          deliver(JSON.parse(line), at);
         } catch {
           // a torn or foreign line: skipped
         }
+        at += Buffer.byteLength(line) + 1;
       }
     } finally {
       fs.closeSync(fd);
     }
+  }
+
+  function tick(): void {
+    poll();
+    delivery.pump();
   }
 
   pi.on("session_start", async (_event: any, ctx: any) => {
@@ -91,14 +125,28 @@ export default function (pi: any) {
     const sm = ctx.sessionManager;
     post("identity", JSON.stringify({ sessionId: sm.getSessionId(), sessionFile: sm.getSessionFile() || null }));
     if (timer === null) {
-      timer = setInterval(poll, 250);
+      timer = setInterval(tick, 250);
       if (typeof timer.unref === "function") timer.unref();
     }
+  });
+
+  // What pi's conversation took: the acknowledgement of a delivered notice or handoff.
+  pi.on("message_end", async (event: any) => {
+    delivery.seen(event && event.message);
+  });
+  pi.on("session_before_compact", async () => {
+    delivery.setCompacting(true);
+  });
+  pi.on("session_compact", async () => {
+    delivery.setCompacting(false);
   });
 
   pi.on("agent_end", async (event: any, ctx: any) => {
     runs += 1;
     const last = lastAssistant(event);
+    // A run that failed leaves pi's follow-up queue in place for its next run.
+    if (last && last.stopReason === "error") delivery.keptByPi();
+    setTimeout(() => delivery.pump(), 0);
     const artifact = {
       key: KEY,
       run: runs,
@@ -121,6 +169,7 @@ export default function (pi: any) {
   });
 
   pi.on("session_shutdown", async () => {
+    delivery.close();
     post("bridge", JSON.stringify({ event: "session_shutdown" }));
     if (timer !== null) clearInterval(timer);
     timer = null;

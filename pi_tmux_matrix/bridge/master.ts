@@ -7,19 +7,24 @@
 //     session id the host is registered under (pi's own session id), never a guess from the
 //     process tree;
 //   * terminal handoffs: the host posts each undelivered handoff as a "handoff" notice; it is
-//     injected once as a labelled, untrusted user message (a turn when idle, a follow-up when
-//     busy) and acknowledged to the host only after pi accepted it. A handoff addressed to
-//     another session (after /new, /resume, /fork) is left for that session;
+//     injected once as a custom message of type "pi-matrix-handoff" carrying the handoff's id
+//     (a turn when idle, one at a time; pi's follow-up queue when busy: delivery.ts) and
+//     acknowledged to the host only once pi's conversation has it. A handoff already in the
+//     session (a restart after pi took it, before the host heard) is acknowledged, not injected
+//     again. A handoff addressed to another session (after /new, /resume, /fork) is left for
+//     that session;
 //   * at session start in interactive pi, the foreign orphans of seed 000 are asked about in pi's
 //     own UI (resume / adopt / clean up / leave) and the answer is carried out through the CLI;
 //     without a UI (print, rpc) they are only reported.
 import { spawnSync } from "node:child_process";
 import { Type } from "typebox";
 import { STATE, env, post, role } from "./common.ts";
+import type { Delivery, Mode } from "./delivery.ts";
 
 const MAX_RESULT = 6000; // characters of CLI output returned to the model
 const CLI_TIMEOUT_MS = 120_000;
 const STOP_WORD = "yes-tmux-stop";
+export const HANDOFF_TYPE = "pi-matrix-handoff"; // the custom message type of a worker's handoff
 const ACTIONS = [
   "status",
   "list_profiles",
@@ -134,11 +139,25 @@ function fireArgs(params: any): string[] {
   return args;
 }
 
-export function installMaster(pi: any): void {
+/** The handoff ids already in a session's conversation (a previous pi of it took them). */
+function handoffsIn(ctx: any): Set<string> {
+  const ids = new Set<string>();
+  try {
+    for (const entry of ctx?.sessionManager?.getEntries?.() || []) {
+      const id = entry?.type === "custom_message" && entry.customType === HANDOFF_TYPE && entry.details?.id;
+      if (typeof id === "string") ids.add(id);
+    }
+  } catch {
+    // an unreadable session: nothing is known to be there
+  }
+  return ids;
+}
+
+export function installMaster(pi: any, delivery: Delivery): void {
   if (role() !== "master") return;
   const hostPid = env.PI_MATRIX_HOST_PID || "";
   let ctxRef: any = null;
-  const injected = new Set<string>();
+  let taken = new Set<string>(); // handoff ids pi's conversation has
 
   function sessionId(): string {
     // The host follows pi's session id (a switch re-registers it), so this is its registration.
@@ -274,6 +293,7 @@ export function installMaster(pi: any): void {
 
   pi.on("session_start", async (_event: any, ctx: any) => {
     ctxRef = ctx;
+    taken = handoffsIn(ctx);
     // Not awaited: the questions need pi's UI running, which starts after session_start.
     setTimeout(() => {
       askAboutOrphans(ctx).catch(() => undefined);
@@ -320,7 +340,11 @@ export function installMaster(pi: any): void {
     }
   }
 
-  /** A "handoff" notice from the host: inject once, then acknowledge. */
+  function accepted(id: string): void {
+    post("bridge", JSON.stringify({ event: "handoff_accepted", id, sessionId: sessionId() }));
+  }
+
+  /** A "handoff" notice from the host: into the conversation once, then acknowledged. */
   function deliverHandoff(notice: any): void {
     let handoff: any;
     try {
@@ -329,16 +353,28 @@ export function installMaster(pi: any): void {
       return;
     }
     const id = String(handoff?.id || "");
-    const ctx = ctxRef;
-    if (!id || !ctx) return; // not ready: the host posts it again
+    if (!id || !ctxRef) return; // not ready: the host posts it again
     if (handoff.parentSessionId && handoff.parentSessionId !== sessionId()) return; // another session's
-    if (!injected.has(id)) {
-      const body = String(handoff.text || "");
-      if (ctx.isIdle()) pi.sendUserMessage(body);
-      else pi.sendUserMessage(body, { deliverAs: "followUp" });
-      injected.add(id);
+    if (taken.has(id)) {
+      accepted(id); // in the conversation already: the host's acknowledgement was lost or late
+      return;
     }
-    post("bridge", JSON.stringify({ event: "handoff_accepted", id, sessionId: sessionId() }));
+    const content = String(handoff.text || "");
+    delivery.add({
+      id,
+      kind: "handoff",
+      send(mode: Mode): void {
+        const message = { customType: HANDOFF_TYPE, content, display: true, details: { id } };
+        // Idle: a custom message starts its turn at once (no await before pi's agent takes it).
+        pi.sendMessage(message, mode === "idle" ? { triggerTurn: true } : { deliverAs: "followUp" });
+      },
+      matches: (m: any) =>
+        Boolean(m) && m.role === "custom" && m.customType === HANDOFF_TYPE && m.details?.id === id,
+      taken(): void {
+        taken.add(id);
+        accepted(id);
+      },
+    });
   }
 
   handoffDelivery.deliver = deliverHandoff;

@@ -7,7 +7,8 @@ Three small append-or-drop channels beside the entries (never the entries themse
   an identity-checked SIGUSR2; the host also looks on every watcher tick, so a lost wake-up only
   costs latency.
 * ``mailbox/<key>.agent.jsonl``: notices for the agent itself (``PI_MATRIX_MAILBOX``), read by
-  the pi bridge extension and delivered into the session as steering messages.
+  the pi bridge extension and delivered into the session (each has an id the bridge
+  acknowledges once pi's conversation has it: a ``notice_taken`` event).
 * ``events/<key>.jsonl``: what the host saw (rpc events, steer notices, exits), for ``show``.
 """
 
@@ -189,9 +190,13 @@ class AgentNotices:
         self.store.side_dir("mailbox")
         return self.path
 
-    def notify(self, kind: str, text: str) -> None:
+    def notify(self, kind: str, text: str) -> str:
+        """Append one notice; returns its id (the bridge acknowledges it by this id once pi's
+        conversation has it)."""
         self.ensure()
-        _append_line(self.path, {"type": kind, "message": text, "at": now_ms()})
+        notice_id = secrets.token_hex(8)
+        _append_line(self.path, {"type": kind, "message": text, "at": now_ms(), "id": notice_id})
+        return notice_id
 
 
 class EventLog:

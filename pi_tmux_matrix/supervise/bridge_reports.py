@@ -16,17 +16,26 @@ from typing import Any, Final
 
 import attrs
 
+from .. import strictjson
 from ..errors import PiMatrixError
 from ..identity import validate_id
 from ..matrix.mailbox import EventLog
 
-__all__ = ["BRIDGE_KINDS", "BRIDGE_REPORT_S", "ENVELOPE_TEXT_CHARS", "BridgeReports", "SessionReport"]
+__all__ = [
+    "BRIDGE_KINDS",
+    "BRIDGE_REPORT_S",
+    "ENVELOPE_TEXT_CHARS",
+    "RESULT_TEXT_BYTES",
+    "BridgeReports",
+    "SessionReport",
+]
 
 log = logging.getLogger(__name__)
 BRIDGE_REPORT_S: Final = 20  # how long a pi child with the bridge gets to report in
 ENVELOPE_TEXT_CHARS: Final = 1000  # of a tool_blocked report's tool, path or reason
 # What the pi bridge reports from inside the session (never an owner's command).
 BRIDGE_KINDS: Final = ("identity", "result", "bridge")
+RESULT_TEXT_BYTES: Final = 256 * 1024  # an artifact read for its text (the bridge keeps 16,000 chars)
 
 
 @attrs.frozen
@@ -65,6 +74,19 @@ class BridgeReports:
             BRIDGE_REPORT_S,
         )
 
+    def last_text(self) -> str:
+        """The final assistant text of the latest result artifact ("" without one): what the
+        worker answered, for its handoff's excerpt (only the rpc pipe told the host otherwise)."""
+        if self.result_pointer is None:
+            return ""
+        try:
+            with open(self.result_pointer, "rb") as handle:
+                artifact = strictjson.loads(handle.read(RESULT_TEXT_BYTES + 1), max_bytes=RESULT_TEXT_BYTES)
+        except (OSError, strictjson.StrictJSONError):
+            return ""
+        text = artifact.get("text") if isinstance(artifact, dict) else None
+        return text.strip() if isinstance(text, str) else ""
+
     def receive(self, kind: str, text: str, events: EventLog) -> SessionReport | None:
         """Take one report into ``events``; an identity report comes back for the host to follow."""
         try:
@@ -88,6 +110,14 @@ class BridgeReports:
             # pi took the message: only now may the master mark the handoff delivered.
             self.handoffs_accepted.add(report["id"])
             events.write("handoff_accepted", id=report["id"][:200])
+        elif report.get("event") == "notice_taken" and isinstance(report.get("id"), str):
+            # An owner's prompt or steer is in pi's conversation: delivered, not only posted.
+            taken_kind = report.get("kind")
+            events.write(
+                "notice_taken",
+                id=report["id"][:64],
+                kind=taken_kind[:32] if isinstance(taken_kind, str) else None,
+            )
         elif report.get("event") in ("tool_blocked", "envelope_refused"):
             _envelope_report(report, events)
         else:

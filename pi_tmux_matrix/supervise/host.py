@@ -210,7 +210,7 @@ class AgentHost:
             self.hooks.on_agent_end(self)
         # A worker whose pane or tmux server went away under it did not end its task: resumable.
         lost = self.role is Role.WORKER and self.agent.terminal_lost(returncode)
-        summary = self.agent.rpc.last_message or describe_end(record)
+        summary = self.agent.rpc.last_message or self.reports.last_text() or describe_end(record)
         pointer = self.reports.result_pointer or str(self.events.path)
         self.record.write(stop.end_step(record, now_ms(), summary=summary, result_pointer=pointer, lost=lost))
 
