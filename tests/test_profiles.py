@@ -56,7 +56,13 @@ SHIPPED_PROFILES = [
     "pi-worker",
     "stand-in",
 ]
-SHIPPED_TEAMS = ["impl-review", "stand-in-pair"]
+SHIPPED_TEAMS = [
+    "builder-validator",
+    "full-provider-review",
+    "impl-review",
+    "provider-prompt-smoke",
+    "stand-in-pair",
+]
 HOSTILE_TASKS = [
     "; rm -rf ~",
     "$(id) `id` ${HOME}",
@@ -151,7 +157,7 @@ def test_unknown_names_are_not_found_and_list_the_known_ones(agent_dir: Path) ->
     profiles = load_profiles()
     with pytest.raises(ProfileNotFound, match=r"no launch profile named 'nope'; known: claude, codex"):
         profiles.profile("nope")
-    with pytest.raises(ProfileNotFound, match=r"no team named 'nope'; known: impl-review, stand-in-pair"):
+    with pytest.raises(ProfileNotFound, match="no team named 'nope'; known: " + ", ".join(SHIPPED_TEAMS)):
         profiles.team("nope")
 
 
