@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import struct
 from typing import Final
 
 __all__ = ["DirWatch", "available"]
@@ -17,7 +18,9 @@ IN_MODIFY: Final = 0x00000002
 IN_CLOSE_WRITE: Final = 0x00000008
 IN_MOVED_TO: Final = 0x00000080
 IN_CREATE: Final = 0x00000100
+IN_Q_OVERFLOW: Final = 0x00004000
 IN_NONBLOCK: Final = os.O_NONBLOCK
+_EVENT: Final = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then the name)
 IN_CLOEXEC: Final = os.O_CLOEXEC
 
 
@@ -66,6 +69,25 @@ class DirWatch:
                     return
             except BlockingIOError:
                 return
+
+    def names(self) -> set[str]:
+        """The names of the files the queued events are about (and the queue cleared): the
+        caller re-reads only those. An overflowed queue has lost names: then the set holds
+        the empty name, meaning "look at everything"."""
+        found: set[str] = set()
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return found
+            if not data:
+                return found
+            at = 0
+            while at + _EVENT.size <= len(data):
+                _wd, mask, _cookie, length = _EVENT.unpack_from(data, at)
+                raw = data[at + _EVENT.size : at + _EVENT.size + length]
+                at += _EVENT.size + length
+                found.add("" if mask & IN_Q_OVERFLOW else os.fsdecode(raw.rstrip(b"\0")))
 
     def close(self) -> None:
         os.close(self.fd)

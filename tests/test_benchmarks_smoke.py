@@ -66,3 +66,16 @@ def test_bench_fire_quick_runs(tmp_path: Path) -> None:
     assert "until all are up" in done.stdout
     rows = json.loads((tmp_path / "f.json").read_text())["rows"]
     assert {"figure", "ours", "baseline", "ratio", "goal"} <= set(rows[0])
+
+
+def test_bench_handoff_quick_runs_and_delivers_each_handoff_once(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_handoff.py"), "--quick",
+         "--output", str(tmp_path / "h.json")],
+        capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads((tmp_path / "h.json").read_text())
+    assert [r["workers"] for r in data["rounds"]] == [1, 3]
+    for r in data["rounds"]:
+        assert r["handoffs"] == r["taken"] == r["workers"] and r["taken_twice"] == 0, r

@@ -27,6 +27,7 @@ from ..matrix.model import Entry, Handoff
 from ..matrix.store import MatrixStore, now_ms
 from ..settings import load_settings
 from ..supervise.claim import check_claim, live_master, stray_agent, take_over
+from ..supervise.feed import EntryFeed
 from ..supervise.host import AgentHost, HostHooks, HostSpec
 from ..supervise.master import TASK_STATES, ActivationReport, Decision, Master, TtyPrompter
 from ..supervise.relaunch import Relauncher
@@ -268,6 +269,7 @@ class _MasterSession:
     host: AgentHost | None = None
     master: Master | None = None
     posted: dict[str, float] = attrs.field(factory=dict)
+    awaiting: dict[str, str] = attrs.field(factory=dict)  # handoff id -> entry key, posted to pi
     replaced: Entry | None = None  # the record this master's registration replaced
 
     def claim(self, previous: Entry | None) -> None:
@@ -310,16 +312,18 @@ class _MasterSession:
         if not self.bridged or host is None:
             _print_handoff(self.io, entry.key, handoff)
             return True
-        if handoff.id in host.handoffs_accepted:
+        if handoff.id in host.reports.handoffs_accepted:
+            self.awaiting.pop(handoff.id, None)
             return True  # pi took it: now the handoff may be marked delivered
-        if host.bridge_seen:
+        if host.reports.seen:
             last = self.posted.get(handoff.id)
             if last is None or time.monotonic() - last > HANDOFF_REPOST_S:
                 body = {"id": handoff.id, "parentSessionId": handoff.parent_session_id}
                 host.notices.notify("handoff", json.dumps({**body, "text": handoff_message(entry, handoff)}))
                 self.posted[handoff.id] = time.monotonic()
+                self.awaiting[handoff.id] = entry.key
             return False
-        if host.child is None or (host.bridge_expected_by or 0) > time.monotonic():
+        if host.child is None or (host.reports.expected_by or 0) > time.monotonic():
             return False  # pi and its bridge are still starting
         _print_handoff(self.io, entry.key, handoff)  # the bridge never reported: printed instead
         return True
@@ -346,6 +350,19 @@ class _MasterSession:
         self.start_session()
         self.master = self.master_at(host.me, deliver=True)
         _print_report(self.master.activate(), self.io)
+        feed = EntryFeed(str(self.store.root), host.key)
+        if feed.fd is not None:  # a worker's handoff is seen as it is written, not at the heartbeat
+            host.add_watch(feed.fd, lambda: self._deliver(feed.changed()))
+
+    def on_wake(self, host: AgentHost) -> None:
+        # pi took some handoffs (its bridge's report just came in): acknowledge them now.
+        taken = {key for hid, key in self.awaiting.items() if hid in host.reports.handoffs_accepted}
+        if taken:
+            self._deliver(taken)
+
+    def _deliver(self, keys: set[str] | None) -> None:
+        if self.master is not None and keys != set():
+            self.master.deliver_handoffs(keys)
 
     def on_tick(self, _host: AgentHost) -> None:
         if self.master is not None:
@@ -424,6 +441,11 @@ def cmd_master(args: argparse.Namespace, io: Io) -> int:
         return session.once(identity)
     spec = HostSpec(argv=tuple(argv), identity=identity, contract=contract, mode=mode, role=Role.MASTER)
     hooks = HostHooks(
-        session.on_registered, session.on_tick, session.on_switch, abort_forks, may_register=session.claim
+        session.on_registered,
+        session.on_tick,
+        session.on_switch,
+        abort_forks,
+        may_register=session.claim,
+        on_wake=session.on_wake,
     )
     return AgentHost(spec, store, settings, hooks=hooks, out=io.out, err=io.err).run()

@@ -91,6 +91,8 @@ class HostHooks:
     on_agent_end: Callable[[AgentHost], None] | None = None
     # Sees the record the first registration replaces, under its lock; raising refuses it.
     may_register: Callable[[Entry | None], None] | None = None
+    # After each look at the inbox (new mail, at once with inotify): e.g. a handoff pi took.
+    on_wake: Callable[[AgentHost], None] | None = None
 
 
 class AgentHost:
@@ -127,8 +129,15 @@ class AgentHost:
         self.reports = BridgeReports()
         self._inbox_watch: DirWatch | None = None
         self._selector: selectors.BaseSelector | None = None
+        self._watches: list[tuple[int, Callable[[], None]]] = []  # the program's own fds
 
-    # What the program reads of its host (cli/master.py: the master's hooks, handoff delivery).
+    def add_watch(self, fd: int, on_ready: Callable[[], None]) -> None:
+        """Run ``on_ready`` whenever ``fd`` turns readable (from the loop's start; the caller
+        owns the fd): e.g. a master following the state dir for handoffs."""
+        self._watches.append((fd, on_ready))
+
+    # What the program reads of its host (cli/master.py: the master's hooks; handoff delivery
+    # reads ``reports``, what the bridge told).
     @property
     def key(self) -> str:
         return self.record.key
@@ -148,18 +157,6 @@ class AgentHost:
     @property
     def child(self) -> subprocess.Popen[bytes] | None:
         return self.agent.popen
-
-    @property
-    def bridge_seen(self) -> bool:
-        return self.reports.seen
-
-    @property
-    def bridge_expected_by(self) -> float | None:
-        return self.reports.expected_by
-
-    @property
-    def handoffs_accepted(self) -> set[str]:
-        return self.reports.handoffs_accepted
 
     def register(self, check: Callable[[Entry | None], None] | None = None) -> Entry:
         """Write our entry as a new process generation (an older same-session host loses it)."""
@@ -298,6 +295,8 @@ class AgentHost:
         """New mail, or a directive announced: look now rather than at the next tick."""
         self.handle_messages(self.record.mail())
         self.worker.check_entry()
+        if self.hooks.on_wake is not None and not self.record.superseded:
+            self.hooks.on_wake(self)
 
     def _watch_inbox(self) -> None:
         """Wake on new mail in our inbox (inotify); without inotify the loop polls it."""
@@ -357,6 +356,8 @@ class AgentHost:
             selector.register(child_fd, selectors.EVENT_READ, CHILD_TAG)
             self.agent.rpc.watch(selector)
         self._watch_inbox()
+        for fd, on_ready in self._watches:
+            selector.register(fd, selectors.EVENT_READ, on_ready)
         self.worker.start_watching(selector)
         timers = Timers.start(self.settings, self.spec.deadline_s, time.monotonic())
         self.wake()  # mail sent before we were watching
@@ -370,7 +371,7 @@ class AgentHost:
         try:
             while True:
                 for key, _ in selector.select(self._timeout(timers)):
-                    code = handlers[key.data](key)
+                    code = key.data() if callable(key.data) else handlers[key.data](key)
                     if code is not None:
                         return code
                 if not self.agent.running and self.agent.stop.requested:

@@ -333,10 +333,11 @@ class Master:
         return decisions
 
     # -- handoffs -----------------------------------------------------------------------------------
-    def deliver_handoffs(self) -> list[tuple[str, Handoff]]:
-        """Deliver each undelivered handoff addressed to this session exactly once."""
+    def deliver_handoffs(self, keys: Iterable[str] | None = None) -> list[tuple[str, Handoff]]:
+        """Deliver each undelivered handoff addressed to this session exactly once; only those of
+        ``keys`` (entries seen changing) when given, else every entry's."""
         delivered: list[tuple[str, Handoff]] = []
-        for entry in self.store.list().entries:
+        for entry in self._entries(keys):
             for handoff in entry.undelivered:
                 if handoff.parent_session_id != self.session_id:
                     continue
@@ -348,6 +349,17 @@ class Master:
                     delivered.append((entry.key, handoff))
                 self._acknowledge(entry.key, handoff.id)
         return delivered
+
+    def _entries(self, keys: Iterable[str] | None) -> list[Entry]:
+        if keys is None:
+            return list(self.store.list().entries)
+        found = []
+        for key in sorted(set(keys)):
+            try:
+                found.append(self.store.get(key))
+            except PiMatrixError:
+                continue  # gone, or not readable now: the next full pass (every heartbeat) sees it
+        return found
 
     def _acknowledge(self, key: str, handoff_id: str) -> None:
         # Merged under the lock on the version re-read there: only this handoff is marked, and

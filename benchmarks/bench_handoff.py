@@ -1,0 +1,237 @@
+#!/usr/bin/env python
+"""Handoff delivery benchmark (issue 19): N workers finishing at once, every handoff delivered
+once, and how long each took from being written to being acknowledged.
+
+    python benchmarks/bench_handoff.py [--quick] [--counts 1,10,50]
+
+For each N: a real ``pi-matrix master`` (default settings: a 30 s heartbeat) runs a stand-in
+"pi" that acknowledges like the bridge (it tails its notices file every 250 ms, as the bridge
+does, and reports ``handoff_accepted`` for each handoff id to its host's inbox, once per id);
+N real ``pi-matrix host`` workers run one small agent each, all released at the same instant by
+one gate file. Each worker's host writes its handoff into its entry (``created_at``); the
+master's host marks it delivered (``delivered_at``) once the stand-in took it. Figures: p50,
+p95 and max of ``delivered_at - created_at`` over the N handoffs, against one durable write
+(temp + fsync + rename + directory fsync) timed in the same run. Goal: p95 <= 1 s at N = 50.
+
+Prints one table and writes it to benchmarks/results/bench_handoff.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pi_tmux_matrix.matrix.fsio import durable_write
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "bench_handoff.json"
+HEADER = ("figure", "ours", "baseline", "ratio", "goal", "met")
+GOAL_MS = 1000.0
+
+# The stand-in "pi": started by the master's host with ``-e BRIDGE --session FILE``; reports its
+# session (the header's id, as pi would) and takes each handoff notice once, like the bridge.
+STANDIN_PI = r'''#!{python}
+import json, os, sys, time
+args = sys.argv[1:]
+session_file = args[args.index("--session") + 1]
+state, key = os.environ["PI_MATRIX_STATE_DIR"], os.environ["PI_MATRIX_KEY"]
+notices = os.environ["PI_MATRIX_MAILBOX"]
+inbox = os.path.join(state, "mailbox", key)
+os.makedirs(inbox, exist_ok=True)
+taken_log = open(os.environ["BENCH_TAKEN_LOG"], "a")
+def post(kind, report):
+    now = int(time.time() * 1000)
+    name = "%015d-%s.json" % (now, os.urandom(4).hex())
+    tmp = os.path.join(inbox, "." + name + ".tmp")
+    with open(tmp, "w") as handle:
+        json.dump({"kind": kind, "text": json.dumps(report), "at": now, "sender": "bridge"}, handle)
+    os.rename(tmp, os.path.join(inbox, name))
+with open(session_file) as handle:
+    session_id = json.loads(handle.readline())["id"]
+post("identity", {"sessionId": session_id, "sessionFile": session_file})
+offset, taken = os.path.getsize(notices) if os.path.exists(notices) else 0, set()
+while True:
+    time.sleep(0.25)
+    try:
+        with open(notices, "rb") as handle:
+            handle.seek(offset)
+            chunk = handle.read()
+    except FileNotFoundError:
+        continue
+    end = chunk.rfind(b"\n")
+    if end < 0:
+        continue
+    offset += end + 1
+    for line in chunk[:end].splitlines():
+        notice = json.loads(line)
+        if notice.get("type") != "handoff":
+            continue
+        hid = json.loads(notice["message"])["id"]
+        if hid not in taken:
+            taken.add(hid)
+            taken_log.write(hid + "\n")
+            taken_log.flush()
+        post("bridge", {"event": "handoff_accepted", "id": hid, "sessionId": session_id})
+'''
+
+# A worker's agent: waits for the gate, then ends (all N end within one poll of each other).
+AGENT = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.005)\nprint('done')"
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise TimeoutError(what)
+
+
+def entry(state: Path, key: str) -> dict[str, Any] | None:
+    try:
+        return json.loads((state / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def durable_write_ms(folder: Path, trials: int = 200) -> float:
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    data = b"x" * 1500
+    times = []
+    try:
+        for _ in range(trials):
+            started = time.perf_counter()
+            durable_write(fd, "baseline.bin", data, exclusive=False, path=str(folder / "baseline.bin"))
+            times.append((time.perf_counter() - started) * 1000)
+    finally:
+        os.close(fd)
+    return statistics.median(times)
+
+
+def one_round(root: Path, count: int) -> dict[str, Any]:
+    state, agent_dir, bin_dir = root / "state", root / "agent", root / "bin"
+    for folder in (agent_dir, bin_dir):
+        folder.mkdir(parents=True, exist_ok=True)
+    pi = bin_dir / "pi"
+    pi.write_text(STANDIN_PI.replace("{python}", sys.executable))
+    pi.chmod(0o755)
+    taken_log, gate = root / "taken.log", root / "gate"
+    env = dict(os.environ, PI_CODING_AGENT_DIR=str(agent_dir), HOME=str(root), BENCH_TAKEN_LOG=str(taken_log))
+    env.pop("PI_MATRIX_STATE_DIR", None)
+    cli = [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(state)]
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        master = spawn([*cli, "master", "--session-id", "bench", "--headless", "--", str(pi)], env)
+        started.append(master)
+        wait_for(lambda: (e := entry(state, "master-bench")) and e.get("childPid"), 30, "the master's pi")
+        for n in range(count):
+            started.append(spawn(
+                [*cli, "host", "--parent-pid", str(master.pid), "--parent-session", "bench",
+                 "--session-id", f"w{n}", "--provider", "bench", "--mode", "print", "--",
+                 sys.executable, "-c", AGENT, str(gate)],
+                env,
+            ))  # fmt: skip
+        keys = [f"worker-w{n}" for n in range(count)]
+        wait_for(lambda: all((e := entry(state, k)) and e.get("childPid") for k in keys), 120, "workers up")
+        gate.write_text("go")
+
+        def handoffs() -> list[dict[str, Any]] | None:
+            found = [h for k in keys for h in ((entry(state, k) or {}).get("handoffs") or [])]
+            done = len(found) == count and all(h.get("deliveredAt") for h in found)
+            return found if done else None
+
+        found = wait_for(handoffs, 120, "every handoff delivered")
+        time.sleep(0.5)  # a second delivery of any of them would land by now
+    finally:
+        stop(started)
+    taken = taken_log.read_text().split() if taken_log.exists() else []
+    latencies = sorted(h["deliveredAt"] - h["createdAt"] for h in found)
+    return {
+        "workers": count,
+        "handoffs": len(found),
+        "taken": len(taken),
+        "taken_twice": len(taken) - len(set(taken)),
+        "p50_ms": statistics.median(latencies),
+        "p95_ms": latencies[min(len(latencies) - 1, round(0.95 * (len(latencies) - 1)))],
+        "max_ms": latencies[-1],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run (N = 1, 3)")
+    parser.add_argument("--counts", default="1,10,50", help="worker counts (default 1,10,50)")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    counts = [1, 3] if args.quick else [int(c) for c in args.counts.split(",")]
+    root = Path(tempfile.mkdtemp(prefix="pi-matrix-bench-handoff-"))
+    began = time.monotonic()
+    try:
+        base = durable_write_ms(root / "baseline")
+        rounds = [one_round(root / f"n{count}", count) for count in counts]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    rows = []
+    for r in rounds:
+        once = r["taken"] == r["handoffs"] == r["workers"] and r["taken_twice"] == 0
+        for stat in ("p50", "p95", "max"):
+            value = r[f"{stat}_ms"]
+            goal = f"<= {GOAL_MS:.0f} ms" if stat == "p95" and r["workers"] >= 50 else "-"
+            met = ("yes" if value <= GOAL_MS and once else "NO") if goal != "-" else "-"
+            rows.append({
+                "figure": f"handoff written -> acknowledged {stat}, N = {r['workers']}"
+                + ("" if once else " (NOT each delivered once)"),
+                "ours": f"{value:.0f} ms", "baseline": f"{base:.2f} ms durable write",
+                "ratio": round(value / base, 1), "goal": goal, "met": met,
+            })  # fmt: skip
+    titles = dict(zip(HEADER, HEADER, strict=True))
+    widths = [max(len(str(row[h])) for row in [titles, *rows]) for h in HEADER]
+    print(f"bench_handoff ({'quick' if args.quick else 'full'}): {os.cpu_count()} CPUs, "
+          f"{time.monotonic() - began:.1f} s")  # fmt: skip
+    print("  ".join(h.ljust(w) for h, w in zip(HEADER, widths, strict=True)).rstrip())
+    for row in rows:
+        print("  ".join(str(row[h]).ljust(w) for h, w in zip(HEADER, widths, strict=True)).rstrip())
+    for r in rounds:
+        print(f"N = {r['workers']}: {r['handoffs']} handoffs, {r['taken']} taken by the master, "
+              f"{r['taken_twice']} taken twice")  # fmt: skip
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({"rounds": rounds, "baseline_ms": base, "rows": rows}, indent=2) + "\n")
+    print(f"written to {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
