@@ -79,7 +79,7 @@ while True:
         hid = json.loads(notice["message"])["id"]
         if hid not in taken:
             taken.add(hid)
-            taken_log.write(hid + "\n")
+            taken_log.write("%s %d\n" % (hid, int(time.time() * 1000)))
             taken_log.flush()
         post("bridge", {"event": "handoff_accepted", "id": hid, "sessionId": session_id})
 '''
@@ -175,9 +175,22 @@ def one_round(root: Path, count: int) -> dict[str, Any]:
         time.sleep(0.5)  # a second delivery of any of them would land by now
     finally:
         stop(started)
-    taken = taken_log.read_text().split() if taken_log.exists() else []
+    took = dict(line.split() for line in taken_log.read_text().splitlines()) if taken_log.exists() else {}
+    taken = [line.split()[0] for line in taken_log.read_text().splitlines()] if taken_log.exists() else []
+    posted: dict[str, int] = {}
+    for line in (state / "mailbox" / "master-bench.agent.jsonl").read_text().splitlines():
+        notice = json.loads(line)
+        if notice.get("type") == "handoff":
+            posted.setdefault(json.loads(notice["message"])["id"], notice["at"])
     latencies = sorted(h["deliveredAt"] - h["createdAt"] for h in found)
+    # Where the time goes, per handoff (medians): written -> posted to pi, -> taken, -> marked.
+    stages = {
+        "to_posted_ms": statistics.median(posted[h["id"]] - h["createdAt"] for h in found),
+        "to_taken_ms": statistics.median(int(took[h["id"]]) - posted[h["id"]] for h in found),
+        "to_marked_ms": statistics.median(h["deliveredAt"] - int(took[h["id"]]) for h in found),
+    }
     return {
+        **stages,
         "workers": count,
         "handoffs": len(found),
         "taken": len(taken),
@@ -226,7 +239,9 @@ def main() -> int:
         print("  ".join(str(row[h]).ljust(w) for h, w in zip(HEADER, widths, strict=True)).rstrip())
     for r in rounds:
         print(f"N = {r['workers']}: {r['handoffs']} handoffs, {r['taken']} taken by the master, "
-              f"{r['taken_twice']} taken twice")  # fmt: skip
+              f"{r['taken_twice']} taken twice; medians: written -> posted to pi "
+              f"{r['to_posted_ms']:.0f} ms, -> taken {r['to_taken_ms']:.0f} ms, -> marked delivered "
+              f"{r['to_marked_ms']:.0f} ms")  # fmt: skip
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps({"rounds": rounds, "baseline_ms": base, "rows": rows}, indent=2) + "\n")
     print(f"written to {args.output}")
