@@ -299,3 +299,64 @@ def test_two_processes_racing_for_a_new_lane_end_with_one_worktree(
     assert git(worktree, "rev-parse", "--abbrev-ref", "HEAD") == f"pi-matrix/{name}"
     assert git(worktree, "status", "--porcelain") == ""
     assert os.path.isfile(os.path.join(worktree, "README"))
+
+
+# === pi-matrix lanes / lanes prune (issue 20) =====================================================
+def lanes_cli(state: Path, *words: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(state), "lanes", *words],
+        capture_output=True, text=True, timeout=120, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def test_lanes_lists_each_lane_with_its_user_and_prune_removes_only_what_no_work_needs(
+    repo: Path, tmp_path: Path
+) -> None:
+    from pi_tmux_matrix import procs
+    from pi_tmux_matrix.identity import AgentIdentityContract, Role
+    from pi_tmux_matrix.matrix import lifecycle
+    from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
+
+    merged, idle, dirty, busy = (ensure_lane(repo, n) for n in ("merged", "idle", "dirty", "busy"))
+    (Path(idle.worktree) / "work.py").write_text("y = 2\n")
+    git(idle.worktree, "add", ".")
+    git(idle.worktree, "commit", "-q", "-m", "work in the lane")
+    (Path(dirty.worktree) / "scratch.txt").write_text("not committed\n")
+    state = tmp_path / "state"
+    where = busy.worktree
+    identity = AgentIdentityContract(agent_id="w", session_id="busy1", cwd=where, worktree=where)
+    MatrixStore(state).register(
+        lifecycle.new_entry(role=Role.WORKER, identity=identity, process=procs.current(), now=now_ms())
+    )
+
+    listed = lanes_cli(state, "--path", str(repo), "--json")
+    assert listed.returncode == 0, listed.stderr
+    by_name = {lane["name"]: lane for lane in json.loads(listed.stdout)}
+    assert {n: lane["state"] for n, lane in by_name.items()} == {
+        "busy": "in use", "dirty": "dirty", "idle": "idle", "merged": "merged",
+    }  # fmt: skip
+    assert by_name["busy"]["usedBy"] == ["worker-busy1"]
+    plain = lanes_cli(state, "--path", str(repo)).stdout
+    assert "busy  in use by worker-busy1  pi-matrix/busy" in plain
+
+    preview = lanes_cli(state, "prune", "--path", str(repo))
+    assert preview.returncode == 2 and "would prune merged (merged)" in preview.stdout
+    assert "--confirm yes-prune" in preview.stdout and os.path.isdir(merged.worktree)
+    wrong = lanes_cli(state, "prune", "--path", str(repo), "--confirm", "yes")
+    assert wrong.returncode == 2 and os.path.isdir(merged.worktree)
+
+    done = lanes_cli(state, "prune", "--path", str(repo), "--confirm", "yes-prune")
+    assert done.returncode == 0, done.stderr
+    assert "pruned merged: worktree removed; branch pi-matrix/merged deleted (merged)" in done.stdout
+    assert not os.path.exists(merged.worktree)
+    assert git(repo, "branch", "--list", "pi-matrix/merged") == ""
+    for lane in (idle, dirty, busy):
+        assert os.path.isdir(lane.worktree), lane.name
+
+    abandoned = lanes_cli(state, "prune", "--abandoned", "--path", str(repo), "--confirm", "yes-prune")
+    assert abandoned.returncode == 0, abandoned.stderr
+    assert "pruned idle: worktree removed; branch pi-matrix/idle kept (not merged)" in abandoned.stdout
+    assert not os.path.exists(idle.worktree)
+    assert git(repo, "log", "-1", "--format=%s", "pi-matrix/idle") == "work in the lane"  # no commit lost
+    assert os.path.isdir(dirty.worktree) and os.path.isdir(busy.worktree)
+    assert (Path(dirty.worktree) / "scratch.txt").read_text() == "not committed\n"

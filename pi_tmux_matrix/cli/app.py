@@ -17,6 +17,7 @@ from . import (
     doctor,
     entries,
     host,
+    lanes,
     master,
     owner,
     runs,
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     tree.register(sub, EPILOG)
     dispatch.register(sub, EPILOG)
     teamwork.register(sub, EPILOG)
+    lanes.register(sub, EPILOG)
     runs.register(sub, EPILOG)
     demo.register(sub, EPILOG)
     doctor.register(sub, EPILOG)

@@ -120,13 +120,16 @@ def require_matrix(verb: str) -> None:
 STOP_WORD: Final = "yes-tmux-stop"
 
 
-def confirmed(args: argparse.Namespace, io: Io, what: str) -> bool:
-    """One rule for every stop: the word ``yes-tmux-stop``, or a y/N answered on a terminal
-    (``--confirm`` alone); any other word, or no answer, is a preview (the caller exits 2)."""
-    if args.confirm == STOP_WORD:
+def confirmed(
+    args: argparse.Namespace, io: Io, what: str, *, verb: str = "stop", word: str = STOP_WORD
+) -> bool:
+    """One rule for every stop (and every other act that cannot be undone, with its own word):
+    the word ``yes-tmux-stop``, or a y/N answered on a terminal (``--confirm`` alone); any other
+    word, or no answer, is a preview (the caller exits 2)."""
+    if args.confirm == word:
         return True
     if args.confirm is True and io.err.isatty() and sys.stdin.isatty():
-        io.err.write(f"stop {what}? [y/N] ")
+        io.err.write(f"{verb} {what}? [y/N] ")
         io.err.flush()
         return sys.stdin.readline().strip().lower() in ("y", "yes")
     return False

@@ -28,7 +28,17 @@ import attrs
 from ..errors import InvalidId, LaneError
 from ..identity import ID_PATTERN, validate_id
 
-__all__ = ["BRANCH_PREFIX", "LANES_DIR", "Lane", "ensure_lane", "lane_path", "list_lanes"]
+__all__ = [
+    "BRANCH_PREFIX",
+    "LANES_DIR",
+    "Lane",
+    "LaneState",
+    "ensure_lane",
+    "lane_path",
+    "lane_states",
+    "list_lanes",
+    "remove_lane",
+]
 
 LANES_DIR: Final = ".worktrees"
 BRANCH_PREFIX: Final = "pi-matrix/"
@@ -253,6 +263,57 @@ def list_lanes(path: str | Path) -> list[Lane]:
         branch = entry.branch.removeprefix("refs/heads/") if entry.branch else ""
         lanes.append(Lane(name=name, repo=repo.toplevel, worktree=where, branch=branch, created=False))
     return sorted(lanes, key=lambda lane: lane.name)
+
+
+@attrs.frozen
+class LaneState:
+    """What ``pi-matrix lanes`` says of a lane: whether its branch is merged into the main
+    working tree's HEAD, whether its worktree holds uncommitted work, whether it is gone."""
+
+    lane: Lane
+    merged: bool
+    dirty: bool
+    missing: bool  # the worktree's folder is gone (git still lists it)
+
+
+def lane_states(path: str | Path) -> list[LaneState]:
+    """Every lane of the repository holding ``path``, with its state (read only)."""
+    states: list[LaneState] = []
+    for lane in list_lanes(path):
+        missing = not os.path.isdir(lane.worktree)
+        dirty = False
+        if not missing:
+            status = _git(lane.worktree, "status", "--porcelain", "--untracked-files=normal")
+            dirty = status.returncode != 0 or bool(status.stdout.strip())
+        tip = f"refs/heads/{lane.branch}"
+        ancestor = _git(lane.repo, "merge-base", "--is-ancestor", tip, "HEAD") if lane.branch else None
+        merged = ancestor is not None and ancestor.returncode == 0
+        states.append(LaneState(lane, merged=merged, dirty=dirty, missing=missing))
+    return states
+
+
+def remove_lane(state: LaneState) -> str:
+    """Remove a lane's worktree, and its branch when merged (``git branch -d``: git itself
+    refuses an unmerged one, so no commit is ever lost); what was done, in words. Refused for
+    a worktree with uncommitted work. The caller has checked that no live agent uses it."""
+    lane = state.lane
+    if state.dirty:
+        raise LaneError(
+            f"lane {lane.name!r}: {lane.worktree} has uncommitted changes; commit or discard them first"
+        )
+    with _locked(_repo(lane.repo).common_dir):
+        if state.missing:
+            _git(lane.repo, "worktree", "prune")
+        else:
+            done = _git(lane.repo, "worktree", "remove", lane.worktree)
+            if done.returncode != 0:
+                raise LaneError(f"lane {lane.name!r}: git worktree remove failed ({_said(done)})")
+        if not (state.merged and lane.branch.startswith(BRANCH_PREFIX)):
+            return f"worktree removed; branch {lane.branch or '(detached)'} kept (not merged)"
+        done = _git(lane.repo, "branch", "-d", lane.branch)
+        if done.returncode != 0:
+            return f"worktree removed; branch {lane.branch} kept ({_said(done)})"
+        return f"worktree removed; branch {lane.branch} deleted (merged)"
 
 
 def _exclude(common_dir: str) -> None:
