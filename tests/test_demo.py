@@ -59,3 +59,26 @@ def test_the_demo_runs_end_to_end_in_under_a_minute_and_leaves_nothing_behind(tm
     assert probe.returncode != 0
     assert _processes_mentioning(str(tmp_path)) == []
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("pi-matrix-demo-")] == []
+
+
+def test_the_demo_runs_without_tmux_on_path_with_detached_agents(tmp_path: Path) -> None:
+    """Issue 20.15: tmux absent from PATH, the demo's agents run detached and it still passes."""
+    import shutil
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("git", "ps"):  # what the demo needs besides Python, and nothing called tmux
+        found = shutil.which(tool)
+        if found:
+            (bin_dir / tool).symlink_to(found)
+    env = dict(os.environ, TMPDIR=str(tmp_path), PATH=str(bin_dir))
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "demo"],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "tmux is not installed" in out and "detached processes (no tmux)" in out
+    assert "tmux -L" not in out and "recovers its exact orphans" in out
+    assert re.search(r"same key, same session file .+, new host pid \d+ \(was \d+\)", out)
+    assert _processes_mentioning(str(tmp_path)) == []

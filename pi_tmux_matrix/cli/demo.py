@@ -191,7 +191,8 @@ class Demo:
         self.setup()
         self.say(f"a master (session {SESSION}, task {TASK}) and a scratch repo in {self.root}")
         master = self.start_master()
-        self.say("fire three stand-in agents on two lanes (git worktrees), panes on tmux -L " + self.socket)
+        where = f"panes on tmux -L {self.socket}" if self.tmux else "detached processes (no tmux)"
+        self.say(f"fire three {self.agent} agents on two lanes (git worktrees), {where}")
         profile = "stand-in" if self.agent == "stand-in" else "pi-worker"
         team = "stand-in-pair" if self.agent == "stand-in" else "impl-review"
         self.fire(master, "lane-a", team=team)
@@ -303,7 +304,8 @@ def cmd_demo(args: argparse.Namespace, io: Io) -> int:
         finally:
             demo.cleanup()
             io.out.write(
-                f"\n== done in {time.monotonic() - started:.1f}s; every process it started is stopped and "
-                f"its tmux server (-L {demo.socket}) is gone" + (f"; kept {root}" if keep[0] else "") + "\n"
+                f"\n== done in {time.monotonic() - started:.1f}s; every process it started is stopped"
+                + (f" and its tmux server (-L {demo.socket}) is gone" if demo.tmux else "")
+                + (f"; kept {root}" if keep[0] else "") + "\n"
             )
     return EXIT_OK
