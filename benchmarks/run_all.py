@@ -19,7 +19,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-BENCHES = ("bench_store", "bench_supervise", "bench_fire", "bench_handoff")
+BENCHES = ("bench_store", "bench_supervise", "bench_fire", "bench_handoff", "bench_startup")
 
 
 def _number(text: str) -> float | None:

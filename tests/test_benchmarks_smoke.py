@@ -79,3 +79,14 @@ def test_bench_handoff_quick_runs_and_delivers_each_handoff_once(tmp_path: Path)
     assert [r["workers"] for r in data["rounds"]] == [1, 3]
     for r in data["rounds"]:
         assert r["handoffs"] == r["taken"] == r["workers"] and r["taken_twice"] == 0, r
+
+
+def test_bench_startup_quick_runs(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_startup.py"), "--quick",
+         "--output", str(tmp_path / "s.json")],
+        capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads((tmp_path / "s.json").read_text())["rows"]
+    assert any("ls --json" in r["figure"] for r in rows) and all(r["ratio"] > 0 for r in rows)
