@@ -114,7 +114,17 @@ const MAX_DEADLINE_S = 86400; // request.MAX_DEADLINE_S
 function fireArgs(params: any): string[] {
   const args = ["fire"];
   const team = pick(params, "teamTemplate", "team");
-  if (team) args.push("--team", String(team));
+  const agents = params.agents;
+  if (agents !== undefined) {
+    // Each entry goes to the CLI as one JSON word; the CLI checks it as it checks a profile.
+    if (!Array.isArray(agents) || agents.length === 0 || agents.some((a: any) => !a || typeof a !== "object" || Array.isArray(a))) {
+      throw new Error('tmux_agent_manager: agents must be a non-empty list of objects like {"provider": "pi", "name": "lead"}');
+    }
+    if (team || params.profile) {
+      throw new Error("tmux_agent_manager: give agents, teamTemplate or profile, not several; agents name their own CLIs");
+    }
+    for (const agent of agents) args.push("--agent", JSON.stringify(agent));
+  } else if (team) args.push("--team", String(team));
   else args.push("--profile", need(params, "profile"));
   if (params.lane) args.push("--lane", String(params.lane));
   const goal = pick(params, "goalId", "goal_id");
@@ -250,7 +260,7 @@ export function installMaster(pi: any, delivery: Delivery): void {
     label: "Agent manager",
     description:
       "Launch and manage worker agents in tmux through pi-matrix. Actions: status (the matrix tree), " +
-      "list_profiles, fire_task (profile or teamTemplate, task; optional lane, goalId, path, deadlineSeconds, " +
+      "list_profiles, fire_task (profile, teamTemplate or agents[], and task; optional lane, goalId, path, deadlineSeconds, " +
       "launchKey, force, workspaceName, dryRun), job_status (jobId), list_jobs, send_followup (jobId, text, " +
       `optional agent), dismiss (jobId), stop_job (jobId; previews unless confirm is "${STOP_WORD}"), ` +
       "set_variable (jobId, name, value), list_variables (jobId), list_templates, " +
@@ -263,6 +273,23 @@ export function installMaster(pi: any, delivery: Delivery): void {
       profile: Type.Optional(Type.String({ description: "fire_task: a launch profile" })),
       teamTemplate: Type.Optional(Type.String({ description: "fire_task: a team template instead of a profile" })),
       team: Type.Optional(Type.String({ description: "alias of teamTemplate" })),
+      agents: Type.Optional(
+        Type.Array(
+          Type.Object({
+            provider: Type.Optional(Type.String({ description: "pi | claude | codex | opencode | agy | custom (default custom)" })),
+            name: Type.Optional(Type.String({ description: "the agent's name (its id suffix)" })),
+            command: Type.Optional(
+              Type.String({ description: "the CLI to start, as words (never run by a shell); default the provider's" }),
+            ),
+            path: Type.Optional(Type.String({ description: "its working directory (pi: its file tools stay in it)" })),
+            tools: Type.Optional(Type.Array(Type.String(), { description: "pi only: its tools" })),
+            resourceProfile: Type.Optional(Type.String({ description: "pi only: a resource profile id" })),
+            thinkingLevel: Type.Optional(Type.String({ description: "pi only: off|minimal|low|medium|high|xhigh" })),
+            worktreeLane: Type.Optional(Type.String({ description: "run in this git worktree lane (pi, custom)" })),
+          }),
+          { description: "fire_task: ad-hoc agents without a profile file, instead of profile or teamTemplate" },
+        ),
+      ),
       task: Type.Optional(Type.String({ description: "fire_task: the task text, passed verbatim" })),
       body: Type.Optional(Type.String({ description: "fire_task: the task, when task is not given" })),
       lane: Type.Optional(Type.String({ description: "fire_task: a git worktree lane" })),
