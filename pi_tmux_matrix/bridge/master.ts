@@ -27,6 +27,8 @@ const STOP_WORD = "yes-tmux-stop";
 export const HANDOFF_TYPE = "pi-matrix-handoff"; // the custom message type of a worker's handoff
 const ACTIONS = [
   "status",
+  "setup_help",
+  "guard",
   "list_profiles",
   "fire_task",
   "job_status",
@@ -149,6 +151,15 @@ function fireArgs(params: any): string[] {
   return args;
 }
 
+/** `pi-matrix setup-help --json`: whether tmux is here, and what to do next (the tool's setup_help
+ * and the /tmux-agents command say the same). */
+function setupHelp(cwd?: string): { available: boolean; text: string } {
+  const result = runCli(["setup-help", "--json"], cwd);
+  if (result.code !== 0) throw cliError(result);
+  const help = JSON.parse(result.out);
+  return { available: Boolean(help.available), text: String(help.text) };
+}
+
 /** The handoff ids already in a session's conversation (a previous pi of it took them). */
 function handoffsIn(ctx: any): Set<string> {
   const ids = new Set<string>();
@@ -186,7 +197,16 @@ export function installMaster(pi: any, delivery: Delivery): void {
     const cwd = ctx?.cwd;
     switch (action) {
       case "status":
-        return text(call(["tree", "--json"], cwd));
+        return text(call(["status", "--json"], cwd));
+      case "setup_help":
+        return text(setupHelp(cwd).text);
+      case "guard": {
+        // Diagnostic only: a closed route is an answer (exit 1), not a tool error.
+        const result = runCli(["guard", "--json"], cwd);
+        if (result.code !== 0 && result.code !== 1) throw cliError(result);
+        const guard = JSON.parse(result.out);
+        return text(`allowed: ${Boolean(guard.allowed)}\n${String(guard.text)}`);
+      }
       case "list_profiles":
         return text(call(["profiles", "--json"], cwd));
       case "list_jobs":
@@ -259,7 +279,8 @@ export function installMaster(pi: any, delivery: Delivery): void {
     name: "tmux_agent_manager",
     label: "Agent manager",
     description:
-      "Launch and manage worker agents in tmux through pi-matrix. Actions: status (the matrix tree), " +
+      "Launch and manage worker agents in tmux through pi-matrix. Actions: status (tmux here, its server, " +
+      "your session, the matrix summary), setup_help, guard (diagnostic only), " +
       "list_profiles, fire_task (profile, teamTemplate or agents[], and task; optional lane, goalId, path, deadlineSeconds, " +
       "launchKey, force, workspaceName, dryRun), job_status (jobId), list_jobs, send_followup (jobId, text, " +
       `optional agent), dismiss (jobId), stop_job (jobId; previews unless confirm is "${STOP_WORD}"), ` +
@@ -316,6 +337,19 @@ export function installMaster(pi: any, delivery: Delivery): void {
       key: Type.Optional(Type.String({ description: "set_status, clear_status: the status key (@pi_<key>)" })),
     }),
     execute,
+  });
+
+  // The origin's /tmux-agents: is tmux here, and how to use it (or get it).
+  pi.registerCommand("tmux-agents", {
+    description: "Check tmux availability and show managed-agent guidance (pi-matrix setup-help)",
+    handler: async (_args: string, ctx: any) => {
+      try {
+        const help = setupHelp(ctx?.cwd);
+        ctx.ui.notify(help.text, help.available ? "info" : "warning");
+      } catch (error: any) {
+        ctx.ui.notify(String(error?.message || error), "error");
+      }
+    },
   });
 
   pi.on("session_start", async (_event: any, ctx: any) => {

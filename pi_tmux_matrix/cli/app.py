@@ -20,6 +20,7 @@ from . import (
     master,
     owner,
     runs,
+    status,
     teamwork,
     top,
     tree,
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     tree.register(sub, EPILOG)
     dispatch.register(sub, EPILOG)
     teamwork.register(sub, EPILOG)
+    status.register(sub, EPILOG)
     runs.register(sub, EPILOG)
     demo.register(sub, EPILOG)
     doctor.register(sub, EPILOG)
