@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 from fake_llm import FakeLLM, Reply
 from test_dispatch import Lab, lab, sublab, wait_for  # noqa: F401 - fixtures
@@ -79,6 +80,11 @@ def test_ad_hoc_agents_run_without_a_profile_file_in_their_own_folder(sublab: La
     )  # fmt: skip
     _job, (planned,) = sublab.dispatcher().plan(request)
     assert json.loads(planned.env["PI_WORKER_ALLOWED_PATHS"]) == [str(folder.resolve())]
+    # The origin's legacy cwd: the agent runs there, nothing is narrowed.
+    legacy = attrs.evolve(request, agents=parse_agents([{"provider": "pi", "cwd": str(folder)}]))
+    _job, (planned,) = sublab.dispatcher().plan(legacy)
+    assert planned.cwd == str(folder.resolve())
+    assert json.loads(planned.env.get("PI_WORKER_ALLOWED_PATHS", "[]")) == []  # full scope
 
 
 BAD_AGENTS = [
@@ -195,8 +201,10 @@ def test_the_pi_tool_fires_ad_hoc_agents_and_refuses_bad_ones_by_name(
 ) -> None:
     at, llm, script = mlab
     helper = {"provider": "pi", "name": "helper", "command": STANDIN}
+    sub = at.work / "sub"
+    sub.mkdir()
     script.steps = [
-        tool(action="fire_task", agents=[helper], task="HANG ad hoc", launchKey="adhoc-tool"),
+        tool(action="fire_task", agents=[helper], task="HANG ad hoc", launchKey="adhoc-tool", cwd=str(sub)),
         tool(action="fire_task", agents=[{"provider": "claude", "name": "rev", "tools": ["read"]}], task="x"),
         tool(action="fire_task", agents=[{"provider": "custom", "command": "make | tee log"}], task="x"),
         tool(action="fire_task", agents=[helper], profile="stand-in", task="x"),
@@ -218,4 +226,4 @@ def test_the_pi_tool_fires_ad_hoc_agents_and_refuses_bad_ones_by_name(
     _track(at, "adhoc-tool")
     (agent,) = jobs[0].agents
     assert agent.profile == "adhoc.helper" and agent.agent_id.endswith("-helper")
-    assert Path(agent.cwd) == at.work.resolve()
+    assert Path(agent.cwd) == sub.resolve()  # the origin's cwd is our path

@@ -131,7 +131,8 @@ function fireArgs(params: any): string[] {
   if (params.lane) args.push("--lane", String(params.lane));
   const goal = pick(params, "goalId", "goal_id");
   if (goal) args.push("--goal-id", String(goal));
-  if (params.path) args.push("--path", String(params.path));
+  const path = pick(params, "path", "cwd"); // the origin's name is cwd
+  if (path) args.push("--path", String(path));
   const deadline = pick(params, "deadlineSeconds", "deadline");
   if (deadline !== undefined) {
     if (typeof deadline !== "number" || !Number.isFinite(deadline) || deadline < MIN_DEADLINE_S || deadline > MAX_DEADLINE_S) {
@@ -303,6 +304,7 @@ export function installMaster(pi: any, delivery: Delivery): void {
               Type.String({ description: "the CLI to start, as words (never run by a shell); default the provider's" }),
             ),
             path: Type.Optional(Type.String({ description: "its working directory (pi: its file tools stay in it)" })),
+            cwd: Type.Optional(Type.String({ description: "its working directory, nothing narrowed (the origin's legacy)" })),
             tools: Type.Optional(Type.Array(Type.String(), { description: "pi only: its tools" })),
             resourceProfile: Type.Optional(Type.String({ description: "pi only: a resource profile id" })),
             thinkingLevel: Type.Optional(Type.String({ description: "pi only: off|minimal|low|medium|high|xhigh" })),
@@ -317,6 +319,7 @@ export function installMaster(pi: any, delivery: Delivery): void {
       goalId: Type.Optional(Type.String({ description: "fire_task: goal id (PI_TASK_REF)" })),
       goal_id: Type.Optional(Type.String({ description: "alias of goalId" })),
       path: Type.Optional(Type.String({ description: "fire_task: the agents' working directory" })),
+      cwd: Type.Optional(Type.String({ description: "alias of path (the origin's name)" })),
       deadlineSeconds: Type.Optional(Type.Number({ description: "fire_task: seconds per agent (5 to 86400)" })),
       deadline: Type.Optional(Type.Number({ description: "alias of deadlineSeconds" })),
       launchKey: Type.Optional(Type.String({ description: "fire_task: a stable job id of your own (4-80 chars)" })),

@@ -36,6 +36,7 @@ _KEYS: Final[dict[str, str]] = {
     "name": "name",
     "command": "command",
     "path": "path",
+    "cwd": "cwd",
     "tools": "tools",
     "resourceProfile": "resource_profile",
     "resource_profile": "resource_profile",
@@ -70,6 +71,7 @@ class AdHocAgent:
     name: str
     command: tuple[str, ...]
     path: str | None = None
+    cwd: str | None = None  # the origin's legacy folder: the agent runs there, nothing is narrowed
     tools: tuple[str, ...] | None = None
     resource_profile: str | None = None
     thinking: str | None = None
@@ -78,6 +80,13 @@ class AdHocAgent:
     @property
     def field(self) -> str:
         return f"agents[{self.index}]"
+
+    @property
+    def folder(self) -> tuple[str, str] | None:
+        """(its own folder, the parameter that named it), if it has one."""
+        if self.path is not None:
+            return self.path, f"{self.field}.path"
+        return None if self.cwd is None else (self.cwd, f"{self.field}.cwd")
 
     def profile(self) -> WorkerLaunchProfile:
         """The launch profile this agent runs under (checked exactly as a profile file is)."""
@@ -184,7 +193,7 @@ def _agent(index: int, entry: object) -> AdHocAgent:
     values: dict[str, object] = {}
     for key, value in entry.items():
         if key not in _KEYS:
-            allowed = ", ".join(k for k in _KEYS if "_" not in k)
+            allowed = ", ".join(k for k in _KEYS if "_" not in k and k != "cwd")
             raise ContractError(f"{where}.{key}", "unknown parameter", f"the parameters are: {allowed}")
         if value is not None:
             values[_KEYS[key]] = value
@@ -205,7 +214,7 @@ def _agent(index: int, entry: object) -> AdHocAgent:
         raise ContractError(f"{where}.command", f"must be a string, not {type(command).__name__}", "give one")
     return AdHocAgent(
         index=index, provider=str(provider), name=name, command=words,
-        path=_text(values, "path", where), tools=_tools(values, where),
+        path=_text(values, "path", where), cwd=_text(values, "cwd", where), tools=_tools(values, where),
         resource_profile=_text(values, "resource_profile", where), thinking=_text(values, "thinking", where),
         worktree_lane=_text(values, "worktree_lane", where),
     )  # fmt: skip

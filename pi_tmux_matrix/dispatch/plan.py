@@ -167,7 +167,7 @@ class Planner:
             # Every entry's profile and folder are checked before any lane is made.
             return "agents", [
                 _Member(
-                    a.profile(), a.name, "", a.path and _folder(a.path, f"{a.field}.path"),
+                    a.profile(), a.name, "", a.folder and _folder(*a.folder),
                     a.worktree_lane and validate_id(a.worktree_lane, f"{a.field}.worktreeLane"), a.field,
                 )
                 for a in request.agents
