@@ -101,6 +101,28 @@ function pick(params: any, name: string, alias?: string): any {
   return params[name] !== undefined ? params[name] : alias ? params[alias] : undefined;
 }
 
+/** The first given of a parameter's names: ours, then the origin's (set_variable's variableName…). */
+function pickAny(params: any, ...names: string[]): any {
+  return names.map((name) => params[name]).find((value) => value !== undefined);
+}
+
+function needAny(params: any, ...names: string[]): string {
+  const value = pickAny(params, ...names);
+  if (typeof value !== "string" || value.trim() === "") {
+    throw new Error(`tmux_agent_manager: ${params.action} needs "${names[0]}" (or ${names.slice(1).map((n) => `"${n}"`).join(", ")})`);
+  }
+  return value;
+}
+
+/** notify's one line: message (text), else the origin's "title: body". */
+function noticeOf(params: any): string {
+  const given = pickAny(params, "message", "text");
+  if (given !== undefined || (params.title === undefined && params.body === undefined)) return needAny(params, "message", "text", "body");
+  return `${params.title || "Pi"}: ${params.body || "Pi needs attention"}`;
+}
+
+const STATUS_KEY = "pi-agents"; // the origin's default statusKey
+
 function need(params: any, name: string, alias?: string): string {
   const value = pick(params, name, alias);
   if (typeof value !== "string" || value.trim() === "") {
@@ -218,8 +240,9 @@ export function installMaster(pi: any, delivery: Delivery): void {
         return text(call(["dismiss", need(params, "jobId", "job_id"), "--json"], cwd));
       case "send_followup": {
         const args = ["followup", need(params, "jobId", "job_id"), "--json"];
-        if (params.agent) args.push("--agent", String(params.agent));
-        return text(call([...args, "--", need(params, "text")], cwd));
+        const agent = pickAny(params, "agent", "agentId");
+        if (agent) args.push("--agent", String(agent));
+        return text(call([...args, "--", needAny(params, "text", "task", "body")], cwd));
       }
       case "fire_task": {
         const args = fireArgs(params);
@@ -230,8 +253,8 @@ export function installMaster(pi: any, delivery: Delivery): void {
         return text(call([...args, "--", task], cwd));
       }
       case "set_variable": {
-        const name = need(params, "name");
-        const value = pick(params, "value");
+        const name = needAny(params, "name", "variableName");
+        const value = pickAny(params, "value", "variableValue", "body", "status");
         if (typeof value !== "string") throw new Error('tmux_agent_manager: set_variable needs "value" (a string)');
         return text(call(["var", need(params, "jobId", "job_id"), name, value, "--json"], cwd));
       }
@@ -248,15 +271,20 @@ export function installMaster(pi: any, delivery: Delivery): void {
         return text(call(["stop-session", name, "--confirm", STOP_WORD, "--json"], cwd));
       }
       case "notify":
-        return text(call(["notify", need(params, "sessionName", "workspaceName"), "--", need(params, "message", "text")], cwd));
-      case "set_status":
-        return text(call(["set-status", need(params, "sessionName", "workspaceName"), need(params, "key"), need(params, "value")], cwd));
-      case "clear_status":
-        return text(call(["set-status", need(params, "sessionName", "workspaceName"), need(params, "key")], cwd));
+        return text(call(["notify", need(params, "sessionName", "workspaceName"), "--", noticeOf(params)], cwd));
+      case "set_status": {
+        const key = String(pickAny(params, "key", "statusKey") ?? STATUS_KEY);
+        const value = needAny(params, "value", "status", "body");
+        return text(call(["set-status", need(params, "sessionName", "workspaceName"), key, value], cwd));
+      }
+      case "clear_status": {
+        const key = String(pickAny(params, "key", "statusKey") ?? STATUS_KEY);
+        return text(call(["set-status", need(params, "sessionName", "workspaceName"), key], cwd));
+      }
       case "list_templates":
         return text(call(["templates", "--json"], cwd));
       case "show_template":
-        return text(call(["templates", need(params, "templateName", "name"), "--json"], cwd));
+        return text(call(["templates", needAny(params, "templateName", "name", "teamTemplate", "title"), "--json"], cwd));
       case "list_variables":
         return text(call(["var", need(params, "jobId", "job_id"), "--json"], cwd));
       case "stop_job": {
@@ -314,7 +342,9 @@ export function installMaster(pi: any, delivery: Delivery): void {
         ),
       ),
       task: Type.Optional(Type.String({ description: "fire_task: the task text, passed verbatim" })),
-      body: Type.Optional(Type.String({ description: "fire_task: the task, when task is not given" })),
+      body: Type.Optional(
+        Type.String({ description: "fire_task: the task, when task is not given; send_followup: the text; notify: after title" }),
+      ),
       lane: Type.Optional(Type.String({ description: "fire_task: a git worktree lane" })),
       goalId: Type.Optional(Type.String({ description: "fire_task: goal id (PI_TASK_REF)" })),
       goal_id: Type.Optional(Type.String({ description: "alias of goalId" })),
@@ -338,6 +368,13 @@ export function installMaster(pi: any, delivery: Delivery): void {
       sessionName: Type.Optional(Type.String({ description: "stop_session, notify, set_status: the tmux session" })),
       message: Type.Optional(Type.String({ description: "notify: one printable line" })),
       key: Type.Optional(Type.String({ description: "set_status, clear_status: the status key (@pi_<key>)" })),
+      // The origin's names for the same parameters.
+      agentId: Type.Optional(Type.String({ description: "alias of agent (send_followup)" })),
+      variableName: Type.Optional(Type.String({ description: "alias of name (set_variable)" })),
+      variableValue: Type.Optional(Type.String({ description: "alias of value (set_variable)" })),
+      title: Type.Optional(Type.String({ description: "notify: shown as \"title: body\" when message is not given" })),
+      statusKey: Type.Optional(Type.String({ description: "alias of key (set_status, clear_status; default pi-agents)" })),
+      status: Type.Optional(Type.String({ description: "alias of value (set_status)" })),
     }),
     execute,
   });
