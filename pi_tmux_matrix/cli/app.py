@@ -30,6 +30,7 @@ from .base import EPILOG, Io, Parser
 
 __all__ = ["Io", "build_parser", "main", "run"]
 
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line (also the source of the generated CLI reference)."""
     parser = Parser(
