@@ -183,13 +183,11 @@ def test_a_command_is_split_into_words_as_written_and_never_by_a_shell() -> None
         "claude", "--model", "opus 4", "a b", "x y",
     )  # fmt: skip
     assert split_command("agy --prompt-interactive", "c") == ("agy", "--prompt-interactive")
-    assert split_command("tool '$HOME' '*.py' 'a|b'", "c") == (
-        "tool",
-        "$HOME",
-        "*.py",
-        "a|b",
-    )  # quoted: words
-    for needs in ("a; b", "a && b", "a > f", "$(id)", "`id`", '"$HOME"', "~/bin/x", "a # c", "x 'open"):
+    quoted = split_command("tool '$HOME' '*.py' 'a|b' '{a,b}'", "c")  # quoted, they are plain words
+    assert quoted == ("tool", "$HOME", "*.py", "a|b", "{a,b}")
+    assert split_command("{python} -m x {task} a{b}c", "c") == ("{python}", "-m", "x", "{task}", "a{b}c")
+    needing = ("a; b", "a && b", "a > f", "$(id)", "`id`", '"$HOME"', "~/bin/x", "a # c", "x 'open")
+    for needs in (*needing, "cp f{,.bak}", "seq {1..3}", "x\\"):
         with pytest.raises(ContractError, match=r"^c: .* needs a shell"):
             split_command(needs, "c")
     with pytest.raises(ContractError, match=r"^c: is empty"):

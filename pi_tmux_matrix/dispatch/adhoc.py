@@ -119,37 +119,9 @@ class AdHocAgent:
 def split_command(text: str, field: str) -> tuple[str, ...]:
     """``text`` as argv words, split as a shell would but never run by one; refused when its
     meaning needs a shell (an operator, an expansion, a glob, a comment, an unclosed quote)."""
-    quote = ""
-    escaped = False
-    at_word_start = True
-    for char in text:
-        if escaped:
-            escaped, at_word_start = False, False
-            continue
-        if char == "\\" and quote != "'":
-            escaped = True
-            continue
-        if quote:
-            if char == quote:
-                quote = ""
-            elif quote == '"' and char in "$`":
-                raise _needs_shell(field, text, f"{char!r} would expand")
-            continue
-        if char in "'\"":
-            quote, at_word_start = char, False
-            continue
-        if char in " \t":
-            at_word_start = True
-            continue
-        if char in _OPERATORS:
-            raise _needs_shell(field, text, f"{char!r} is a shell operator")
-        if char in "$`":
-            raise _needs_shell(field, text, f"{char!r} would expand")
-        if char in _GLOBS:
-            raise _needs_shell(field, text, f"{char!r} would be a glob")
-        if at_word_start and char in "~#":
-            raise _needs_shell(field, text, f"{char!r} at a word's start means something to a shell")
-        at_word_start = False
+    why = _shell_meaning(text)
+    if why is not None:
+        raise _needs_shell(field, text, why)
     try:
         words = tuple(shlex.split(text, posix=True))
     except ValueError as exc:
@@ -157,6 +129,47 @@ def split_command(text: str, field: str) -> tuple[str, ...]:
     if not words:
         raise ContractError(field, "is empty", 'give the CLI to run, e.g. "claude --model sonnet"')
     return words
+
+
+def _shell_meaning(text: str) -> str | None:
+    """Why a shell would read ``text`` otherwise than as plain words (None: it would not)."""
+    quote = ""
+    escaped = False
+    at_word_start = True
+    brace = ""  # the unquoted text since an unquoted "{" in this word (bash's {a,b} and {1..3})
+    for char in text:
+        if escaped:
+            escaped, at_word_start = False, False
+        elif char == "\\" and quote != "'":
+            escaped = True
+        elif quote:
+            if char == quote:
+                quote = ""
+            elif quote == '"' and char in "$`":
+                return f"{char!r} would expand"
+        elif char in "'\"":
+            quote, at_word_start = char, False
+        else:
+            if brace and char == "}" and ("," in brace or ".." in brace):
+                return f"'{brace}}}' would be a brace expansion"
+            brace = "{" if char == "{" else "" if (char in " \t}" or not brace) else brace + char
+            why = _unquoted(char, at_word_start=at_word_start)
+            if why is not None:
+                return why
+            at_word_start = char in " \t"
+    return None
+
+
+def _unquoted(char: str, *, at_word_start: bool) -> str | None:
+    if char in _OPERATORS:
+        return f"{char!r} is a shell operator"
+    if char in "$`":
+        return f"{char!r} would expand"
+    if char in _GLOBS:
+        return f"{char!r} would be a glob"
+    if at_word_start and char in "~#":
+        return f"{char!r} at a word's start means something to a shell"
+    return None
 
 
 def _needs_shell(field: str, text: str, why: str) -> ContractError:
