@@ -84,6 +84,8 @@ def test_setup_help_and_guard_say_what_to_do_with_and_without_tmux(sublab: Lab) 
     closed = _cli(sublab, "guard", PATH=bare)
     assert closed.returncode == 1 and "The tmux route is unavailable" in closed.stdout
     assert "Traceback" not in closed.stderr
+    bad = _cli(sublab, "status", "--socket", "no/such")
+    assert bad.returncode == 2 and "--socket: 'no/such' is not a valid id" in bad.stderr
 
 
 def test_the_pi_tool_answers_status_setup_help_and_guard(mlab: tuple[Lab, FakeLLM, Scripted]) -> None:  # noqa: F811
