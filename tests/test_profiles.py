@@ -47,6 +47,7 @@ else:  # pragma: no cover
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED_PROFILES = [
+    "agy",
     "claude",
     "codex",
     "custom",
@@ -149,13 +150,16 @@ def test_shipped_profiles_say_what_the_issue_asks(agent_dir: Path) -> None:
     assert "stand-in" in stand_in.description and "demo" in stand_in.description
     assert [m.profile for m in profiles.team("impl-review").members] == ["pi-worker", "pi-reviewer"]
     assert [m.profile for m in profiles.team("stand-in-pair").members] == ["stand-in", "stand-in"]
-    for name in ("claude", "codex", "opencode"):
+    for name in ("claude", "codex", "opencode", "agy"):
         assert profiles.profile(name).command == (name,)
+    # agy takes no positional prompt: its first one goes through --prompt-interactive (the origin's).
+    agy = agent_command(profiles.profile("agy"), task="T", session_file=None)
+    assert agy.argv == ("agy", "--prompt-interactive", "T")
 
 
 def test_unknown_names_are_not_found_and_list_the_known_ones(agent_dir: Path) -> None:
     profiles = load_profiles()
-    with pytest.raises(ProfileNotFound, match=r"no launch profile named 'nope'; known: claude, codex"):
+    with pytest.raises(ProfileNotFound, match=r"no launch profile named 'nope'; known: agy, claude, codex"):
         profiles.profile("nope")
     with pytest.raises(ProfileNotFound, match="no team named 'nope'; known: " + ", ".join(SHIPPED_TEAMS)):
         profiles.team("nope")
@@ -285,7 +289,7 @@ def test_the_issue_example_message_for_tools_on_claude() -> None:
     )
 
 
-@pytest.mark.parametrize("provider", ["claude", "codex", "opencode", "custom"])
+@pytest.mark.parametrize("provider", ["claude", "codex", "opencode", "agy", "custom"])
 def test_rpc_mode_is_pi_only(provider: str) -> None:
     with pytest.raises(ProfileError, match=r"profile\.mode: rpc is pi-only"):
         parse_profile(profile_toml(provider=provider, command=["x", "y"], mode="rpc"), "f.toml")
@@ -404,6 +408,10 @@ def test_task_placeholder_only_on_custom_and_never_as_the_program() -> None:
 def test_worktree_lane_flag_is_refused_on_clis_without_it() -> None:
     with pytest.raises(ProfileError, match=r"profile\.accepts_worktree_lane: the codex CLI has no"):
         parse_profile(profile_toml(provider="codex", accepts_worktree_lane=True), "f.toml")
+    with pytest.raises(ProfileError, match=r"profile\.accepts_worktree_lane: the agy CLI has no"):
+        parse_profile(profile_toml(provider="agy", accepts_worktree_lane=True), "f.toml")
+    with pytest.raises(ProfileError, match=r"profile\.tools: pi-only field on provider 'agy'"):
+        parse_profile(profile_toml(provider="agy", command=["agy"], tools=["read"]), "f.toml")
 
 
 def test_constructing_a_profile_in_code_is_checked_too() -> None:
@@ -520,6 +528,7 @@ def test_pi_argv_in_every_mode() -> None:
         ("claude", ["--model", "M", "T"], ["-p", "--model", "M", "T"]),
         ("codex", ["--model", "M", "T"], ["exec", "--model", "M", "T"]),
         ("opencode", ["--model", "M", "--prompt", "T"], ["run", "--model", "M", "T"]),
+        ("agy", ["--model", "M", "--prompt-interactive", "T"], ["--model", "M", "-p", "T"]),
     ],
 )
 def test_other_providers_argv(provider: str, interactive: list[str], printing: list[str]) -> None:
@@ -570,7 +579,7 @@ def test_python_placeholder_defaults_to_this_interpreter() -> None:
 
 
 @pytest.mark.parametrize("task", HOSTILE_TASKS)
-@pytest.mark.parametrize("provider", ["pi", "claude", "codex", "opencode", "custom"])
+@pytest.mark.parametrize("provider", ["pi", "claude", "codex", "opencode", "agy", "custom"])
 def test_hostile_task_text_is_one_argv_word_verbatim(provider: str, task: str) -> None:
     profile = make(provider=provider, command=(provider, "x") if provider == "custom" else (provider,))
     argv = agent_command(profile, task=task, session_file=None).argv
@@ -593,7 +602,7 @@ def test_rpc_prompt_carries_the_task_outside_argv() -> None:
     assert agent_command(profile, task=None, session_file=None).rpc_prompt is None
 
 
-@pytest.mark.parametrize("provider", ["pi", "claude", "codex", "opencode"])
+@pytest.mark.parametrize("provider", ["pi", "claude", "codex", "opencode", "agy"])
 def test_a_task_a_cli_would_read_as_a_flag_is_refused(provider: str) -> None:
     profile = make(provider=provider, command=(provider,))
     with pytest.raises(

@@ -27,6 +27,8 @@ const STOP_WORD = "yes-tmux-stop";
 export const HANDOFF_TYPE = "pi-matrix-handoff"; // the custom message type of a worker's handoff
 const ACTIONS = [
   "status",
+  "setup_help",
+  "guard",
   "list_profiles",
   "fire_task",
   "job_status",
@@ -99,6 +101,28 @@ function pick(params: any, name: string, alias?: string): any {
   return params[name] !== undefined ? params[name] : alias ? params[alias] : undefined;
 }
 
+/** The first given of a parameter's names: ours, then the origin's (set_variable's variableName…). */
+function pickAny(params: any, ...names: string[]): any {
+  return names.map((name) => params[name]).find((value) => value !== undefined);
+}
+
+function needAny(params: any, ...names: string[]): string {
+  const value = pickAny(params, ...names);
+  if (typeof value !== "string" || value.trim() === "") {
+    throw new Error(`tmux_agent_manager: ${params.action} needs "${names[0]}" (or ${names.slice(1).map((n) => `"${n}"`).join(", ")})`);
+  }
+  return value;
+}
+
+/** notify's one line: message (text), else the origin's "title: body". */
+function noticeOf(params: any): string {
+  const given = pickAny(params, "message", "text");
+  if (given !== undefined || (params.title === undefined && params.body === undefined)) return needAny(params, "message", "text", "body");
+  return `${params.title || "Pi"}: ${params.body || "Pi needs attention"}`;
+}
+
+const STATUS_KEY = "pi-agents"; // the origin's default statusKey
+
 function need(params: any, name: string, alias?: string): string {
   const value = pick(params, name, alias);
   if (typeof value !== "string" || value.trim() === "") {
@@ -114,12 +138,23 @@ const MAX_DEADLINE_S = 86400; // request.MAX_DEADLINE_S
 function fireArgs(params: any): string[] {
   const args = ["fire"];
   const team = pick(params, "teamTemplate", "team");
-  if (team) args.push("--team", String(team));
+  const agents = params.agents;
+  if (agents !== undefined) {
+    // Each entry goes to the CLI as one JSON word; the CLI checks it as it checks a profile.
+    if (!Array.isArray(agents) || agents.length === 0 || agents.some((a: any) => !a || typeof a !== "object" || Array.isArray(a))) {
+      throw new Error('tmux_agent_manager: agents must be a non-empty list of objects like {"provider": "pi", "name": "lead"}');
+    }
+    if (team || params.profile) {
+      throw new Error("tmux_agent_manager: give agents, teamTemplate or profile, not several; agents name their own CLIs");
+    }
+    for (const agent of agents) args.push("--agent", JSON.stringify(agent));
+  } else if (team) args.push("--team", String(team));
   else args.push("--profile", need(params, "profile"));
   if (params.lane) args.push("--lane", String(params.lane));
   const goal = pick(params, "goalId", "goal_id");
   if (goal) args.push("--goal-id", String(goal));
-  if (params.path) args.push("--path", String(params.path));
+  const path = pick(params, "path", "cwd"); // the origin's name is cwd
+  if (path) args.push("--path", String(path));
   const deadline = pick(params, "deadlineSeconds", "deadline");
   if (deadline !== undefined) {
     if (typeof deadline !== "number" || !Number.isFinite(deadline) || deadline < MIN_DEADLINE_S || deadline > MAX_DEADLINE_S) {
@@ -137,6 +172,15 @@ function fireArgs(params: any): string[] {
   if (workspace !== undefined) args.push("--workspace", String(workspace));
   if (pick(params, "dryRun", "dry_run") === true) args.push("--dry-run");
   return args;
+}
+
+/** `pi-matrix setup-help --json`: whether tmux is here, and what to do next (the tool's setup_help
+ * and the /tmux-agents command say the same). */
+function setupHelp(cwd?: string): { available: boolean; text: string } {
+  const result = runCli(["setup-help", "--json"], cwd);
+  if (result.code !== 0) throw cliError(result);
+  const help = JSON.parse(result.out);
+  return { available: Boolean(help.available), text: String(help.text) };
 }
 
 /** The handoff ids already in a session's conversation (a previous pi of it took them). */
@@ -176,7 +220,16 @@ export function installMaster(pi: any, delivery: Delivery): void {
     const cwd = ctx?.cwd;
     switch (action) {
       case "status":
-        return text(call(["tree", "--json"], cwd));
+        return text(call(["status", "--json"], cwd));
+      case "setup_help":
+        return text(setupHelp(cwd).text);
+      case "guard": {
+        // Diagnostic only: a closed route is an answer (exit 1), not a tool error.
+        const result = runCli(["guard", "--json"], cwd);
+        if (result.code !== 0 && result.code !== 1) throw cliError(result);
+        const guard = JSON.parse(result.out);
+        return text(`allowed: ${Boolean(guard.allowed)}\n${String(guard.text)}`);
+      }
       case "list_profiles":
         return text(call(["profiles", "--json"], cwd));
       case "list_jobs":
@@ -187,8 +240,9 @@ export function installMaster(pi: any, delivery: Delivery): void {
         return text(call(["dismiss", need(params, "jobId", "job_id"), "--json"], cwd));
       case "send_followup": {
         const args = ["followup", need(params, "jobId", "job_id"), "--json"];
-        if (params.agent) args.push("--agent", String(params.agent));
-        return text(call([...args, "--", need(params, "text")], cwd));
+        const agent = pickAny(params, "agent", "agentId");
+        if (agent) args.push("--agent", String(agent));
+        return text(call([...args, "--", needAny(params, "text", "task", "body")], cwd));
       }
       case "fire_task": {
         const args = fireArgs(params);
@@ -199,8 +253,8 @@ export function installMaster(pi: any, delivery: Delivery): void {
         return text(call([...args, "--", task], cwd));
       }
       case "set_variable": {
-        const name = need(params, "name");
-        const value = pick(params, "value");
+        const name = needAny(params, "name", "variableName");
+        const value = pickAny(params, "value", "variableValue", "body", "status");
         if (typeof value !== "string") throw new Error('tmux_agent_manager: set_variable needs "value" (a string)');
         return text(call(["var", need(params, "jobId", "job_id"), name, value, "--json"], cwd));
       }
@@ -217,15 +271,20 @@ export function installMaster(pi: any, delivery: Delivery): void {
         return text(call(["stop-session", name, "--confirm", STOP_WORD, "--json"], cwd));
       }
       case "notify":
-        return text(call(["notify", need(params, "sessionName", "workspaceName"), "--", need(params, "message", "text")], cwd));
-      case "set_status":
-        return text(call(["set-status", need(params, "sessionName", "workspaceName"), need(params, "key"), need(params, "value")], cwd));
-      case "clear_status":
-        return text(call(["set-status", need(params, "sessionName", "workspaceName"), need(params, "key")], cwd));
+        return text(call(["notify", need(params, "sessionName", "workspaceName"), "--", noticeOf(params)], cwd));
+      case "set_status": {
+        const key = String(pickAny(params, "key", "statusKey") ?? STATUS_KEY);
+        const value = needAny(params, "value", "status", "body");
+        return text(call(["set-status", need(params, "sessionName", "workspaceName"), key, value], cwd));
+      }
+      case "clear_status": {
+        const key = String(pickAny(params, "key", "statusKey") ?? STATUS_KEY);
+        return text(call(["set-status", need(params, "sessionName", "workspaceName"), key], cwd));
+      }
       case "list_templates":
         return text(call(["templates", "--json"], cwd));
       case "show_template":
-        return text(call(["templates", need(params, "templateName", "name"), "--json"], cwd));
+        return text(call(["templates", needAny(params, "templateName", "name", "teamTemplate", "title"), "--json"], cwd));
       case "list_variables":
         return text(call(["var", need(params, "jobId", "job_id"), "--json"], cwd));
       case "stop_job": {
@@ -249,8 +308,9 @@ export function installMaster(pi: any, delivery: Delivery): void {
     name: "tmux_agent_manager",
     label: "Agent manager",
     description:
-      "Launch and manage worker agents in tmux through pi-matrix. Actions: status (the matrix tree), " +
-      "list_profiles, fire_task (profile or teamTemplate, task; optional lane, goalId, path, deadlineSeconds, " +
+      "Launch and manage worker agents in tmux through pi-matrix. Actions: status (tmux here, its server, " +
+      "your session, the matrix summary), setup_help, guard (diagnostic only), " +
+      "list_profiles, fire_task (profile, teamTemplate or agents[], and task; optional lane, goalId, path, deadlineSeconds, " +
       "launchKey, force, workspaceName, dryRun), job_status (jobId), list_jobs, send_followup (jobId, text, " +
       `optional agent), dismiss (jobId), stop_job (jobId; previews unless confirm is "${STOP_WORD}"), ` +
       "set_variable (jobId, name, value), list_variables (jobId), list_templates, " +
@@ -263,12 +323,33 @@ export function installMaster(pi: any, delivery: Delivery): void {
       profile: Type.Optional(Type.String({ description: "fire_task: a launch profile" })),
       teamTemplate: Type.Optional(Type.String({ description: "fire_task: a team template instead of a profile" })),
       team: Type.Optional(Type.String({ description: "alias of teamTemplate" })),
+      agents: Type.Optional(
+        Type.Array(
+          Type.Object({
+            provider: Type.Optional(Type.String({ description: "pi | claude | codex | opencode | agy | custom (default custom)" })),
+            name: Type.Optional(Type.String({ description: "the agent's name (its id suffix)" })),
+            command: Type.Optional(
+              Type.String({ description: "the CLI to start, as words (never run by a shell); default the provider's" }),
+            ),
+            path: Type.Optional(Type.String({ description: "its working directory (pi: its file tools stay in it)" })),
+            cwd: Type.Optional(Type.String({ description: "its working directory, nothing narrowed (the origin's legacy)" })),
+            tools: Type.Optional(Type.Array(Type.String(), { description: "pi only: its tools" })),
+            resourceProfile: Type.Optional(Type.String({ description: "pi only: a resource profile id" })),
+            thinkingLevel: Type.Optional(Type.String({ description: "pi only: off|minimal|low|medium|high|xhigh" })),
+            worktreeLane: Type.Optional(Type.String({ description: "run in this git worktree lane (pi, custom)" })),
+          }),
+          { description: "fire_task: ad-hoc agents without a profile file, instead of profile or teamTemplate" },
+        ),
+      ),
       task: Type.Optional(Type.String({ description: "fire_task: the task text, passed verbatim" })),
-      body: Type.Optional(Type.String({ description: "fire_task: the task, when task is not given" })),
+      body: Type.Optional(
+        Type.String({ description: "fire_task: the task, when task is not given; send_followup: the text; notify: after title" }),
+      ),
       lane: Type.Optional(Type.String({ description: "fire_task: a git worktree lane" })),
       goalId: Type.Optional(Type.String({ description: "fire_task: goal id (PI_TASK_REF)" })),
       goal_id: Type.Optional(Type.String({ description: "alias of goalId" })),
       path: Type.Optional(Type.String({ description: "fire_task: the agents' working directory" })),
+      cwd: Type.Optional(Type.String({ description: "alias of path (the origin's name)" })),
       deadlineSeconds: Type.Optional(Type.Number({ description: "fire_task: seconds per agent (5 to 86400)" })),
       deadline: Type.Optional(Type.Number({ description: "alias of deadlineSeconds" })),
       launchKey: Type.Optional(Type.String({ description: "fire_task: a stable job id of your own (4-80 chars)" })),
@@ -287,8 +368,28 @@ export function installMaster(pi: any, delivery: Delivery): void {
       sessionName: Type.Optional(Type.String({ description: "stop_session, notify, set_status: the tmux session" })),
       message: Type.Optional(Type.String({ description: "notify: one printable line" })),
       key: Type.Optional(Type.String({ description: "set_status, clear_status: the status key (@pi_<key>)" })),
+      // The origin's names for the same parameters.
+      agentId: Type.Optional(Type.String({ description: "alias of agent (send_followup)" })),
+      variableName: Type.Optional(Type.String({ description: "alias of name (set_variable)" })),
+      variableValue: Type.Optional(Type.String({ description: "alias of value (set_variable)" })),
+      title: Type.Optional(Type.String({ description: "notify: shown as \"title: body\" when message is not given" })),
+      statusKey: Type.Optional(Type.String({ description: "alias of key (set_status, clear_status; default pi-agents)" })),
+      status: Type.Optional(Type.String({ description: "alias of value (set_status)" })),
     }),
     execute,
+  });
+
+  // The origin's /tmux-agents: is tmux here, and how to use it (or get it).
+  pi.registerCommand("tmux-agents", {
+    description: "Check tmux availability and show managed-agent guidance (pi-matrix setup-help)",
+    handler: async (_args: string, ctx: any) => {
+      try {
+        const help = setupHelp(ctx?.cwd);
+        ctx.ui.notify(help.text, help.available ? "info" : "warning");
+      } catch (error: any) {
+        ctx.ui.notify(String(error?.message || error), "error");
+      }
+    },
   });
 
   pi.on("session_start", async (_event: any, ctx: any) => {

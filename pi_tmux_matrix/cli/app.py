@@ -21,6 +21,7 @@ from . import (
     master,
     owner,
     runs,
+    status,
     teamwork,
     top,
     tree,
@@ -29,6 +30,7 @@ from . import (
 from .base import EPILOG, Io, Parser
 
 __all__ = ["Io", "build_parser", "main", "run"]
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line (also the source of the generated CLI reference)."""
@@ -55,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     dispatch.register(sub, EPILOG)
     teamwork.register(sub, EPILOG)
     lanes.register(sub, EPILOG)
+    status.register(sub, EPILOG)
     runs.register(sub, EPILOG)
     demo.register(sub, EPILOG)
     doctor.register(sub, EPILOG)

@@ -15,6 +15,7 @@ from ..settings import load_settings
 from .base import STOP_WORD, age, confirmed, store_of
 
 if TYPE_CHECKING:
+    from ..dispatch.adhoc import AdHocAgent
     from ..dispatch.manager import Dispatcher
     from ..dispatch.views import ListedJob
     from .base import Io
@@ -35,12 +36,20 @@ def register(sub: Any, epilog: str) -> None:
     fire = sub.add_parser(
         "fire",
         help="launch agents from a launch profile or team into tmux panes (fire_task)",
-        usage="pi-matrix fire (--profile NAME | --team NAME) [options] -- TASK...",
+        usage="pi-matrix fire (--profile NAME | --team NAME | --agent JSON... | --agents-file FILE) "
+        "[options] -- TASK...",
         **common,
     )
     who = fire.add_mutually_exclusive_group(required=True)
     who.add_argument("--profile", metavar="NAME", help="a launch profile ('pi-matrix profiles' lists them)")
     who.add_argument("--team", metavar="NAME", help="a team template: several agents on one task")
+    who.add_argument(
+        "--agent", action="append", metavar="JSON",
+        help='an ad-hoc agent without a profile file, e.g. \'{"provider": "claude", "name": "rev"}\' '
+        "(repeat for more; keys: provider, name, command, path, tools, resourceProfile, thinkingLevel, "
+        "worktreeLane)",
+    )  # fmt: skip
+    who.add_argument("--agents-file", metavar="FILE", help="ad-hoc agents: a JSON list of --agent objects")
     fire.add_argument("--lane", metavar="L", help="run in the git worktree of lane L (created or reused)")
     fire.add_argument("--goal-id", metavar="G", help="goal-bound launch: PI_TASK_REF is G")
     fire.add_argument("--path", metavar="DIR", help="the agents' working directory (default: here)")
@@ -146,7 +155,8 @@ def cmd_fire(args: argparse.Namespace, io: Io) -> int:
             "give the task after --, e.g. pi-matrix fire --profile pi-worker -- fix the bug",
         )
     request = FireRequest(
-        task=task, profile=args.profile, team=args.team, lane=args.lane, goal_id=args.goal_id,
+        task=task, profile=args.profile, team=args.team, agents=_adhoc_agents(args), lane=args.lane,
+        goal_id=args.goal_id,
         path=args.path, socket=args.socket or default_socket(), deadline_s=args.deadline,
         backend=args.backend,
         dry_run=args.dry_run, parent_pid=args.parent_pid, parent_session=args.parent_session,
@@ -169,6 +179,31 @@ def cmd_fire(args: argparse.Namespace, io: Io) -> int:
     return EXIT_OK
 
 
+def _adhoc_agents(args: argparse.Namespace) -> tuple[AdHocAgent, ...]:
+    """``--agent JSON`` (each one object) or ``--agents-file FILE`` (one JSON list), checked."""
+    from ..dispatch.adhoc import parse_agents
+
+    if args.agents_file is not None:
+        try:
+            with open(args.agents_file, encoding="utf-8") as file:
+                text = file.read(1024 * 1024)
+        except OSError as exc:
+            raise ContractError(
+                "--agents-file", f"cannot be read ({exc.strerror})", "give a JSON file"
+            ) from None
+        return parse_agents(_json(text, "--agents-file"))
+    if not args.agent:
+        return ()
+    return parse_agents([_json(text, f"--agent #{n}") for n, text in enumerate(args.agent, start=1)])
+
+
+def _json(text: str, field: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ContractError(field, f"is not JSON ({exc})", "quote the JSON as one argument") from None
+
+
 def _print_job(io: Io, view: ListedJob) -> None:
     if view.state == "corrupt":
         io.err.write(f"pi-matrix: warning: {view.path}: {view.problem} (job record unreadable)\n")
@@ -181,10 +216,8 @@ def _print_job(io: Io, view: ListedJob) -> None:
         )
         return
     job = view.job
-    task = job.task_ref or "-"
-    io.out.write(
-        f"{job.id}  {view.state}  {job.team or job.profile}  task {task}  age {age(job.created_at)}\n"
-    )
+    task, label = job.task_ref or "-", job.team or job.profile or "ad-hoc"
+    io.out.write(f"{job.id}  {view.state}  {label}  task {task}  age {age(job.created_at)}\n")
     for shown in view.agents:
         agent, result = shown.agent, shown.result
         outcome = (

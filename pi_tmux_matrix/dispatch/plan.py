@@ -10,6 +10,7 @@ the dispatcher runs them again under its fire lock.
 
 from __future__ import annotations
 
+import os
 import secrets
 import uuid
 from collections.abc import Mapping, Sequence
@@ -70,12 +71,33 @@ class _JobPlace:
     task: str
     task_ref: str | None  # only from a goal (seed 000): none is recorded as none, never minted
     cwd: str  # the agents' cwd: the lane's worktree, else the request's folder
+    folder: str  # the request's folder (where an ad-hoc agent's own lane is made)
     worktree: str | None
     lane: str | None
     parent: ProcessIdentity
     parent_session: str
     backend: str
     socket: str | None
+
+
+@attrs.frozen
+class _Member:
+    """One agent of a launch: its profile, agent-id suffix, first instructions, and (an ad-hoc
+    agent's) own folder and lane."""
+
+    profile: WorkerLaunchProfile
+    suffix: str | None
+    instructions: str
+    path: str | None = None
+    lane: str | None = None
+    field: str = "--profile"
+
+
+def _folder(path: str, field: str) -> str:
+    real = os.path.realpath(path)
+    if not os.path.isdir(real):
+        raise ContractError(field, f"{path} is not a directory", "give an existing folder for the agent")
+    return real
 
 
 def _culprit(plugins: pluggy.PluginManager, hook: str, exc: BaseException) -> str:
@@ -133,20 +155,33 @@ class Planner:
             )
         return found
 
-    def _members(self, request: FireRequest) -> tuple[str, list[tuple[WorkerLaunchProfile, str | None, str]]]:
-        """(label, [(profile, suffix, instructions)]) — a team or one profile."""
-        if request.team is not None and request.profile is not None:
-            raise ContractError("--team/--profile", "both given", "give one: a team names its own profiles")
+    def _members(self, request: FireRequest) -> tuple[str, list[_Member]]:
+        """(label, members) — a team, one profile, or the request's ad-hoc agents."""
+        named = (("--team", request.team), ("--profile", request.profile), ("--agent", request.agents))
+        given = [flag for flag, value in named if value]
+        if len(given) > 1:
+            raise ContractError(
+                "/".join(given), "given together", "give one: a team or ad-hoc agents name their own profiles"
+            )
+        if request.agents:
+            # Every entry's profile and folder are checked before any lane is made.
+            return "agents", [
+                _Member(
+                    a.profile(), a.name, "", a.folder and _folder(*a.folder),
+                    a.worktree_lane and validate_id(a.worktree_lane, f"{a.field}.worktreeLane"), a.field,
+                )
+                for a in request.agents
+            ]  # fmt: skip
         if request.team is not None:
             team = self.profiles.team(request.team)
             return team.name, [
-                (self.profiles.profile(m.profile), m.suffix, m.instructions) for m in team.members
+                _Member(self.profiles.profile(m.profile), m.suffix, m.instructions) for m in team.members
             ]
         if request.profile is None:
             raise ContractError(
                 "--profile", "missing", "name a launch profile (pi-matrix profiles lists them)"
             )
-        return request.profile, [(self.profiles.profile(request.profile), None, "")]
+        return request.profile, [_Member(self.profiles.profile(request.profile), None, "")]
 
     def _worktree(self, cwd: str, lane: str | None, *, dry_run: bool) -> str | None:
         """The lane's worktree (made unless dry; a dry run checks the lane is free instead)."""
@@ -158,6 +193,15 @@ class Planner:
         if dry_run:
             self.check_lane_free(lane, worktree)
         return worktree
+
+    def _place_of(self, place: _JobPlace, member: _Member, *, dry_run: bool) -> _JobPlace:
+        """An ad-hoc agent's own folder and lane (made unless dry), else the job's place."""
+        if member.path is None and member.lane is None:
+            return place
+        folder = member.path or place.folder
+        lane = member.lane if member.lane is not None else place.lane
+        worktree = self._worktree(folder, lane, dry_run=dry_run)
+        return attrs.evolve(place, cwd=worktree or folder, worktree=worktree, lane=lane)
 
     def _task_ref(self, request: FireRequest, parent: ProcessIdentity) -> str | None:
         """The goal id given, else (matrix on) the calling master's own task ref, else none.
@@ -200,8 +244,9 @@ class Planner:
         """The lane is free and every cwd stays within the cap (matrix on; under the fire lock)."""
         if not self.settings.enabled:
             return
-        if job.lane is not None and job.agents[0].worktree is not None:
-            self.check_lane_free(job.lane, job.agents[0].worktree)
+        # Each lane once: a team shares the job's lane; ad-hoc agents may each have their own.
+        for lane, worktree in sorted({(a.lane, a.worktree) for a in job.agents if a.lane and a.worktree}):
+            self.check_lane_free(lane, worktree)
         cwds: dict[str, int] = {}
         for p in planned:
             cwds[p.cwd] = cwds.get(p.cwd, 0) + 1
@@ -224,7 +269,8 @@ class Planner:
         job_id = job_id_of(request) or new_job_id()
         place = _JobPlace(
             job_id=job_id, task=task, task_ref=self._task_ref(request, parent),
-            cwd=worktree or cwd, worktree=worktree, lane=lane, parent=parent, parent_session=parent_session,
+            cwd=worktree or cwd, folder=cwd, worktree=worktree, lane=lane, parent=parent,
+            parent_session=parent_session,
             backend=backend.name, socket=backend.socket(request.socket),
         )  # fmt: skip
         if request.agent_id is not None:
@@ -233,10 +279,10 @@ class Planner:
             base = f"{label}-{window_name(job_id[-6:])}"
         compiled = [
             self._plan_agent(
-                request, place, profile, agent_id_of(job_id, f"{base}-{suffix}" if suffix else base),
-                instructions,
+                request, self._place_of(place, m, dry_run=request.dry_run), m.profile,
+                agent_id_of(job_id, f"{base}-{m.suffix}" if m.suffix else base), m.instructions,
             )
-            for profile, suffix, instructions in members
+            for m in members
         ]  # fmt: skip
         job = Job(
             id=job_id, created_at=now_ms(), parent_pid=parent.pid, parent_session_id=parent_session,

@@ -52,7 +52,7 @@ __all__ = [
     "unknown_keys",
 ]
 
-PROVIDERS: Final = ("pi", "claude", "codex", "opencode", "custom")
+PROVIDERS: Final = ("pi", "claude", "codex", "opencode", "agy", "custom")
 THINKING_LEVELS: Final = ("off", "minimal", "low", "medium", "high", "xhigh")
 
 # The placeholders a profile may use; the dispatcher fills them per launch.
@@ -244,7 +244,7 @@ def check_worktree_lane(check: Checker, accepts: object, provider: str) -> None:
             f"must be true or false, not {shown(accepts)}",
             "write accepts_worktree_lane = true",
         )
-    if accepts and provider in ("claude", "codex", "opencode"):
+    if accepts and provider in ("claude", "codex", "opencode", "agy"):
         raise check.fail(
             "accepts_worktree_lane", f"the {provider} CLI has no --worktree-lane flag", "remove it"
         )

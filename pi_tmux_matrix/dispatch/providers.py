@@ -144,16 +144,20 @@ def _pi(
 
 
 def _other(profile: WorkerLaunchProfile, argv: list[str], task: str | None) -> list[str]:
-    """claude, codex and opencode: each CLI's own interactive and one-shot forms."""
+    """claude, codex, opencode and agy: each CLI's own interactive and one-shot forms."""
     provider = profile.provider
     printing = profile.mode is Mode.PRINT
     if printing:
-        argv += {"claude": ["-p"], "codex": ["exec"], "opencode": ["run"]}[provider]
+        argv += {"claude": ["-p"], "codex": ["exec"], "opencode": ["run"], "agy": []}[provider]
     if profile.model is not None:
         argv += ["--model", profile.model]
     if task is not None:
+        # opencode's TUI and agy take their first prompt through a flag (agy has no positional
+        # prompt: --prompt-interactive runs it, then stays interactive; -p runs it and exits).
         if provider == "opencode" and not printing:
             argv.append("--prompt")
+        elif provider == "agy":
+            argv.append("-p" if printing else "--prompt-interactive")
         argv.append(task)
     return argv
 

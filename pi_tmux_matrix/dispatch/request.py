@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 
@@ -16,6 +16,9 @@ from ..identity import ID_MAX, ID_PATTERN, validate_id
 from . import TMUX
 from .backends import DEFAULT_SOCKET
 from .model import MAX_ROUND
+
+if TYPE_CHECKING:
+    from .adhoc import AdHocAgent
 
 __all__ = [
     "LAUNCH_KEY",
@@ -56,6 +59,8 @@ class FireRequest:
     parent_pid: int | None = None
     parent_session: str | None = None
     agent_id: str | None = None
+    # Ad-hoc agents described in the fire itself (the origin's agents[]), instead of a profile or team.
+    agents: tuple[AdHocAgent, ...] = ()
     # A stable job id the caller chooses (the origin's launchKey); ``force`` archives the record
     # of an earlier job with that id (its live panes are never touched).
     launch_key: str | None = None

@@ -6,17 +6,10 @@ goes through :mod:`pi_tmux_matrix.dispatch.tmux_model` first, which holds the ru
 otherwise apply to it (a final ``;``, format expansion, single-word commands), the :class:`Pane`
 and the row format.
 
-Pane tags are tmux user options named ``@pi_matrix_<name>`` set on the pane (``set-option -p``).
-:meth:`TmuxServer.launch` takes tag names with or without the ``@``; :attr:`Pane.tags` always spells
-them with it, exactly as tmux does (``#{@pi_matrix_key}``). The names a launch set are also listed
-in the pane option ``@pi_matrix_tags``, so :meth:`TmuxServer.panes` reads every pane's tags in two
-``list-panes`` calls whatever the number of panes.
-
+Pane tags: see :mod:`.tmux_model`.
 Unreachable is not absent: when no server answers, every query raises :class:`TmuxUnavailable`
 (which never proves an agent dead); ``[]`` and ``None`` mean the server answered.
-
-libtmux is not used to run commands: its ``tmux_cmd`` has no timeout (a wedged server would hang
-the dispatcher) and no way to keep variables out of a server it starts.
+libtmux is not used: its ``tmux_cmd`` has no timeout and cannot keep variables out of a server.
 """
 
 from __future__ import annotations
@@ -391,6 +384,23 @@ class TmuxServer:
         result = self._run(*args)
         if result.returncode != 0:
             raise self._failed(result, f"set-option {name} on session {session!r}")
+
+    def probe(self, pane_id: str | None = None) -> tuple[str | None, list[str] | None, str | None]:
+        """For ``status`` (starts no server): ``tmux -V``, this server's sessions (None: none answers)
+        and the session of ``pane_id`` (a caller's ``$TMUX_PANE``); None where not known."""
+
+        def ask(*args: str) -> str | None:
+            with contextlib.suppress(TmuxUnavailable):
+                result = self._run(*args)
+                return result.stdout if result.returncode == 0 else None
+            return None
+
+        sessions = ask("list-sessions", "-F", "#{session_name}")
+        current = (
+            ask("display-message", "-p", "-t", check_pane_id(pane_id), "#{session_name}") if pane_id else None
+        )
+        listed = None if sessions is None else sessions.splitlines()
+        return (ask("-V") or "").strip() or None, listed, (current or "").strip() or None
 
     def kill_pane(self, pane_id: str) -> bool:
         """Kill the pane; True if it was there, False if the server answers without it."""

@@ -10,8 +10,11 @@ re-reads its argv, and three of its rules would otherwise change what we pass:
   :func:`literal` doubles ``#`` there, so ``#{...}`` arrives literally;
 - a single-word pane command runs through ``sh -c``: :func:`check_argv` requires >= 2 words.
 
-Pane tags are tmux user options named ``@pi_matrix_<name>`` set on the pane; the names a launch set
-are also listed in the pane option :data:`TAG_INDEX`, which :data:`FORMAT` reads with every row.
+Pane tags are tmux user options named ``@pi_matrix_<name>`` set on the pane (``set-option -p``).
+``TmuxServer.launch`` takes tag names with or without the ``@``; :attr:`Pane.tags` always spells
+them with it, exactly as tmux does (``#{@pi_matrix_key}``). The names a launch set are also listed
+in the pane option :data:`TAG_INDEX`, which :data:`FORMAT` reads with every row, so
+``TmuxServer.panes`` reads every pane's tags in two ``list-panes`` calls whatever their number.
 """
 
 from __future__ import annotations
