@@ -37,6 +37,7 @@ __all__ = [
     "send_signal",
     "signal_group",
     "stop_group",
+    "usage",
     "wait_for_exit",
     "with_argument",
 ]
@@ -407,6 +408,23 @@ def cpu_seconds(pid: int) -> float | None:
     except psutil.Error:
         return None
     return float(times.user + times.system)
+
+
+def usage(identity: ProcessIdentity) -> tuple[float, int, float] | None:
+    """CPU seconds so far, resident bytes and seconds since it started, of exactly this process
+    (one /proc read), or None when it is gone or its pid now names another. Instant: a CPU % is
+    two of these apart (``psutil.cpu_percent(interval)`` would sleep the caller)."""
+    import psutil
+
+    if identify(identity.pid) != identity:
+        return None
+    try:
+        process = psutil.Process(identity.pid)
+        with process.oneshot():
+            times, memory, started = process.cpu_times(), process.memory_info(), process.create_time()
+    except psutil.Error:
+        return None
+    return float(times.user + times.system), int(memory.rss), max(0.0, time.time() - started)
 
 
 class SignalWakeup:

@@ -47,7 +47,8 @@ def _matrix(store: MatrixStore) -> list[str]:
         )  # fmt: skip
         store.create(entry)
     orphan = str(uuid.uuid4())
-    store.create(make_entry(orphan, identity=make_identity(orphan), parent_session_id="gone", created_at=born))
+    lone = make_entry(orphan, identity=make_identity(orphan), parent_session_id="gone", created_at=born)
+    store.create(lone)
     return [f"master-{master}", *(f"worker-{s}" for s in [*sessions, orphan])]
 
 
