@@ -19,11 +19,11 @@ from test_dispatch import Lab
 
 from pi_tmux_matrix.cli.app import main
 from pi_tmux_matrix.cli.base import Io
-from pi_tmux_matrix.cli.render import ELLIPSIS, unique_prefix_length
 from pi_tmux_matrix.identity import Role
 from pi_tmux_matrix.matrix.model import Status
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
 
+ELLIPSIS = "…"
 KEY_CELL = re.compile(r"((?:master|worker)-[0-9a-f-]+)(…?)")
 
 
@@ -131,6 +131,8 @@ def test_colour_only_on_a_terminal_and_never_with_no_color(store: MatrixStore, v
 
 
 def test_unique_prefix_length_is_the_shortest_that_tells_every_key_apart() -> None:
+    from pi_tmux_matrix.cli.render import unique_prefix_length
+
     assert unique_prefix_length(["worker-abc1", "worker-abd2", "master-abc"]) == len("worker-abc")
     assert unique_prefix_length(["worker-ab", "worker-abc"]) == len("worker-ab") + 1
     assert unique_prefix_length(["worker-a"], minimum=15) == 15
