@@ -8,6 +8,7 @@ import io
 import os
 import pty
 import re
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -159,3 +160,11 @@ def test_jobs_fits_80_columns_with_its_agents_drawn_under_it(lab: Lab) -> None:
     assert lines[2].startswith(f"└─ {agent.agent_id}")
     assert agent.key[:15] + ELLIPSIS in narrow and agent.key not in narrow
     assert agent.key in _render(lab.store, *args, width=None)
+
+
+def test_rich_is_imported_only_by_a_verb_that_prints_a_table() -> None:
+    probe = "import sys, pi_tmux_matrix.cli.app; print('rich' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=30
+    )
+    assert done.stdout.strip() == "False"  # every start of pi-matrix would pay its import

@@ -16,12 +16,13 @@ from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Final
 
 import attrs
-from rich.console import Console
-from rich.text import Text
 
 from .base import printable
 
 if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.text import Text
+
     from .base import Io
 
 __all__ = [
@@ -150,17 +151,13 @@ def fit(
         kept = floor.widths[key_col] if floor is not None and floor.abbrev is not None else None
         widths[key_col] = max(needed, kept or 0)
     by_priority = sorted(range(len(columns)), key=lambda i: columns[i].priority)
-    for i in by_priority:  # cut free text, least needed first, down to its floor
-        floor_width = columns[i].shrink
-        current = widths[i]
+    for i in by_priority:  # the least needed column first: cut its text, else drop it whole
         if total() <= width:
             break
-        if floor_width is not None and current is not None and current > floor_width:
-            widths[i] = max(floor_width, current - (total() - width))
-    for i in by_priority:  # then drop whole columns
-        if total() <= width:
-            break
-        if columns[i].priority < 100:
+        least, current = columns[i].shrink, widths[i]
+        if least is not None and current is not None and current > least:
+            widths[i] = max(least, current - (total() - width))
+        if total() > width and columns[i].priority < 100:
             widths[i] = None
     for i in reversed(by_priority):  # and give what a dropped column freed back to cut text
         current = widths[i]
@@ -175,6 +172,8 @@ def lines(
     columns: Sequence[Column], rows: Sequence[Row], layout: Layout, header_style: str = "bold"
 ) -> list[Text]:
     """The header and each row as styled text, every line at most ``layout.total()`` wide."""
+    from rich.text import Text  # rich only for a verb that prints a table: ~50 ms to import
+
     header = Row(tuple(c.name for c in columns), style=header_style)
     out = []
     for row in (header, *rows):
@@ -219,6 +218,8 @@ def table_width(io: Io) -> int | None:
 def console_for(stream: IO[str], width: int | None = None) -> Console:
     """The one rich console a human listing prints through: colour only on a terminal (rich
     checks ``isatty``), none with ``NO_COLOR``, no markup or highlighting of worker text."""
+    from rich.console import Console
+
     return Console(
         file=stream, width=width or 10_000, no_color=bool(os.environ.get("NO_COLOR")) or None,
         highlight=False, markup=False, emoji=False, soft_wrap=True,

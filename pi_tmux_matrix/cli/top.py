@@ -16,7 +16,6 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import attrs
-from rich.text import Text
 
 from .. import procs
 from ..errors import EXIT_OK, PiMatrixError
@@ -26,18 +25,20 @@ from ..matrix.store import MatrixStore, Problem, now_ms
 from ..settings import resolve_state_dir
 from ..supervise.claim import unsupervised
 from .base import age, printable
-from .render import STATUS_STYLES, Column, Row, console_for, print_table, tree_indent
+from .render import STATUS_STYLES, Column, Row, console_for, print_table, table_width, tree_indent
 
 if TYPE_CHECKING:
+    from rich.text import Text
+
     from .base import Io
 
-__all__ = ["COLUMNS", "Item", "Snapshot", "Usage", "collect", "detail_lines", "register"]
+__all__ = ["COLUMNS", "Item", "Snapshot", "Usage", "collect", "detail_lines", "pack", "register"]
 
 COLUMNS = (
     Column("KEY", 100, key=True), Column("STATUS", 90, shrink=9), Column("ALIVE", 80, shrink=5),
     Column("CPU%", 75, right=True), Column("RSS", 70, right=True), Column("AGE", 60, right=True),
     Column("LANE", 55, shrink=8), Column("TASK", 50, shrink=10), Column("BEAT", 40, right=True),
-    Column("HANDOFFS", 35, right=True), Column("TMUX", 30, shrink=10),
+    Column("HANDOFFS", 35, right=True), Column("TMUX", 30, shrink=10), Column("REASON", 20, shrink=8),
 )  # fmt: skip
 
 
@@ -76,12 +77,14 @@ class Usage:
         self._cpu: dict[ProcessIdentity, tuple[float, float]] = {}
         self._shown: dict[str, tuple[float, int]] = {}
         self._at = -float("inf")
+        self._keys: set[str] = set()
 
     def sample(self, entries: list[Entry]) -> dict[str, tuple[float, int]]:
         now = time.monotonic()
-        if now - self._at < self.every and all(e.key in self._shown for e in entries if e.process):
+        keys = {e.key for e in entries}
+        if now - self._at < self.every and keys <= self._keys:  # a new entry is sampled at once
             return self._shown
-        self._at = now
+        self._at, self._keys = now, keys
         cpu: dict[ProcessIdentity, tuple[float, float]] = {}
         shown: dict[str, tuple[float, int]] = {}
         for entry in entries:
@@ -118,7 +121,7 @@ class Item:
 class Snapshot:
     items: tuple[Item, ...]
     keys: tuple[str, ...]  # every key in the matrix: what a shortened key must tell apart
-    summary: Text
+    summary: tuple[Text, ...]
     targets: dict[str, str]
     problems: tuple[Problem, ...] = ()
 
@@ -135,22 +138,40 @@ def _targets(store: MatrixStore) -> dict[str, str]:
     return targets
 
 
-def _summary(entries: list[Entry], alive: dict[str, bool], usage: dict[str, tuple[float, int]]) -> Text:
+def _summary(
+    entries: list[Entry], alive: dict[str, bool], usage: dict[str, tuple[float, int]]
+) -> tuple[Text, ...]:
+    """The header's counts, as parts a narrow screen wraps between (never inside one)."""
+    from rich.text import Text
+
     roles = Counter(e.role for e in entries)
-    line = Text(f"{len(entries)} agent{'s' * (len(entries) != 1)}: ")
-    line.append(f"{roles[Role.MASTER]} master{'s' * (roles[Role.MASTER] != 1)}", "bold")
-    line.append(", ")
-    line.append(f"{roles[Role.WORKER]} worker{'s' * (roles[Role.WORKER] != 1)}", "bold")
+    total = Text(f"{len(entries)} agent{'s' * (len(entries) != 1)}: ")
+    total.append(f"{roles[Role.MASTER]} master{'s' * (roles[Role.MASTER] != 1)}", "bold")
+    total.append(", ")
+    total.append(f"{roles[Role.WORKER]} worker{'s' * (roles[Role.WORKER] != 1)}", "bold")
     statuses = Counter(e.status for e in entries)
-    for status in Status:
-        if statuses[status]:
-            line.append("  ")
-            line.append(f"{status.value} {statuses[status]}", STATUS_STYLES.get(status.value))
-    line.append(f"  alive {sum(alive.values())}")
+    parts = [total]
+    parts += [Text(f"{s.value} {statuses[s]}", STATUS_STYLES.get(s.value, "")) for s in Status if statuses[s]]
     cpu = sum(p for p, _ in usage.values())
     rss = sum(r for _, r in usage.values())
-    line.append(f"  CPU {cpu:.0f}%  RSS {_bytes(rss)}")
-    return line
+    parts += [Text(f"alive {sum(alive.values())}"), Text(f"CPU {cpu:.0f}%"), Text(f"RSS {_bytes(rss)}")]
+    return tuple(parts)
+
+
+def pack(parts: tuple[Text, ...], width: int | None) -> list[Text]:
+    """``parts`` joined by two spaces, on as few lines of ``width`` as they fit."""
+    from rich.text import Text
+
+    lines = [Text()]
+    for part in parts:
+        line = lines[-1]
+        if line.cell_len and width is not None and line.cell_len + 2 + part.cell_len > width:
+            lines.append(Text())
+            line = lines[-1]
+        if line.cell_len:
+            line.append("  ")
+        line.append_text(part)
+    return lines
 
 
 def collect(store: MatrixStore, usage: Usage) -> Snapshot:
@@ -165,13 +186,13 @@ def collect(store: MatrixStore, usage: Usage) -> Snapshot:
 
     def item(entry: Entry, indent: str) -> Item:
         live = alive[entry.key]
-        status = entry.status.value + (f" ({entry.reason})" if entry.reason else "")
         cpu, rss = used.get(entry.key, (None, None))
         cells = (
-            entry.key, status, "yes" if live else (unsupervised(entry) or "no"),
+            entry.key, entry.status.value, "yes" if live else (unsupervised(entry) or "no"),
             "-" if cpu is None else f"{cpu:.1f}", "-" if rss is None else _bytes(rss),
             age(entry.created_at, now), entry.identity.lane or "-", entry.task_ref or "-",
             age(entry.heartbeat_at, now), str(len(entry.undelivered)), targets.get(entry.key, "-"),
+            entry.reason or "-",
         )  # fmt: skip
         styles = (
             "bold" if entry.role is Role.MASTER else "", STATUS_STYLES.get(entry.status.value, ""),
@@ -236,7 +257,9 @@ def cmd_top(args: argparse.Namespace, io: Io) -> int:
 
         return run_screen(store, io, owner)
     snapshot = collect(store, Usage())
-    console_for(io.out).print(snapshot.summary, crop=False)
+    console = console_for(io.out)
+    for line in pack(snapshot.summary, table_width(io)):
+        console.print(line, crop=False)
     if snapshot.items:
         print_table(io, COLUMNS, [i.row for i in snapshot.items], keys=snapshot.keys)
     else:

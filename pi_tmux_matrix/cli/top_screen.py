@@ -14,6 +14,7 @@ import os
 import select
 import shutil
 import signal
+import sys
 import termios
 import textwrap
 import tty
@@ -31,7 +32,7 @@ from ..inotify import available as inotify_available
 from ..matrix.model import Entry
 from ..matrix.store import MatrixStore
 from .render import Layout, console_for, fit, lines, shorten
-from .top import COLUMNS, Item, Snapshot, Usage, collect, detail_lines
+from .top import COLUMNS, Item, Snapshot, Usage, collect, detail_lines, pack
 from .top_acts import Acts
 
 if TYPE_CHECKING:
@@ -249,8 +250,9 @@ class Screen:
             Text(line, style or "")
             for line in textwrap.wrap(bottom, max(10, width), break_on_hyphens=False)[:3]
         ] or [Text("")]
-        out = [title, self.snapshot.summary]
-        body = max(1, height - 3 - len(said))
+        counts = pack(self.snapshot.summary, width)[:2]
+        out = [title, *counts]
+        body = max(1, height - 2 - len(counts) - len(said))
         if self.detail is not None:
             self.scroll = max(0, min(self.scroll, len(self.detail) - body + 1))
             header = Text(f"detail: {self.selected}", "reverse bold")
@@ -268,7 +270,11 @@ class Screen:
         items = self.visible()
         if width != self.floor_width:
             self.floor, self.floor_width = None, width  # a new size starts a new layout
+        at = self.index(items)
+        # The selected row in one highlight: reverse over each cell's colour reads as noise.
         rows = [i.row for i in items]
+        if at >= 0:
+            rows[at] = attrs.evolve(rows[at], styles=(), style="reverse")
         layout = fit(COLUMNS, rows, width, keys=self.snapshot.keys, floor=self.floor)
         self.floor = layout
         rendered = lines(COLUMNS, rows, layout, header_style="reverse bold")
@@ -277,12 +283,10 @@ class Screen:
         if not items:
             empty = "no entries match the filter" if self.filter else "no entries yet"
             return [header, Text(f"  {empty}", "dim")]
-        at = self.index(items)
         top = max(0, min(at - body + 2, len(items) - body + 1)) if at >= body - 1 else 0
         shown = rendered[top : top + body - 1]
         if 0 <= at - top < len(shown):
             shown[at - top].pad_right(width - shown[at - top].cell_len)
-            shown[at - top].stylize("reverse")
         return [header, *shown]
 
 
@@ -318,7 +322,7 @@ class _Terminal:
 
 def run_screen(store: MatrixStore, io: Io, owner: tuple[ProcessIdentity, str] | None) -> int:
     screen = Screen(store, owner)
-    fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY) if not os.isatty(0) else 0
+    fd = sys.stdin.fileno()  # a terminal: cmd_top comes here only when stdin and stdout are one
 
     def write(text: str) -> None:
         io.out.write(text)
@@ -332,6 +336,8 @@ def run_screen(store: MatrixStore, io: Io, owner: tuple[ProcessIdentity, str] | 
     try:
         with terminal.raw(), procs.SignalWakeup((signal.SIGWINCH,)) as resized:
             _loop(screen, terminal, watch, resized, write)
+    except KeyboardInterrupt:  # Ctrl-C quits like q: the terminal is already restored
+        pass
     finally:
         if watch is not None:
             watch.close()
