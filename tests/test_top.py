@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 from helpers import make_entry, make_identity, spawn_registered_parent, spawn_sleeper
 
@@ -176,6 +177,21 @@ def test_a_burst_of_keys_moves_one_row_per_key(
     for _ in range(4):  # a held key: repeats as fast as tmux forwards them
         view.special("j")
     view.wait("the orphan selected", lambda _: keys[4][:15] in view.selected())
+    view.tmux("send-keys", "-t", "top", "Up", "Up", "Up", "Down")  # escape sequences back to back
+    view.wait("the second worker selected", lambda _: keys[2][:15] in view.selected())
+
+
+def test_column_widths_hold_between_redraws_while_the_rows_change(
+    top: Callable[..., Top], store: MatrixStore, sleepers: list[subprocess.Popen[bytes]]
+) -> None:
+    keys = _uuid_matrix(store, sleepers)
+    long = store.update(keys[3], lambda e: attrs.evolve(e, status=Status.WINDING_DOWN, task_ref="TASK-22"))
+    view = top(80, 24)
+    lines = view.text("winding_down")
+    header = next(line for line in lines if line.startswith("KEY"))
+    store.update(long.key, lambda e: attrs.evolve(e, status=Status.RUNNING, task_ref="T2"))
+    lines = view.wait("the change drawn", lambda ls: not any("winding_down" in line for line in ls))
+    assert next(line for line in lines if line.startswith("KEY")) == header  # item 6: no jumping
 
 
 def test_enter_opens_the_detail_pane_and_slash_filters(
@@ -247,6 +263,7 @@ def test_adopt_asks_inline_without_enter_while_the_view_keeps_redrawing(
     assert store.get("worker-w2").directive is None
     view.keys("q")
     view.wait("top to exit", lambda ls: not any("KEY" in line for line in ls))
+    assert view.tmux("display-message", "-p", "-t", "top", "#{alternate_on}").strip() == "0"
 
 
 def test_outside_a_master_adopt_says_what_it_needs_then_offers_the_running_master(
