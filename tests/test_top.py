@@ -301,3 +301,22 @@ def test_top_without_a_terminal_prints_one_plain_snapshot(store: MatrixStore, tm
     assert done.returncode == 0, done.stderr
     assert "master-m1" in done.stdout and "\x1b[" not in done.stdout
     assert "1 agent: 1 master, 0 workers" in done.stdout
+
+
+def test_usage_is_instant_and_of_exactly_that_process(sleepers: list[subprocess.Popen[bytes]]) -> None:
+    busy = subprocess.Popen(
+        [sys.executable, "-c", "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 30: pass"],
+        stdin=subprocess.DEVNULL,
+    )
+    sleepers.append(busy)
+    ident = procs.identify(busy.pid)
+    assert ident is not None
+    time.sleep(0.5)
+    started = time.monotonic()
+    got = procs.usage(ident)
+    assert time.monotonic() - started < 0.2  # no sampling interval: a redraw never waits for it
+    assert got is not None
+    seconds, rss, lived = got
+    assert seconds > 0.1 and rss > 1 << 20 and lived >= 0.4
+    reused = ProcessIdentity(pid=busy.pid, start_ticks=ident.start_ticks + 1, boot_id=ident.boot_id)
+    assert procs.usage(reused) is None  # a pid that now names another process counts nothing

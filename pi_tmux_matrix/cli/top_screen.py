@@ -96,6 +96,7 @@ class Screen:
         self.usage = Usage(REFRESH_S)
         self.snapshot: Snapshot = collect(store, self.usage)
         self.selected: str | None = None  # the selected entry's key: rows move, the selection stays
+        self.last_at = 0
         self.filter = ""
         self.typing_filter = False
         self.detail: list[str] | None = None
@@ -114,14 +115,19 @@ class Screen:
         return [i for i in self.snapshot.items if i.entry and any(needle in c.lower() for c in i.row.cells)]
 
     def index(self, items: list[Item]) -> int:
-        selectable = [n for n, i in enumerate(items) if i.entry is not None]
-        if not selectable:
-            return -1
-        for n in selectable:
-            if items[n].entry is not None and items[n].entry.key == self.selected:  # type: ignore[union-attr]
-                return n
-        self.selected = items[selectable[0]].entry.key  # type: ignore[union-attr]
-        return selectable[0]
+        """The selected row: the selected entry's, else (it went away or was filtered out) the
+        entry row nearest to where the selection was; -1 with no entry row."""
+        keys = [i.entry.key if i.entry is not None else None for i in items]
+        if self.selected is not None and self.selected in keys:
+            at = keys.index(self.selected)
+        else:
+            rows = [n for n, key in enumerate(keys) if key is not None]
+            if not rows:
+                return -1
+            at = min(rows, key=lambda n: abs(n - self.last_at))
+            self.selected = keys[at]
+        self.last_at = at
+        return at
 
     def move(self, step: int) -> None:
         items = self.visible()
