@@ -209,6 +209,13 @@ def _job_rows(io: Io, view: ListedJob) -> list[Row]:
     return rows
 
 
+def _all_keys(args: argparse.Namespace, rows: list[Row]) -> list[str]:
+    """Every key a shortened one must tell apart: the matrix's and the jobs' (``show`` takes both)."""
+    at = next(i for i, column in enumerate(JOB_COLUMNS) if column.key)
+    shown = {row.cells[at] for row in rows if row.cells[at]}
+    return sorted(shown | {e.key for e in store_of(args).list().entries})
+
+
 def cmd_jobs(args: argparse.Namespace, io: Io) -> int:
     views = dispatcher_of(args).reconcile(sockets={args.socket or default_socket()})
     if not args.all:
@@ -221,7 +228,7 @@ def cmd_jobs(args: argparse.Namespace, io: Io) -> int:
         return EXIT_OK
     rows = [row for view in views for row in _job_rows(io, view)]
     if rows:
-        print_table(io, JOB_COLUMNS, rows)
+        print_table(io, JOB_COLUMNS, rows, keys=_all_keys(args, rows))
     elif not views:
         io.out.write("no jobs\n")
     return EXIT_OK
@@ -236,7 +243,7 @@ def cmd_job(args: argparse.Namespace, io: Io) -> int:
     else:
         rows = _job_rows(io, view)
         if rows:
-            print_table(io, JOB_COLUMNS, rows)
+            print_table(io, JOB_COLUMNS, rows, keys=_all_keys(args, rows))
     return EXIT_OK
 
 
