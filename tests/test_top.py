@@ -28,12 +28,14 @@ SGR = re.compile(r"\x1b\[([0-9;:]*)m")
 class Top:
     """``pi-matrix top`` in a private tmux server of ``width`` x ``height``."""
 
-    def __init__(self, socket: str, store: MatrixStore, width: int, height: int, *args: str) -> None:
+    def __init__(
+        self, socket: str, store: MatrixStore, width: int, height: int, *args: str, env: tuple[str, ...] = ()
+    ) -> None:
         self.socket = socket
         argv = [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(store.root), "top", *args]
         self.tmux(
             "new-session", "-d", "-x", str(width), "-y", str(height), "-s", "top",
-            "-e", "TERM=xterm-256color", " ".join(argv) + "; sleep 30",
+            "-e", "TERM=xterm-256color", *(f"-e{e}" for e in env), " ".join(argv) + "; sleep 30",
         )  # fmt: skip
 
     def tmux(self, *args: str) -> str:
@@ -76,8 +78,8 @@ class Top:
 
 @pytest.fixture
 def top(tmux_socket: str, store: MatrixStore) -> Callable[..., Top]:
-    def start(width: int = 80, height: int = 24, *args: str) -> Top:
-        return Top(tmux_socket, store, width, height, *args)
+    def start(width: int = 80, height: int = 24, *args: str, env: tuple[str, ...] = ()) -> Top:
+        return Top(tmux_socket, store, width, height, *args, env=env)
 
     return start
 
@@ -137,6 +139,23 @@ def test_at_80x24_the_table_shows_more_than_key_status_alive_with_unique_prefix_
     assert view.tmux("display-message", "-p", "-t", "top", "#{alternate_on}").strip() == "1"
     alive_row = next(line for line in lines if keys[1][:15] in line)
     assert re.search(r"\byes\s+\d+\.\d\s+\d+(\.\d)?[KMG]\b", alive_row), alive_row  # CPU % and RSS
+
+
+def test_colours_on_a_terminal_and_none_with_no_color(
+    top: Callable[..., Top], store: MatrixStore, sleepers: list[subprocess.Popen[bytes]]
+) -> None:
+    _uuid_matrix(store, sleepers)
+    colour = re.compile(r"^(3[0-7]|38|9[0-7])$")
+    painted = top(80, 24)
+    painted.text("KEY")
+    raw = "\n".join(painted.screen(escapes=True))
+    assert any(colour.match(p) for m in SGR.findall(raw) for p in m.split(";")), raw
+    painted.tmux("kill-server")
+    plain = top(80, 24, env=("NO_COLOR=1",))
+    plain.text("KEY")
+    raw = "\n".join(plain.screen(escapes=True))
+    assert not any(colour.match(p) for m in SGR.findall(raw) for p in m.split(";")), raw
+    assert any("7" in m.split(";") for m in SGR.findall(raw))  # the selection still shows
 
 
 def test_at_160x40_keys_are_whole(
