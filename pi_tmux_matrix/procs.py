@@ -37,6 +37,7 @@ __all__ = [
     "send_signal",
     "signal_group",
     "stop_group",
+    "usage",
     "wait_for_exit",
     "with_argument",
 ]
@@ -388,25 +389,35 @@ def with_argument(word: str) -> list[ProcessIdentity]:
     return found
 
 
-def rss_bytes(pid: int) -> int | None:
-    """Resident set size of ``pid`` in bytes, or None if it is gone."""
+def _usage(pid: int) -> tuple[float, int, float] | None:
     import psutil
 
     try:
-        return int(psutil.Process(pid).memory_info().rss)
+        process = psutil.Process(pid)
+        with process.oneshot():
+            times, memory, started = process.cpu_times(), process.memory_info(), process.create_time()
     except psutil.Error:
         return None
+    return float(times.user + times.system), int(memory.rss), max(0.0, time.time() - started)
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident set size of ``pid`` in bytes, or None if it is gone."""
+    got = _usage(pid)
+    return None if got is None else got[1]
 
 
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU time of ``pid`` so far, or None if it is gone."""
-    import psutil
+    got = _usage(pid)
+    return None if got is None else got[0]
 
-    try:
-        times = psutil.Process(pid).cpu_times()
-    except psutil.Error:
-        return None
-    return float(times.user + times.system)
+
+def usage(identity: ProcessIdentity) -> tuple[float, int, float] | None:
+    """CPU seconds so far, resident bytes and seconds since it started, of exactly this process
+    (one /proc read), or None when it is gone or its pid now names another. Instant: a CPU % is
+    two of these apart (``psutil.cpu_percent(interval)`` would sleep the caller)."""
+    return _usage(identity.pid) if identify(identity.pid) == identity else None
 
 
 class SignalWakeup:

@@ -13,6 +13,7 @@ from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ContractError
 from ..identity import parse_key, validate_id
 from ..settings import load_settings
 from .base import STOP_WORD, age, confirmed, store_of
+from .render import Column, Row, print_table, tree_indent
 
 if TYPE_CHECKING:
     from ..dispatch.adhoc import AdHocAgent
@@ -204,31 +205,50 @@ def _json(text: str, field: str) -> object:
         raise ContractError(field, f"is not JSON ({exc})", "quote the JSON as one argument") from None
 
 
-def _print_job(io: Io, view: ListedJob) -> None:
+JOB_COLUMNS = (
+    Column("JOB", 100), Column("STATE", 90, shrink=8), Column("KEY", 80, key=True),
+    Column("HOST", 60), Column("TMUX", 50), Column("TARGET", 40, shrink=10),
+    Column("TEAM", 45, shrink=8), Column("TASK", 55, shrink=10), Column("AGE", 70, right=True),
+)  # fmt: skip
+
+
+def _job_rows(io: Io, view: ListedJob) -> list[Row]:
+    """A job's row and one row per agent under it (a corrupt record is a warning instead)."""
     if view.state == "corrupt":
         io.err.write(f"pi-matrix: warning: {view.path}: {view.problem} (job record unreadable)\n")
-        return
+        return []
     if view.state == "untracked":
         pane = view.pane
-        io.out.write(
-            f"{view.job_id}  untracked (no job record; from tmux tags)  {pane.key or '-'}  "
-            f"{pane.target}  host pid {pane.host_pid} ({'alive' if pane.host_alive else 'gone'})\n"
-        )
-        return
+        host = f"pid {pane.host_pid} {'alive' if pane.host_alive else 'gone'}"
+        untracked = (view.job_id, "untracked (tmux tags only)", pane.key or "", host, "", pane.target)
+        return [Row((*untracked, "", "", ""))]
     job = view.job
-    task, label = job.task_ref or "-", job.team or job.profile or "ad-hoc"
-    io.out.write(f"{job.id}  {view.state}  {label}  task {task}  age {age(job.created_at)}\n")
-    for shown in view.agents:
+    rows = [
+        Row(
+            (job.id, view.state, "", "", "", "", job.team or job.profile or "ad-hoc", job.task_ref or "-",
+             age(job.created_at)),
+            ("bold",),
+        )
+    ]  # fmt: skip
+    for i, shown in enumerate(view.agents):
         agent, result = shown.agent, shown.result
-        outcome = (
-            "working"
-            if result is None
-            else result.kind.value + (f" ({result.detail})" if result.detail else "")
-        )
-        io.out.write(
-            f"  {agent.agent_id}  {agent.key}  host {'alive' if shown.host_alive else 'gone'}  "
-            f"tmux {shown.tmux}  {agent.target or '-'}  round {agent.round}: {outcome}\n"
-        )
+        outcome = "working" if result is None else result.kind.value
+        if result is not None and result.detail:
+            outcome += f" ({result.detail})"
+        cells = (
+            agent.agent_id, f"round {agent.round}: {outcome}", agent.key,
+            "alive" if shown.host_alive else "gone", shown.tmux, agent.target or "-", "", "", "",
+        )  # fmt: skip
+        styles = ("", "", "", "green" if shown.host_alive else "red")
+        rows.append(Row(cells, styles, tree_indent(i == len(view.agents) - 1)))
+    return rows
+
+
+def _all_keys(args: argparse.Namespace, rows: list[Row]) -> list[str]:
+    """Every key a shortened one must tell apart: the matrix's and the jobs' (``show`` takes both)."""
+    at = next(i for i, column in enumerate(JOB_COLUMNS) if column.key)
+    shown = {row.cells[at] for row in rows if row.cells[at]}
+    return sorted(shown | {e.key for e in store_of(args).list().entries})
 
 
 def cmd_jobs(args: argparse.Namespace, io: Io) -> int:
@@ -241,10 +261,11 @@ def cmd_jobs(args: argparse.Namespace, io: Io) -> int:
     if args.ndjson:
         io.out.write("".join(json.dumps(view.to_json()) + "\n" for view in views))
         return EXIT_OK
-    if not views:
+    rows = [row for view in views for row in _job_rows(io, view)]
+    if rows:
+        print_table(io, JOB_COLUMNS, rows, keys=_all_keys(args, rows))
+    elif not views:
         io.out.write("no jobs\n")
-    for view in views:
-        _print_job(io, view)
     return EXIT_OK
 
 
@@ -255,7 +276,9 @@ def cmd_job(args: argparse.Namespace, io: Io) -> int:
     if args.json:
         dump_json(io, view.to_json())
     else:
-        _print_job(io, view)
+        rows = _job_rows(io, view)
+        if rows:
+            print_table(io, JOB_COLUMNS, rows, keys=_all_keys(args, rows))
     return EXIT_OK
 
 

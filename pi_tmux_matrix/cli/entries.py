@@ -16,6 +16,7 @@ from ..matrix.store import MatrixStore, Problem, now_ms
 from ..settings import load_settings
 from ..supervise.claim import unsupervised
 from .base import STOP_WORD, age, printable, store_of
+from .render import STATUS_STYLES, Column, Row, print_table
 
 if TYPE_CHECKING:
     from .base import Io
@@ -52,7 +53,6 @@ def register(sub: Any, epilog: str) -> None:
     repair.set_defaults(handler=cmd_repair)
 
 
-
 class _Liveness:
     """Cached identity checks: one /proc read per pid per command."""
 
@@ -74,15 +74,12 @@ def _report(problems: tuple[Problem, ...], io: Io) -> None:
         io.err.write(f"pi-matrix: warning: {problem.line()}\n")
 
 
-
-def format_table(header: list[str], rows: list[list[str]]) -> str:
-    """Plain aligned columns: never truncated, so keys stay copy-pasteable at any width."""
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in [header, *rows]
-    ]
-    return "\n".join(lines) + "\n"
+LS_COLUMNS = (
+    Column("KEY", 100, key=True), Column("ROLE", 60), Column("STATUS", 90, shrink=9),
+    Column("ALIVE", 80, shrink=5), Column("PID", 55, right=True), Column("PARENT", 30, right=True),
+    Column("LANE", 50, shrink=8), Column("TASK", 45, shrink=10), Column("AGE", 70, right=True),
+    Column("BEAT", 40, right=True),
+)  # fmt: skip
 
 
 def cmd_ls(args: argparse.Namespace, io: Io) -> int:
@@ -98,24 +95,23 @@ def cmd_ls(args: argparse.Namespace, io: Io) -> int:
         _report(result.problems, io)
         return EXIT_OK
     now = now_ms()
-    table = [
-        [
-            entry.key,
-            entry.role.value,
-            entry.status.value + (f" ({entry.reason})" if entry.reason else ""),
-            "yes" if alive(entry) else (unsupervised(entry) or "no"),
-            str(entry.pid or "-"),
-            str(entry.parent_pid or "-"),
-            entry.identity.lane or "-",
-            entry.task_ref or "-",
-            age(entry.created_at, now),
-            age(entry.heartbeat_at, now),
-        ]
-        for entry in result.entries
-    ]
+    table: list[Row] = []
+    for entry in result.entries:
+        live = alive(entry)
+        table.append(
+            Row(
+                (
+                    entry.key, entry.role.value,
+                    entry.status.value + (f" ({entry.reason})" if entry.reason else ""),
+                    "yes" if live else (unsupervised(entry) or "no"), str(entry.pid or "-"),
+                    str(entry.parent_pid or "-"), entry.identity.lane or "-", entry.task_ref or "-",
+                    age(entry.created_at, now), age(entry.heartbeat_at, now),
+                ),
+                ("", "", STATUS_STYLES.get(entry.status.value, ""), "green" if live else "red"),
+            )
+        )  # fmt: skip
     if table:
-        header = ["KEY", "ROLE", "STATUS", "ALIVE", "PID", "PARENT", "LANE", "TASK", "AGE", "BEAT"]
-        io.out.write(format_table(header, table))
+        print_table(io, LS_COLUMNS, table)
     else:
         io.out.write(f"no entries in {store_of(args).root}\n")
     _report(result.problems, io)
@@ -130,11 +126,19 @@ def cmd_show(args: argparse.Namespace, io: Io) -> int:
     alive = _Liveness()(entry)
     from ..matrix.codec import unstructure_entry
 
-    blocked, start_failure = _tool_blocks(store, entry.key)
+    blocked, start_failure = tool_blocks(store, entry.key)
     raw = {**unstructure_entry(entry), "alive": alive, "toolBlocks": blocked, "startFailure": start_failure}
     if args.json:
         io.out.write(json.dumps(raw, ensure_ascii=False, indent=2) + "\n")
         return EXIT_OK
+    io.out.write("\n".join(describe(entry, alive, blocked, start_failure)) + "\n")
+    return EXIT_OK
+
+
+def describe(
+    entry: Entry, alive: bool, blocked: list[dict[str, Any]], start_failure: str | None
+) -> list[str]:
+    """``show``'s text for an entry, each line safe for a terminal (``top``'s detail pane too)."""
     now = now_ms()
     lines = [
         (
@@ -178,8 +182,7 @@ def cmd_show(args: argparse.Namespace, io: Io) -> int:
     for block in blocked:
         lines.append(f"  blocked      {age(block['at'], now)} ago {block['tool']} {block['path'] or '-'}")
         lines.append(f"    reason     {str(block['reason'] or '-')[:300]}")
-    io.out.write("\n".join(printable(line) for line in lines) + "\n")
-    return EXIT_OK
+    return [printable(line) for line in lines]
 
 
 def _unsupervised_lines(entry: Entry) -> list[str]:
@@ -193,7 +196,7 @@ def _unsupervised_lines(entry: Entry) -> list[str]:
 SHOWN_BLOCKS = 5
 
 
-def _tool_blocks(store: MatrixStore, key: str) -> tuple[list[dict[str, Any]], str | None]:
+def tool_blocks(store: MatrixStore, key: str) -> tuple[list[dict[str, Any]], str | None]:
     """The last few tool calls the worker's envelope blocked (its host records each one), and why
     its agent could not start, if it could not."""
     from ..matrix.mailbox import EventLog

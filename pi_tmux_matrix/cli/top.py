@@ -1,47 +1,51 @@
 """``pi-matrix top``: the live view of the matrix (masters → workers), with owner keys.
 
-On a terminal it redraws whenever the state dir changes (inotify; a 1 s poll otherwise), reading
-entries without taking any lock. Keys: ↑/↓ or k/j select, ``a`` adopt, ``c`` clean up, ``r``
-resume, ``s`` stop, ``q`` quit; each action asks the same confirmation as its CLI verb and runs
-the same code. Not on a terminal (or with ``--once``) it prints one plain snapshot.
+On a terminal it is a full-screen view (``top_screen``) redrawn as the state dir changes; not on a
+terminal (or with ``--once``) it prints one snapshot through the table renderer, keys whole on a
+pipe. This module reads the matrix into that snapshot: the rows, the counts in the header, each
+agent's CPU and memory, and the detail of one entry.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import select
-import shutil
 import sys
-import termios
-import tty
-from collections.abc import Iterator
-from typing import IO, TYPE_CHECKING, Any
+import time
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import attrs
 
 from .. import procs
-from ..errors import EXIT_OK, EXIT_USAGE, PiMatrixError
+from ..errors import EXIT_OK, PiMatrixError
 from ..identity import ProcessIdentity, Role
-from ..inotify import DirWatch
-from ..inotify import available as inotify_available
 from ..matrix.model import Entry, Status
-from ..matrix.store import MatrixStore, now_ms
+from ..matrix.store import MatrixStore, Problem, now_ms
 from ..settings import resolve_state_dir
 from ..supervise.claim import unsupervised
-from .base import age
+from .base import age, printable
+from .render import STATUS_STYLES, Column, Row, console_for, print_table, table_width, tree_indent
 
 if TYPE_CHECKING:
+    from rich.text import Text
+
     from .base import Io
 
-__all__ = ["register", "rows"]
+__all__ = ["COLUMNS", "Item", "Snapshot", "Usage", "collect", "detail_lines", "pack", "register"]
 
-HEADER = ("KEY", "STATUS", "ALIVE", "LANE", "TASK", "AGE", "BEAT", "HANDOFFS", "TMUX")
+COLUMNS = (
+    Column("KEY", 100, key=True), Column("STATUS", 90, shrink=9), Column("ALIVE", 80, shrink=5),
+    Column("CPU%", 75, right=True), Column("RSS", 70, right=True), Column("AGE", 60, right=True),
+    Column("LANE", 55, shrink=8), Column("TASK", 50, shrink=10), Column("BEAT", 40, right=True),
+    Column("HANDOFFS", 35, right=True), Column("TMUX", 30, shrink=10), Column("REASON", 20, shrink=8),
+)  # fmt: skip
 
 
 def register(sub: Any, epilog: str) -> None:
     top = sub.add_parser(
         "top",
-        help="the live view: masters and workers, with keys to adopt, clean up, resume, stop",
+        help="the live view: masters and workers, CPU and memory, with keys to adopt, clean up, resume, stop",
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -53,11 +57,76 @@ def register(sub: Any, epilog: str) -> None:
     top.set_defaults(handler=cmd_top)
 
 
+def _bytes(size: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if size >= scale:
+            value = size / scale
+            return f"{value:.1f}{unit}" if value < 10 else f"{value:.0f}{unit}"
+    return f"{size}B"
 
-def rows(store: MatrixStore) -> list[tuple[Entry | None, tuple[str, ...]]]:
-    """The tree as table rows: each master, then its workers (indented), then unparented workers."""
-    entries = store.list().entries
-    now = now_ms()
+
+class Usage:
+    """CPU % and resident memory of each entry's processes (its host and its agent), sampled
+    without a pause: each sample is an instant read of CPU time, and the % is the CPU time used
+    since the previous sample over the time between them (the first one: since the process
+    started, as ``ps`` counts). Samples at most once per ``every`` seconds; reuses the last
+    figures in between, so redraws on every keypress cost nothing."""
+
+    def __init__(self, every: float = 1.0) -> None:
+        self.every = every
+        self._cpu: dict[ProcessIdentity, tuple[float, float]] = {}
+        self._shown: dict[str, tuple[float, int]] = {}
+        self._at = -float("inf")
+        self._keys: set[str] = set()
+
+    def sample(self, entries: list[Entry]) -> dict[str, tuple[float, int]]:
+        now = time.monotonic()
+        keys = {e.key for e in entries}
+        if now - self._at < self.every and keys <= self._keys:  # a new entry is sampled at once
+            return self._shown
+        self._at, self._keys = now, keys
+        cpu: dict[ProcessIdentity, tuple[float, float]] = {}
+        shown: dict[str, tuple[float, int]] = {}
+        for entry in entries:
+            percent, rss, found = 0.0, 0, False
+            for ident in {entry.process, entry.child_process} - {None}:
+                assert ident is not None
+                got = procs.usage(ident)
+                if got is None:
+                    continue
+                seconds, resident, lived = got
+                last = self._cpu.get(ident)
+                if last is not None and now > last[1]:
+                    percent += max(0.0, seconds - last[0]) / (now - last[1]) * 100
+                elif lived > 0:
+                    percent += seconds / lived * 100
+                cpu[ident] = (seconds, now)
+                rss += resident
+                found = True
+            if found:
+                shown[entry.key] = (percent, rss)
+        self._cpu, self._shown = cpu, shown
+        return shown
+
+
+@attrs.frozen
+class Item:
+    """One row of the view: an entry (None for a heading) and its cells."""
+
+    entry: Entry | None
+    row: Row
+
+
+@attrs.frozen
+class Snapshot:
+    items: tuple[Item, ...]
+    keys: tuple[str, ...]  # every key in the matrix: what a shortened key must tell apart
+    summary: tuple[Text, ...]
+    targets: dict[str, str]
+    problems: tuple[Problem, ...] = ()
+
+
+def _targets(store: MatrixStore) -> dict[str, str]:
     targets: dict[str, str] = {}
     with contextlib.suppress(PiMatrixError, OSError):
         from ..dispatch.jobs import JobStore
@@ -66,184 +135,115 @@ def rows(store: MatrixStore) -> list[tuple[Entry | None, tuple[str, ...]]]:
             for agent in job.agents:
                 if agent.target and agent.pane_id:
                     targets[agent.key] = f"{agent.socket}:{agent.pane_id}"
-    masters = [e for e in entries if e.role is Role.MASTER]
-    sessions = {m.identity.session_id for m in masters}
-    out: list[tuple[Entry | None, tuple[str, ...]]] = []
-
-    def row(entry: Entry, indent: str) -> tuple[Entry | None, tuple[str, ...]]:
-        alive = "yes" if procs.is_alive(entry.process) else (unsupervised(entry) or "no")
-        status = entry.status.value + (f" ({entry.reason})" if entry.reason else "")
-        return entry, (
-            indent + entry.key, status, alive, entry.identity.lane or "-", entry.task_ref or "-",
-            age(entry.created_at, now), age(entry.heartbeat_at, now), str(len(entry.undelivered)),
-            targets.get(entry.key, "-"),
-        )  # fmt: skip
-
-    for master in masters:
-        out.append(row(master, ""))
-        for worker in entries:
-            if worker.role is Role.WORKER and worker.parent_session_id == master.identity.session_id:
-                out.append(row(worker, "└ "))
-    orphans = [e for e in entries if e.role is Role.WORKER and e.parent_session_id not in sessions]
-    if orphans:
-        out.append((None, ("(no registered master)", "", "", "", "", "", "", "", "")))
-        out.extend(row(worker, "└ ") for worker in orphans)
-    return out
+    return targets
 
 
-def _table(table: list[tuple[Entry | None, tuple[str, ...]]], width: int) -> list[str]:
-    cells = [HEADER, *(r for _, r in table)]
-    widths = [min(max(len(c[i]) for c in cells), 44) for i in range(len(HEADER))]
-    lines = []
-    for cell in cells:
-        line = "  ".join(text[: widths[i]].ljust(widths[i]) for i, text in enumerate(cell)).rstrip()
-        lines.append(line[:width])
+def _summary(
+    entries: list[Entry], alive: dict[str, bool], usage: dict[str, tuple[float, int]]
+) -> tuple[Text, ...]:
+    """The header's counts, as parts a narrow screen wraps between (never inside one)."""
+    from rich.text import Text
+
+    roles = Counter(e.role for e in entries)
+    total = Text(f"{len(entries)} agent{'s' * (len(entries) != 1)}: ")
+    total.append(f"{roles[Role.MASTER]} master{'s' * (roles[Role.MASTER] != 1)}", "bold")
+    total.append(", ")
+    total.append(f"{roles[Role.WORKER]} worker{'s' * (roles[Role.WORKER] != 1)}", "bold")
+    statuses = Counter(e.status for e in entries)
+    parts = [total]
+    parts += [Text(f"{s.value} {statuses[s]}", STATUS_STYLES.get(s.value, "")) for s in Status if statuses[s]]
+    cpu = sum(p for p, _ in usage.values())
+    rss = sum(r for _, r in usage.values())
+    parts += [Text(f"alive {sum(alive.values())}"), Text(f"CPU {cpu:.0f}%"), Text(f"RSS {_bytes(rss)}")]
+    return tuple(parts)
+
+
+def pack(parts: tuple[Text, ...], width: int | None) -> list[Text]:
+    """``parts`` joined by two spaces, on as few lines of ``width`` as they fit."""
+    from rich.text import Text
+
+    lines = [Text()]
+    for part in parts:
+        line = lines[-1]
+        if line.cell_len and width is not None and line.cell_len + 2 + part.cell_len > width:
+            lines.append(Text())
+            line = lines[-1]
+        if line.cell_len:
+            line.append("  ")
+        line.append_text(part)
     return lines
 
 
-class _Terminal:
-    """cbreak mode on the terminal for single keys; cooked mode back for a question."""
+def collect(store: MatrixStore, usage: Usage) -> Snapshot:
+    """The matrix as the view shows it: each master then its workers, then workers with no
+    registered master under a heading."""
+    listing = store.list()
+    entries = list(listing.entries)
+    now = now_ms()
+    targets = _targets(store)
+    alive = {e.key: procs.is_alive(e.process) for e in entries}
+    used = usage.sample(entries)
 
-    def __init__(self, stdin: IO[str], stdout: IO[str]) -> None:
-        self.stdin = stdin
-        self.stdout = stdout
-        self.fd = stdin.fileno()
-        self.saved = termios.tcgetattr(self.fd)
+    def item(entry: Entry, indent: str) -> Item:
+        live = alive[entry.key]
+        cpu, rss = used.get(entry.key, (None, None))
+        cells = (
+            entry.key, entry.status.value, "yes" if live else (unsupervised(entry) or "no"),
+            "-" if cpu is None else f"{cpu:.1f}", "-" if rss is None else _bytes(rss),
+            age(entry.created_at, now), entry.identity.lane or "-", entry.task_ref or "-",
+            age(entry.heartbeat_at, now), str(len(entry.undelivered)), targets.get(entry.key, "-"),
+            entry.reason or "-",
+        )  # fmt: skip
+        styles = (
+            "bold" if entry.role is Role.MASTER else "", STATUS_STYLES.get(entry.status.value, ""),
+            "green" if live else "red",
+        )  # fmt: skip
+        return Item(entry, Row(cells, styles, indent))
 
-    @contextlib.contextmanager
-    def keys(self) -> Iterator[None]:
-        tty.setcbreak(self.fd)
-        self.stdout.write("\x1b[?25l")  # hide the cursor
-        try:
-            yield
-        finally:
-            termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
-            self.stdout.write("\x1b[?25h\n")
-            self.stdout.flush()
-
-    def ask(self, question: str) -> bool:
-        termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
-        try:
-            self.stdout.write(f"\x1b[?25h\n{question} [y/N] ")
-            self.stdout.flush()
-            answer = os.read(self.fd, 1024).decode(errors="replace")
-        finally:
-            tty.setcbreak(self.fd)
-            self.stdout.write("\x1b[?25l")
-        return answer.strip().lower() in ("y", "yes")
+    masters = [e for e in entries if e.role is Role.MASTER]
+    sessions = {m.identity.session_id for m in masters}
+    items: list[Item] = []
+    for master in masters:
+        items.append(item(master, ""))
+        workers = [
+            e for e in entries if e.role is Role.WORKER and e.parent_session_id == master.identity.session_id
+        ]
+        items.extend(item(w, tree_indent(i == len(workers) - 1)) for i, w in enumerate(workers))
+    orphans = [e for e in entries if e.role is Role.WORKER and e.parent_session_id not in sessions]
+    if orphans:
+        heading = Row(("(no master)", *[""] * (len(COLUMNS) - 1)), ("dim",), label=True)
+        items.append(Item(None, heading))
+        items.extend(item(w, tree_indent(i == len(orphans) - 1)) for i, w in enumerate(orphans))
+    summary = _summary(entries, alive, used)
+    return Snapshot(tuple(items), tuple(e.key for e in entries), summary, targets, listing.problems)
 
 
-class Top:
-    def __init__(self, store: MatrixStore, io: Io, owner: tuple[ProcessIdentity, str] | None) -> None:
-        self.store = store
-        self.io = io
-        self.owner = owner
-        self.selected = 0
-        self.message = ""
+EVENTS_SHOWN = 12
 
-    def draw(self, table: list[tuple[Entry | None, tuple[str, ...]]]) -> None:
-        size = shutil.get_terminal_size((80, 24))
-        lines = _table(table, size.columns)
-        out = ["\x1b[H\x1b[2J", f"pi-matrix top — {self.store.root}"[: size.columns]]
-        for i, line in enumerate(lines):
-            marker = "\x1b[7m" if i == self.selected + 1 else ""
-            out.append(f"{marker}{line}\x1b[0m" if marker else line)
-        out = out[: size.lines - 2]
-        out.append(self.message[: size.columns])
-        out.append("↑/↓ select  a adopt  c clean up  r resume  s stop  q quit"[: size.columns])
-        self.io.out.write("\r\n".join(out))
-        self.io.out.flush()
 
-    def act(self, key: str, entry: Entry | None, terminal: _Terminal) -> None:
-        from ..matrix import lifecycle
-        from ..matrix.mailbox import Inbox
-        from ..supervise.master import handshake, require_master
+def detail_lines(store: MatrixStore, entry: Entry, target: str | None) -> list[str]:
+    """The detail pane: ``show``'s view of the entry, its session file and tmux target, and its
+    last events (each line safe for a terminal)."""
+    from ..matrix.mailbox import EventLog
+    from .entries import describe, tool_blocks
 
-        if entry is None or entry.role is not Role.WORKER:
-            self.message = "select a worker first"
-            return
-        lane = entry.identity.lane or "-"
-        who = f"worker {entry.identity.agent_id} (lane {lane})"
-        try:
-            if key == "a":
-                master, session = require_master(self.owner)
-                if terminal.ask(f"adopt {who}?"):
-                    now = now_ms()
-                    handshake(
-                        self.store,
-                        entry,
-                        lambda e: lifecycle.grant_adoption(e, master, session, now),
-                        "pi-matrix top",
-                    )
-                    self.message = f"adoption granted: {entry.key}"
-            elif key == "c":
-                if terminal.ask(f"clean up {who} gracefully?"):
-                    owner_session = self.owner[1] if self.owner else None
-                    handshake(
-                        self.store,
-                        entry,
-                        lambda e: lifecycle.request_cleanup(e, owner_session, now_ms()),
-                        "pi-matrix top",
-                    )
-                    self.message = f"cleanup requested: {entry.key}"
-            elif key == "s":
-                if not procs.is_alive(entry.process):
-                    self.message = f"{entry.key}: its host is not running"
-                elif terminal.ask(f"stop {who} (request -> SIGTERM -> SIGKILL)?"):
-                    Inbox(self.store, entry.key).post("stop", sender="pi-matrix top", to=entry.registration)
-                    self.message = f"stop requested: {entry.key}"
-            elif key == "r":
-                self.resume(entry, who, terminal)
-        except PiMatrixError as exc:
-            self.message = f"error: {exc}"
-
-    def resume(self, entry: Entry, who: str, terminal: _Terminal) -> None:
-        from ..dispatch.model import Relaunch
-        from ..dispatch.plugins import plugin_manager
-        from ..matrix.owners import require_master
-        from .dispatch import default_socket
-
-        master, session = require_master(self.owner)
-        if procs.is_alive(entry.process) or entry.status is not Status.RESUMABLE:
-            self.message = f"{entry.key}: only a dead resumable worker is resumed (adopt a live one)"
-            return
-        if terminal.ask(f"resume {who} in its own session?"):
-            request = Relaunch(
-                entry=entry, parent=master, parent_session=session, state_dir=str(self.store.root),
-                socket=default_socket(),
-            )  # fmt: skip
-            pid = plugin_manager().hook.relaunch(request=request)
-            self.message = f"resumed {entry.key}: host pid {pid}"
-
-    def run(self, terminal: _Terminal) -> None:
-        watch: DirWatch | None = None
-        with contextlib.suppress(OSError):
-            if inotify_available() and self.store.exists():
-                watch = DirWatch(self.store.root)
-        try:
-            with terminal.keys():
-                while True:
-                    table = rows(self.store)
-                    self.selected = max(0, min(self.selected, len(table) - 1))
-                    self.draw(table)
-                    fds = [terminal.fd] + ([watch.fd] if watch else [])
-                    ready, _, _ = select.select(fds, [], [], 1.0)
-                    if watch is not None and watch.fd in ready:
-                        watch.drain()
-                    if terminal.fd not in ready:
-                        continue
-                    key = os.read(terminal.fd, 8).decode(errors="replace")
-                    if key in ("q", "\x03"):
-                        return
-                    if key in ("j", "\x1b[B"):
-                        self.selected += 1
-                    elif key in ("k", "\x1b[A"):
-                        self.selected -= 1
-                    elif key in ("a", "c", "r", "s") and table:
-                        self.act(key, table[self.selected][0], terminal)
-        finally:
-            if watch is not None:
-                watch.close()
+    blocked, start_failure = tool_blocks(store, entry.key)
+    lines = describe(entry, procs.is_alive(entry.process), blocked, start_failure)
+    lines.insert(1, f"  session file {entry.identity.session_file or '-'}")
+    lines.insert(2, f"  tmux target  {target or '-'}")
+    if not blocked:
+        lines.append("  blocked      none (the envelope blocked no tool call)")
+    lines.append(f"  last events  (events/{entry.key}.jsonl)")
+    now = now_ms()
+    events = EventLog(store, entry.key).tail(EVENTS_SHOWN)
+    for event in events:
+        at = event.get("at")
+        when = age(at, now) if isinstance(at, int) else "-"
+        rest = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("at", "event"))
+        lines.append(printable(f"    {when:>4} ago  {event.get('event', '?')}  {rest}"))
+    if not events:
+        lines.append("    none yet")
+    return lines
 
 
 def cmd_top(args: argparse.Namespace, io: Io) -> int:
@@ -252,15 +252,18 @@ def cmd_top(args: argparse.Namespace, io: Io) -> int:
 
     owner = owning_master(store, args.parent_pid, args.parent_session)
     interactive = not args.once and sys.stdin.isatty() and sys.stdout.isatty() and io.out is sys.stdout
-    if not interactive:
-        width = shutil.get_terminal_size((120, 24)).columns
-        table = rows(store)
-        io.out.write("\n".join(_table(table, width)) + "\n")
-        if not table:
-            io.out.write("no entries\n")
-        return EXIT_OK
-    if not hasattr(termios, "tcgetattr"):
-        io.err.write("pi-matrix: error: top needs a terminal; use --once\n")
-        return EXIT_USAGE
-    Top(store, io, owner).run(_Terminal(sys.stdin, sys.stdout))
+    if interactive:
+        from .top_screen import run_screen
+
+        return run_screen(store, io, owner)
+    snapshot = collect(store, Usage())
+    console = console_for(io.out)
+    for line in pack(snapshot.summary, table_width(io)):
+        console.print(line, crop=False)
+    if snapshot.items:
+        print_table(io, COLUMNS, [i.row for i in snapshot.items], keys=snapshot.keys)
+    else:
+        io.out.write("no entries\n")
+    for problem in snapshot.problems:
+        io.err.write(f"pi-matrix: warning: {problem.line()}\n")
     return EXIT_OK

@@ -1,14 +1,9 @@
-"""The ``tree`` verb: masters with their workers, as text (coloured on a terminal), JSON or NDJSON.
-
-Also owns the status colours (:data:`STATUS_COLOURS`, :func:`colour_for`).
-"""
+"""The ``tree`` verb: masters with their workers, as a table (coloured on a terminal), JSON or NDJSON."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import procs
@@ -17,17 +12,19 @@ from ..identity import Role
 from ..matrix.model import Entry
 from ..matrix.store import now_ms
 from ..supervise.claim import unsupervised
-from .base import add_verb, store_of
+from .base import add_verb, age, store_of
+from .render import STATUS_STYLES, Column, Row, print_table, tree_indent
 
 if TYPE_CHECKING:
     from .base import Io
 
-__all__ = ["STATUS_COLOURS", "cmd_tree", "colour_for", "register"]
+__all__ = ["TREE_COLUMNS", "cmd_tree", "register"]
 
-STATUS_COLOURS: dict[str, str] = {
-    "running": "32", "launching": "36", "adopted": "36", "winding_down": "33", "resumable": "33",
-    "terminal": "35", "closed": "2",
-}  # fmt: skip
+TREE_COLUMNS = (
+    Column("KEY", 100, key=True), Column("STATUS", 90, shrink=9), Column("ALIVE", 80, shrink=5),
+    Column("LANE", 50, shrink=8), Column("TASK", 45, shrink=10), Column("AGE", 70, right=True),
+    Column("HANDOFFS", 40, right=True),
+)  # fmt: skip
 
 
 def register(sub: Any, epilog: str) -> None:
@@ -36,14 +33,6 @@ def register(sub: Any, epilog: str) -> None:
     tree.add_argument("--json", action="store_true")
     tree.add_argument("--ndjson", action="store_true", help="one entry per line, with its master")
     tree.set_defaults(handler=cmd_tree)
-
-
-def colour_for(stream: Any) -> Callable[[str, str], str]:
-    """ANSI colours only on a terminal, and never with ``NO_COLOR`` set (no-color.org)."""
-    isatty = getattr(stream, "isatty", None)
-    if os.environ.get("NO_COLOR") or not (callable(isatty) and isatty()):
-        return lambda text, _code: text
-    return lambda text, code: f"\x1b[{code}m{text}\x1b[0m" if code else text
 
 
 def _node(entry: Entry, now: int) -> dict[str, Any]:
@@ -74,28 +63,32 @@ def _write_ndjson(io: Io, tree: list[dict[str, Any]], unparented: list[dict[str,
 
 
 def _write_text(io: Io, tree: list[dict[str, Any]], unparented: list[dict[str, Any]]) -> None:
-    paint = colour_for(io.out)
+    def row(node: dict[str, Any], indent: str = "") -> Row:
+        alive = "yes" if node["alive"] else (node["unsupervised"] or "no")
+        status = node["status"] + (f" ({node['reason']})" if node["reason"] else "")
+        cells = (
+            node["key"], status, alive, node["lane"] or "-", node["taskRef"] or "-",
+            age(now_ms() - node["ageMs"]), str(node["pendingHandoffs"]),
+        )  # fmt: skip
+        styles = (
+            "bold" if not indent else "", STATUS_STYLES.get(node["status"], ""),
+            "green" if node["alive"] else "red",
+        )  # fmt: skip
+        return Row(cells, styles, indent)
 
-    def line(node: dict[str, Any], indent: str) -> str:
-        alive = "alive" if node["alive"] else (node["unsupervised"] or "dead")
-        age = max(0, node["ageMs"] // 1000)
-        extra = f" handoffs {node['pendingHandoffs']}" if node["pendingHandoffs"] else ""
-        status = paint(node["status"], STATUS_COLOURS.get(node["status"], ""))
-        alive = paint(alive, "32" if node["alive"] else "31")
-        return (
-            f"{indent}{node['key']}  {status}{' (' + node['reason'] + ')' if node['reason'] else ''}"
-            f"  {alive}  lane {node['lane'] or '-'}  task {node['taskRef'] or '-'}  age {age}s{extra}\n"
-        )
+    def children(nodes: list[dict[str, Any]]) -> list[Row]:
+        return [row(n, tree_indent(i == len(nodes) - 1)) for i, n in enumerate(nodes)]
 
+    rows: list[Row] = []
     for node in tree:
-        io.out.write(line(node, ""))
-        for child in node["workers"]:
-            io.out.write(line(child, "  └─ "))
+        rows.append(row(node))
+        rows.extend(children(node["workers"]))
     if unparented:
-        io.out.write("(no registered master)\n")
-        for orphan in unparented:
-            io.out.write(line(orphan, "  └─ "))
-    if not tree and not unparented:
+        rows.append(Row(("(no master)", *[""] * 6), ("dim",), label=True))
+        rows.extend(children(unparented))
+    if rows:
+        print_table(io, TREE_COLUMNS, rows)
+    else:
         io.out.write("no entries\n")
 
 
