@@ -23,7 +23,7 @@ from ..contract import parse_env
 from ..errors import EXIT_OK, ContractError, PiMatrixError
 from ..identity import AgentIdentityContract, Mode, Role, validate_id, validate_task_ref
 from ..matrix import lifecycle
-from ..matrix.model import Entry, Handoff
+from ..matrix.model import Entry, Handoff, Outcome
 from ..matrix.store import MatrixStore, now_ms
 from ..settings import load_settings
 from ..supervise.claim import check_claim, live_master, stray_agent, take_over
@@ -229,9 +229,14 @@ def handoff_message(entry: Entry, handoff: Handoff, nonce: str | None = None) ->
     pointer = handoff.result_pointer or "-"
     tag = f"{_FRAME}-{nonce or secrets.token_hex(8)}"
     who = f"agent: {entry.identity.agent_id} (entry {entry.key}), lane: {entry.identity.lane or '-'}"
+    finished = (
+        "A worker ended its round (its agent is idle and can take more work)."
+        if handoff.outcome in (Outcome.DONE, Outcome.BLOCKED)
+        else "A worker finished."
+    )
     return "\n".join(
         [
-            "[pi-matrix handoff] A worker finished.",
+            f"[pi-matrix handoff] {finished}",
             f"{who}, task: {printable(entry.task_ref or '-')}",
             f"outcome: {handoff.outcome.value}{code}{sig}",
             f"full result: {pointer} (pi-matrix show {entry.key})",
@@ -245,10 +250,28 @@ def handoff_message(entry: Entry, handoff: Handoff, nonce: str | None = None) ->
     )
 
 
-def _print_handoff(io: Io, key: str, handoff: Handoff) -> None:
+PRINTED_EXCERPT: Final = 300  # characters of the worker's answer on a printed handoff line
+
+
+def handoff_line(entry: Entry, handoff: Handoff) -> str:
+    """A handoff as a non-pi master prints it: one line (the worker's text made printable, its
+    line breaks shown as `` / ``), saying each thing once."""
     code = f" code {handoff.code}" if handoff.code is not None else ""
     sig = f" signal {handoff.signal}" if handoff.signal is not None else ""
-    io.out.write(f"handoff {key}: {handoff.outcome.value}{code}{sig}: {printable(handoff.summary[:500])}\n")
+    excerpt = " / ".join(line.strip() for line in handoff.summary.splitlines() if line.strip())
+    if len(excerpt) > PRINTED_EXCERPT:
+        excerpt = excerpt[: PRINTED_EXCERPT - 1] + "…"
+    said = f": {printable(excerpt)}" if excerpt else ""
+    pointer = f" (full result: {handoff.result_pointer})" if handoff.result_pointer else ""
+    who = f"agent {printable(entry.identity.agent_id)}"
+    return f"handoff {entry.key}: {handoff.outcome.value}{code}{sig}, {who}{said}{pointer}"
+
+
+def _print_handoff(io: Io, entry: Entry, handoff: Handoff) -> None:
+    # On a terminal the agent's prompt (a shell's "$ ") may hold the cursor mid-line: the
+    # handoff starts a line of its own rather than continuing the prompt.
+    start = "\r\n" if io.out.isatty() else ""
+    io.out.write(f"{start}{handoff_line(entry, handoff)}\n")
     io.out.flush()
 
 
@@ -308,7 +331,7 @@ class _MasterSession:
         """Hand one handoff to the master; True once it may be marked delivered."""
         host = self.host
         if not self.bridged or host is None:
-            _print_handoff(self.io, entry.key, handoff)
+            _print_handoff(self.io, entry, handoff)
             return True
         if handoff.id in host.handoffs_accepted:
             return True  # pi took it: now the handoff may be marked delivered
@@ -321,7 +344,7 @@ class _MasterSession:
             return False
         if host.child is None or (host.bridge_expected_by or 0) > time.monotonic():
             return False  # pi and its bridge are still starting
-        _print_handoff(self.io, entry.key, handoff)  # the bridge never reported: printed instead
+        _print_handoff(self.io, entry, handoff)  # the bridge never reported: printed instead
         return True
 
     def once(self, identity: AgentIdentityContract) -> int:

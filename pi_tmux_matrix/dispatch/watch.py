@@ -25,6 +25,7 @@ import re
 import selectors
 import signal
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import Final
 
@@ -35,7 +36,7 @@ from .. import procs
 from ..errors import PiMatrixError, TmuxUnavailable
 from ..inotify import DirWatch
 from ..inotify import available as inotify_available
-from ..matrix.mailbox import EventLog, Inbox, addressee
+from ..matrix.mailbox import ROUND_TEXT_CHARS, EventLog, Inbox, addressee, round_message
 from ..matrix.store import MatrixStore, now_ms
 from ..matrix.strays import stop_stray, stray_agent
 from .jobs import JobStore, result_now
@@ -53,6 +54,7 @@ _ESC: Final = re.compile(r"\x1b[ -/]*[0-~]")
 _LINE_BREAKING_CSI: Final = frozenset("ABEFGHdf")
 _DECORATION: Final = " \t\u2502\u2503|>*\u2022\u25cf"  # box rules, quote marks, bullets a TUI adds
 MAX_LINE: Final = 64 * 1024
+_ANY_MARKER: Final = re.compile(r"(?:DONE|BLOCKED):[0-9A-Za-z]+(?: .*)?")
 STOP_WAIT_S: Final = 15.0  # host stop sequence: request + grace + SIGTERM + SIGKILL, with margin
 STRAY_GRACE_S: Final = 5.0  # an agent without its host: SIGTERM, this long, then SIGKILL
 
@@ -62,11 +64,16 @@ class MarkerScanner:
 
     A whole line, after escape sequences and a TUI's decoration are stripped: an instruction
     echoed back ("print DONE:… when finished") never counts, only the agent's own line does.
+    It keeps the round's last lines before the marker (:attr:`round_text`, bounded): what a
+    non-pi agent answered, for its handoff. An earlier round's marker starts the round anew.
     """
 
     def __init__(self, nonce: str) -> None:
         self.done = f"DONE:{nonce}"
         self.blocked = f"BLOCKED:{nonce}"
+        self.marker = ""  # the marker line found, as printed
+        self._lines: deque[str] = deque()
+        self._kept = 0  # characters in _lines
         self._partial = ""
         # A multi-byte character split across two reads must not turn into two replacements.
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
@@ -82,7 +89,26 @@ class MarkerScanner:
             found = self._match(line)
             if found is not None:
                 return found
+            self._keep(line)
         return None
+
+    @property
+    def round_text(self) -> str:
+        """What the round printed before its marker (its last :data:`ROUND_TEXT_CHARS`)."""
+        return "\n".join(self._lines).strip()[-ROUND_TEXT_CHARS:]
+
+    def _keep(self, line: str) -> None:
+        text = line.strip(_DECORATION)
+        if _ANY_MARKER.match(text):
+            self._lines.clear()  # an earlier round's end: this round starts after it
+            self._kept = 0
+            return
+        if not text and (not self._lines or not self._lines[-1]):
+            return  # runs of blank lines (a TUI's redraws) kept as one
+        self._lines.append(line.rstrip())
+        self._kept += len(line) + 1
+        while self._kept > ROUND_TEXT_CHARS and self._lines:
+            self._kept -= len(self._lines.popleft()) + 1
 
     def finish(self) -> tuple[ResultKind, str] | None:
         """The last line, when the stream ended without a newline."""
@@ -92,8 +118,10 @@ class MarkerScanner:
     def _match(self, line: str) -> tuple[ResultKind, str] | None:
         text = line.strip(_DECORATION)
         if text == self.done:
+            self.marker = text
             return ResultKind.DONE, ""
         if text == self.blocked or text.startswith(self.blocked + " "):
+            self.marker = self.blocked
             return ResultKind.BLOCKED, text[len(self.blocked) :].strip()
         return None
 
@@ -136,10 +164,27 @@ class Watcher:
         if not self.jobs.put_result(result):
             return None  # someone saw the end first (a stop, another watcher): theirs stands
         self.events.write("result", job=self.job.id, round=self.round, kind=kind.value, detail=detail[:200])
+        if kind in (ResultKind.DONE, ResultKind.BLOCKED):
+            self._tell_host(kind, detail)
         if self.plugins is not None:
             with contextlib.suppress(Exception):  # a plugin's failure never loses a written result
                 self.plugins.hook.on_terminal(job=self.job, result=result)
         return result
+
+    def _tell_host(self, kind: ResultKind, detail: str) -> None:
+        """The marker ended the round: its host hands off now (it owns writes to its entry), not
+        when its agent later ends. Addressed to the host this round runs under: a host gone
+        since takes nothing, and its end hands off as before."""
+        name = self.agent.result_name(self.job.id, self.round)
+        text = round_message(
+            job=self.job.id, round_=self.round, outcome=kind.value, marker=self.scanner.marker,
+            reason=detail, text=self.scanner.round_text, path=self.jobs.results.path(name),
+        )  # fmt: skip
+        to = addressee(self.store, self.agent.key, self.agent.host_pid)
+        try:
+            Inbox(self.store, self.agent.key).post("round", text, sender="pi-matrix watch", to=to)
+        except PiMatrixError as exc:
+            log.warning("%s: the round's end was not told to its host: %s", self.agent.key, exc)
 
     def superseded(self) -> bool:
         """A follow-up re-armed the agent with a newer round, or this round already has a result."""
