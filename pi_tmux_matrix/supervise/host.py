@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 CHILD_TAG: Final = "child"
 SIGNAL_TAG: Final = "signal"
 INBOX_TAG: Final = "inbox"
+ROUND_END_WAIT_S: Final = 1.5  # an agent that ended by itself: how long its round's marker may lag
 
 
 @attrs.frozen(kw_only=True)
@@ -76,6 +77,7 @@ class HostSpec:
     # generation of the launcher's claim on the entry (the registration is fenced by it).
     take_over: ProcessIdentity | None = None
     claim: str | None = None
+    rounds_watched: bool = False  # a job's watcher reports the agent's marker rounds (supervise/rounds)
 
 
 @attrs.define
@@ -392,9 +394,14 @@ class AgentHost:
         returncode = self.agent.end_code()
         self.worker.unwatch()
         self.agent.rpc.drain()
-        # The bridge's last reports (its final result, a tool block) may land just before pi
-        # exits: read them before the end is recorded.
-        self.handle_messages([m for m in self.record.mail() if m.kind in BRIDGE_KINDS])
+        # The bridge's last reports (its final result, a tool block) and the watcher's word that
+        # the round ended (a print agent exits right after its marker) go in before the end.
+        until = time.monotonic() + (ROUND_END_WAIT_S if self.spec.rounds_watched else 0.0)
+        while True:
+            self.handle_messages([m for m in self.record.mail() if m.kind in (*BRIDGE_KINDS, "round")])
+            if not self.rounds.awaited(self.agent.stop.requested) or time.monotonic() >= until:
+                break
+            time.sleep(0.05)
         self._record_end(returncode)
         return exit_code_of(returncode)
 

@@ -55,6 +55,11 @@ class Rounds:
         """The last round handed off and nothing was asked since: the agent's end is no result."""
         return not self.open and self.pending is None
 
+    def awaited(self, stopped: bool) -> bool:
+        """Whether the watcher's word on the open round is still to come, for an agent that ended
+        by itself (a stopped one's round ends with the owner's stop, not with a marker)."""
+        return self.open and self.pending is None and not stopped
+
     def asked(self) -> None:
         """The owner asked for more (a prompt or a steer): a round is open again."""
         self.open = True
