@@ -25,7 +25,12 @@ from pi_tmux_matrix import procs
 from pi_tmux_matrix.identity import AgentIdentityContract, Mode, Role
 from pi_tmux_matrix.matrix import lifecycle
 from pi_tmux_matrix.matrix.codec import decode_entry, encode_entry, unstructure_entry
+from pi_tmux_matrix.matrix.mailbox import round_message
 from pi_tmux_matrix.matrix.model import Entry, ExitKind, ExitRecord, Outcome, Status
+from pi_tmux_matrix.matrix.store import MatrixStore
+from pi_tmux_matrix.supervise.bridge_reports import BridgeReports
+from pi_tmux_matrix.supervise.record import OwnRecord
+from pi_tmux_matrix.supervise.rounds import ARTIFACT_WAIT_S, Rounds
 
 CUSTOM_STANDIN = (
     '[profile]\nname = "standin-custom"\nprovider = "custom"\n'
@@ -301,3 +306,25 @@ def test_a_pi_workers_done_reaches_its_pi_master_at_once_as_done_with_its_answer
     posted = [n for n in notices_posted(lab, "master-boss", "handoff") if agent.key in n["message"]]
     assert len(posted) == 1
     assert "outcome: killed" not in "\n".join(last_conversation(llm))
+
+
+def test_a_prompt_while_a_rounds_answer_is_awaited_opens_the_next_round(tmp_path: Path) -> None:
+    store = MatrixStore(tmp_path / "state")
+    record = OwnRecord(store, _worker_entry().key)
+    record.register(_worker_entry())
+    reports = BridgeReports(seen=True)  # a bridged pi: the round waits for its artifact
+    rounds = Rounds(record, reports, record.events)
+    message = round_message(
+        job="job-1", round_=1, outcome="done", marker="DONE:abc123", reason="", text="pane text", path="/r"
+    )
+    rounds.ended(message, 100.0)
+    assert rounds.pending is not None and store.get(record.key).handoffs == ()  # awaiting the artifact
+    rounds.asked()  # a follow-up lands meanwhile
+    rounds.ended(message, 101.0)  # the same round reported twice: nothing more
+    rounds.settle(100.0 + ARTIFACT_WAIT_S)
+    (handoff,) = store.get(record.key).handoffs
+    assert (handoff.outcome, handoff.summary, handoff.result_pointer) == (Outcome.DONE, "pane text", "/r")
+    assert not rounds.handed_off, "the follow-up's round is open: its end is a result"
+    rounds.ended(message.replace('"round": 1', '"round": 2'), 200.0)
+    rounds.settle(200.0, final=True)
+    assert rounds.handed_off and len(store.get(record.key).handoffs) == 2

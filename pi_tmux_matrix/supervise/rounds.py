@@ -75,6 +75,8 @@ class Rounds:
         self._seen.add((end.job, end.round))
         if self.pending is not None:
             self.settle(now, final=True)
+        # The round is over now; a prompt that comes while its text is awaited opens the next one.
+        self.open = False
         self.pending, self.pending_until = end, now + ARTIFACT_WAIT_S
         self.settle(now)
 
@@ -99,7 +101,6 @@ class Rounds:
         if end.reason:
             summary = f"{summary}\nblocked: {end.reason}".strip()
         self.pending = self.pending_until = None
-        self.open = False
         written = self.record.write(
             lambda e: lifecycle.record_round(
                 e, end.outcome, now_ms(), summary=bounded(summary), result_pointer=pointer
