@@ -124,6 +124,7 @@ FORK_NOT_INHERITED: Final = NEVER_INHERITED | FORK_RUN_ENV | frozenset({ENV_TMUX
 PASS_ENV: Final = (
     "PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", ENV_AGENT_DIR,
     "PI_OFFLINE", "NO_PROXY", "no_proxy", ENV_PI_COMMAND, "STANDIN_STEPS", "STANDIN_STEP_S",
+    "STANDIN_SILENT_BRIDGE",
 )  # fmt: skip
 
 # Linux caps pid_max at 2^22; anything above cannot be a pid on any Linux machine.

@@ -9,13 +9,11 @@ import pytest
 from helpers import make_entry, make_identity
 
 from pi_tmux_matrix.matrix.codec import DecodeError, decode_entry, encode_entry
-from pi_tmux_matrix.matrix.model import ExitKind, Handoff, Status
+from pi_tmux_matrix.matrix.model import Handoff, Outcome, Status
 
 
 def sample() -> dict[str, Any]:
-    handoff = Handoff(
-        id="h1", generation="g-1", parent_session_id="m1", outcome=ExitKind.EXITED, created_at=1
-    )
+    handoff = Handoff(id="h1", generation="g-1", parent_session_id="m1", outcome=Outcome.EXITED, created_at=1)
     entry = make_entry(
         "s1",
         identity=make_identity("s1", session_file="/s/s1.jsonl", cwd="/w", resource_pointers=["/r"]),
@@ -73,6 +71,6 @@ def test_error_paths_use_the_on_disk_names() -> None:
 def test_round_trip_keeps_real_enums() -> None:
     entry, raw = decode_entry(json.dumps(sample()).encode(), "worker-s1")
     assert entry.status is Status.RUNNING
-    assert entry.handoffs[0].outcome is ExitKind.EXITED
+    assert entry.handoffs[0].outcome is Outcome.EXITED
     assert raw["key"] == "worker-s1"
     assert decode_entry(encode_entry(entry), "worker-s1")[0] == entry

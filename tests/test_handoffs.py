@@ -272,9 +272,10 @@ def test_a_pi_workers_handoff_carries_its_last_answer_from_the_result_artifact(
     (handoff,) = lab.store.get(agent.key).handoffs
     artifact = json.loads(Path(str(handoff.result_pointer)).read_text())
     assert "Done with the task." in artifact["text"]
-    # The worker's answer, not "exited code 0": what the master reads is the result itself.
-    assert handoff.summary == artifact["text"].strip()
-    assert handoff.outcome.value == "exited" and handoff.code == 0
+    # The worker's answer, not "exited code 0": what the master reads is the result itself (its
+    # marker line dropped), and the marker ended the round: done, not how pi then exited.
+    assert handoff.summary == artifact["text"].replace(f"DONE:{agent.nonce}", "").strip()
+    assert handoff.outcome.value == "done" and lab.store.get(agent.key).exit.code == 0  # type: ignore[union-attr]
     text = handoff_message(lab.store.get(agent.key), handoff)
     for part in (agent.key, agent.agent_id, "Done with the task.", str(handoff.result_pointer)):
         assert part in text

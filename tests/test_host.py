@@ -28,7 +28,7 @@ from pi_tmux_matrix.cli import main
 from pi_tmux_matrix.cli.app import Io
 from pi_tmux_matrix.identity import ProcessIdentity
 from pi_tmux_matrix.matrix import lifecycle
-from pi_tmux_matrix.matrix.model import Entry, ExitKind, Status
+from pi_tmux_matrix.matrix.model import Entry, ExitKind, Outcome, Status
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
 
 GRACE_S = 5.0  # adoptionGraceMs lower bound
@@ -347,7 +347,7 @@ def assert_one_handoff(entry: Entry, kind: ExitKind, *, parent_session: str) -> 
     assert entry.exit is not None and entry.exit.kind is kind
     assert len(entry.handoffs) == 1, entry.handoffs
     (handoff,) = entry.undelivered
-    assert handoff.outcome is kind
+    assert handoff.outcome is Outcome.of_exit(entry.exit)
     assert (handoff.code, handoff.signal) == (entry.exit.code, entry.exit.signal)
     assert handoff.parent_session_id == parent_session
     assert handoff.generation == entry.registration

@@ -69,6 +69,7 @@ from pi_tmux_matrix.matrix.model import (
     ExitKind,
     ExitRecord,
     Handoff,
+    Outcome,
     ResumablePayload,
     Status,
 )
@@ -177,7 +178,7 @@ handoffs = st.builds(
     id=texts,
     generation=texts,
     parent_session_id=opt(texts),
-    outcome=st.sampled_from(list(ExitKind)),
+    outcome=st.sampled_from(list(Outcome)),
     created_at=ms,
     code=opt(big_ints),
     signal=opt(big_ints),
@@ -275,7 +276,7 @@ def pool_entry(rng: random.Random) -> Entry:
             id=text(),
             generation=text(),
             parent_session_id=maybe(ident("ps")),
-            outcome=rng.choice(list(ExitKind)),
+            outcome=rng.choice(list(Outcome)),
             created_at=number(),
             code=maybe(number()),
             signal=maybe(number()),
@@ -694,7 +695,7 @@ def test_any_payload_of_another_identity_is_refused(entry: Entry, data: st.DataO
 
 
 def test_handoff_limit() -> None:
-    handoff = Handoff(id="h", generation="g", parent_session_id=None, outcome=ExitKind.EXITED, created_at=1)
+    handoff = Handoff(id="h", generation="g", parent_session_id=None, outcome=Outcome.EXITED, created_at=1)
     entry = make_entry(handoffs=(handoff,) * MAX_HANDOFFS)
     assert check(encode_entry(entry), entry.key) == entry
     doc = unstructure_entry(entry)

@@ -33,6 +33,7 @@ from pi_tmux_matrix.matrix.model import (
     Entry,
     ExitKind,
     ExitRecord,
+    Outcome,
     ResumablePayload,
     Status,
 )
@@ -462,7 +463,7 @@ def test_exact_dead_orphan_is_relaunched_into_the_same_session_and_key(lab: Lab)
     assert added[1]["content"].startswith("done: ")
     (handoff,) = finished.undelivered
     assert handoff.parent_session_id == "boss"
-    assert handoff.outcome is ExitKind.EXITED and handoff.code == 0
+    assert handoff.outcome is Outcome.EXITED and handoff.code == 0
     assert handoff.generation == entry.registration
     assert (lab.state / "logs" / "worker-w2.log").exists()
 
@@ -699,7 +700,8 @@ def _terminal_worker(lab: Lab, session: str, owner: str) -> Entry:
 def test_a_handoff_replayed_on_activation_is_printed_exactly_once(lab: Lab) -> None:
     _terminal_worker(lab, "h3", "away")
     done = lab.run("master", "--session-id", "away", "--once")
-    assert handoff_lines(done.stdout, "worker-h3") == ["handoff worker-h3: exited code 0: finished"]
+    expected = "handoff worker-h3: exited code 0, agent agent-h3: finished"
+    assert handoff_lines(done.stdout, "worker-h3") == [expected]
 
 
 def test_an_undelivered_handoff_survives_a_closed_record(lab: Lab) -> None:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pi_tmux_matrix.identity import Role
-from pi_tmux_matrix.matrix.model import ExitKind, Handoff, Status
+from pi_tmux_matrix.matrix.model import Handoff, Outcome, Status
 from pi_tmux_matrix.matrix.reconcile import MAX_AGE_MS, ActionKind, Facts, reconcile
 from pi_tmux_matrix.matrix.store import now_ms
 
@@ -22,7 +22,7 @@ def handoff(delivered: bool) -> Handoff:
         id="h1",
         generation="g-1",
         parent_session_id="m1",
-        outcome=ExitKind.EXITED,
+        outcome=Outcome.EXITED,
         created_at=NOW - 1000,
         code=0,
         delivered_at=NOW if delivered else None,

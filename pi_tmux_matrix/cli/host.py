@@ -16,6 +16,7 @@ from .. import procs
 from ..bridge import bridge_path
 from ..contract import (
     ENV_ALLOWED_PATHS,
+    ENV_DONE_MARKER,
     add_contract_arguments,
     contract_from_args,
     parse_allowed_paths,
@@ -179,6 +180,8 @@ def cmd_host(args: argparse.Namespace, io: Io) -> int:
         deadline_s=args.deadline,
         stop_grace_s=args.stop_grace,
         rpc_prompt=args.rpc_prompt,
+        # The dispatcher set a marker: a job's watcher reports this agent's rounds.
+        rounds_watched=bool(os.environ.get(ENV_DONE_MARKER)),
     )
     store = store_of(args)
     if args.launch_ticket:

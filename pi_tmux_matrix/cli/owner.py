@@ -13,14 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from .. import procs
 from ..errors import EXIT_OK, EXIT_USAGE, ContractError, PiMatrixError
-from ..identity import Role, parse_key
+from ..identity import Mode, Role, parse_key
 from ..matrix import lifecycle
-from ..matrix.mailbox import Inbox, encode_message
+from ..matrix.mailbox import EventLog, Inbox, encode_message
 from ..matrix.model import Entry, Status
 from ..matrix.reconcile import reconcile
 from ..matrix.statedir import is_key
 from ..matrix.store import MatrixStore, now_ms
 from ..settings import load_settings
+from ..supervise.bridge_reports import bridge_silent
 from ..supervise.child import reachable
 from ..supervise.claim import stop_stray, stray_agent
 from ..supervise.master import (
@@ -204,6 +205,22 @@ def _live_host(store: MatrixStore, key: str) -> Entry:
     return entry
 
 
+def _check_listening(store: MatrixStore, entry: Entry) -> None:
+    """Refuse a message nobody would take: the agent's process is gone (its host lives on, e.g.
+    waiting out its grace window), or the pi bridge that reads its mailbox never reported."""
+    if entry.child_process is not None and not procs.is_alive(entry.child_process):
+        raise PiMatrixError(
+            f"{entry.key}: its agent (pid {entry.child_pid}) is not running; nothing was sent. "
+            f"See 'pi-matrix show {entry.key}'"
+        )
+    if entry.identity.mode is not Mode.RPC and bridge_silent(EventLog(store, entry.key)):
+        raise PiMatrixError(
+            f"{entry.key}: its pi bridge is silent (it never reported after pi started), so nothing "
+            f"reads the agent's mailbox; nothing was sent. See 'pi-matrix show {entry.key}' and pi's "
+            "own output in its pane, or stop it with 'pi-matrix stop KEY --confirm yes-tmux-stop'"
+        )
+
+
 def cmd_send(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix send KEY (--steer T | --prompt T | --abort)``."""
     store = store_of(args)
@@ -216,6 +233,7 @@ def cmd_send(args: argparse.Namespace, io: Io) -> int:
             f"{args.key}: its agent runs in {how} and takes no message from its host; nothing was "
             "sent. Fire a new job for more work, or stop it with 'pi-matrix stop KEY --confirm yes-tmux-stop'"
         )
+    _check_listening(store, entry)
     if args.abort:
         kind, text = "abort", ""
     elif args.steer is not None:

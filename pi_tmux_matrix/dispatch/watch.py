@@ -17,11 +17,9 @@ and writes exactly one result for its round, for whichever comes first:
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import logging
 import os
-import re
 import selectors
 import signal
 import time
@@ -35,67 +33,19 @@ from .. import procs
 from ..errors import PiMatrixError, TmuxUnavailable
 from ..inotify import DirWatch
 from ..inotify import available as inotify_available
-from ..matrix.mailbox import EventLog, Inbox, addressee
+from ..matrix.mailbox import EventLog, Inbox, addressee, round_message
 from ..matrix.store import MatrixStore, now_ms
 from ..matrix.strays import stop_stray, stray_agent
 from .jobs import JobStore, result_now
+from .markers import MarkerScanner
 from .model import AgentResult, Job, JobAgent, ResultKind
 
 __all__ = ["MarkerScanner", "Watcher", "stop_agents"]
 
 log = logging.getLogger(__name__)
 
-# Escape sequences: CSI, 7- or 8-bit (cursor moves and positioning end a visual line), OSC and
-# other strings, and every other ESC sequence (charset selection like ESC ( B, save/restore ESC 7).
-_CSI: Final = re.compile(r"(?:\x1b\[|\x9b)[0-?]*[ -/]*([@-~])")
-_OSC: Final = re.compile(r"\x1b[\]PX^_][^\x07\x1b]*(?:\x07|\x1b\\)?")
-_ESC: Final = re.compile(r"\x1b[ -/]*[0-~]")
-_LINE_BREAKING_CSI: Final = frozenset("ABEFGHdf")
-_DECORATION: Final = " \t\u2502\u2503|>*\u2022\u25cf"  # box rules, quote marks, bullets a TUI adds
-MAX_LINE: Final = 64 * 1024
 STOP_WAIT_S: Final = 15.0  # host stop sequence: request + grace + SIGTERM + SIGKILL, with margin
 STRAY_GRACE_S: Final = 5.0  # an agent without its host: SIGTERM, this long, then SIGKILL
-
-
-class MarkerScanner:
-    """Finds ``DONE:<nonce>`` / ``BLOCKED:<nonce> [reason]`` on a line of their own.
-
-    A whole line, after escape sequences and a TUI's decoration are stripped: an instruction
-    echoed back ("print DONE:… when finished") never counts, only the agent's own line does.
-    """
-
-    def __init__(self, nonce: str) -> None:
-        self.done = f"DONE:{nonce}"
-        self.blocked = f"BLOCKED:{nonce}"
-        self._partial = ""
-        # A multi-byte character split across two reads must not turn into two replacements.
-        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-
-    def feed(self, data: bytes) -> tuple[ResultKind, str] | None:
-        text = self._partial + self._decoder.decode(data)
-        text = _OSC.sub("", text)
-        text = _CSI.sub(lambda m: "\n" if m.group(1) in _LINE_BREAKING_CSI else "", text)
-        text = _ESC.sub("", text)
-        lines = re.split(r"[\r\n]", text)
-        self._partial = lines.pop()[-MAX_LINE:]
-        for line in lines:
-            found = self._match(line)
-            if found is not None:
-                return found
-        return None
-
-    def finish(self) -> tuple[ResultKind, str] | None:
-        """The last line, when the stream ended without a newline."""
-        line, self._partial = self._partial, ""
-        return self._match(line)
-
-    def _match(self, line: str) -> tuple[ResultKind, str] | None:
-        text = line.strip(_DECORATION)
-        if text == self.done:
-            return ResultKind.DONE, ""
-        if text == self.blocked or text.startswith(self.blocked + " "):
-            return ResultKind.BLOCKED, text[len(self.blocked) :].strip()
-        return None
 
 
 @attrs.define
@@ -136,10 +86,27 @@ class Watcher:
         if not self.jobs.put_result(result):
             return None  # someone saw the end first (a stop, another watcher): theirs stands
         self.events.write("result", job=self.job.id, round=self.round, kind=kind.value, detail=detail[:200])
+        if kind in (ResultKind.DONE, ResultKind.BLOCKED):
+            self._tell_host(kind, detail)
         if self.plugins is not None:
             with contextlib.suppress(Exception):  # a plugin's failure never loses a written result
                 self.plugins.hook.on_terminal(job=self.job, result=result)
         return result
+
+    def _tell_host(self, kind: ResultKind, detail: str) -> None:
+        """The marker ended the round: its host hands off now (it owns writes to its entry), not
+        when its agent later ends. Addressed to the host this round runs under: a host gone
+        since takes nothing, and its end hands off as before."""
+        name = self.agent.result_name(self.job.id, self.round)
+        text = round_message(
+            job=self.job.id, round_=self.round, outcome=kind.value, marker=self.scanner.marker,
+            reason=detail, text=self.scanner.round_text, path=self.jobs.results.path(name),
+        )  # fmt: skip
+        to = addressee(self.store, self.agent.key, self.agent.host_pid)
+        try:
+            Inbox(self.store, self.agent.key).post("round", text, sender="pi-matrix watch", to=to)
+        except PiMatrixError as exc:
+            log.warning("%s: the round's end was not told to its host: %s", self.agent.key, exc)
 
     def superseded(self) -> bool:
         """A follow-up re-armed the agent with a newer round, or this round already has a result."""

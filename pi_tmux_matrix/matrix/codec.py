@@ -18,7 +18,7 @@ from cattrs.preconf.json import make_converter
 
 from .. import strictjson
 from ..identity import Mode, Role
-from .model import SCHEMA_VERSION, DirectiveKind, Entry, ExitKind, Status, to_camel
+from .model import OUTCOME_ALIASES, SCHEMA_VERSION, DirectiveKind, Entry, ExitKind, Outcome, Status, to_camel
 
 __all__ = [
     "MAX_ENTRY_BYTES",
@@ -63,14 +63,15 @@ def _strict_optional(kind: type[Any], label: str) -> Any:
     return structure
 
 
-def _enum_hook(cls: type[Enum]) -> Any:
-    members = dict(cls._value2member_map_)
+def _enum_hook(cls: type[Enum], aliases: dict[str, Any] | None = None) -> Any:
+    names = list(cls._value2member_map_)
+    members = {**cls._value2member_map_, **(aliases or {})}  # old spellings read, never written
 
     def structure_enum(value: Any, _type: Any) -> Any:
         # The value map, not cls(value): Enum.__call__ is several times slower.
         member = members.get(value) if type(value) is str else None
         if member is None:
-            raise ValueError(f"expected one of {list(members)}, got {value!r}"[:200])
+            raise ValueError(f"expected one of {names}, got {value!r}"[:200])
         return member
 
     return structure_enum
@@ -98,6 +99,7 @@ def _make_converter(*, detailed: bool) -> cattrs.Converter:
         conv.register_structure_hook_func(_exactly(Optional[kind]), _strict_optional(kind, label))  # noqa: UP045
     for enum in (Role, Mode, Status, DirectiveKind, ExitKind):
         conv.register_structure_hook(enum, _enum_hook(enum))
+    conv.register_structure_hook(Outcome, _enum_hook(Outcome, OUTCOME_ALIASES))
 
     # Homogeneous tuples come from JSON arrays only: cattrs would happily iterate a string
     # into characters or a mapping into its keys.

@@ -21,6 +21,7 @@ from .model import (
     Entry,
     ExitRecord,
     Handoff,
+    Outcome,
     ResumablePayload,
     Status,
     bounded,
@@ -36,6 +37,7 @@ __all__ = [
     "make_resumable",
     "mark_delivered",
     "new_entry",
+    "record_round",
     "record_terminal",
     "release_launch",
     "request_cleanup",
@@ -182,6 +184,42 @@ def accept_adoption(entry: Entry, now: int) -> Entry:
     )
 
 
+def _handoff(entry: Entry, outcome: Outcome, now: int, summary: str, result_pointer: str | None) -> Handoff:
+    return Handoff(
+        id=secrets.token_hex(6),
+        generation=entry.registration,
+        parent_session_id=entry.parent_session_id,
+        outcome=outcome,
+        created_at=now,
+        summary=bounded(summary),
+        result_pointer=result_pointer,
+    )
+
+
+def _with_handoff(entry: Entry, handoff: Handoff) -> tuple[Handoff, ...]:
+    """``handoff`` appended; over the bound, delivered ones go first, oldest first (an agent
+    with many rounds never pushes out one its owner has not had)."""
+    handoffs = [*entry.handoffs, handoff]
+    while len(handoffs) > MAX_HANDOFFS:
+        done = next((h for h in handoffs if h.delivered_at is not None), handoffs[0])
+        handoffs.remove(done)
+    return tuple(handoffs)
+
+
+def record_round(
+    entry: Entry, outcome: Outcome, now: int, *, summary: str = "", result_pointer: str | None = None
+) -> Entry | None:
+    """A worker's round ended with its marker (``done``/``blocked``) while its agent lives on:
+    a handoff for its owner at once, the status unchanged. None (no write) for an entry with no
+    owner to hand off to, or one whose agent already ended."""
+    if entry.role is Role.MASTER or entry.parent_session_id is None:
+        return None
+    if entry.status in (Status.TERMINAL, Status.CLOSED):
+        return None
+    handoff = _handoff(entry, outcome, now, summary, result_pointer)
+    return attrs.evolve(entry, handoffs=_with_handoff(entry, handoff), heartbeat_at=now)
+
+
 def record_terminal(
     entry: Entry,
     exit_record: ExitRecord,
@@ -189,22 +227,22 @@ def record_terminal(
     *,
     summary: str = "",
     result_pointer: str | None = None,
+    handoff: bool = True,
 ) -> Entry:
-    """The agent ended. A worker keeps an undelivered handoff for its owner; a master closes."""
+    """The agent ended. A worker keeps an undelivered handoff for its owner; a master closes.
+
+    ``handoff=False``: the round already handed off (its marker) and nothing was asked of the
+    agent since, so its end is only recorded: a stop of an idle finished worker never reads as a
+    second, contradicting result. The record closes unless an earlier handoff is undelivered."""
     if entry.role is Role.MASTER or entry.parent_session_id is None:
         return entry.moved(Status.CLOSED, reason=exit_record.kind.value, exit=exit_record, heartbeat_at=now)
-    handoff = Handoff(
-        id=secrets.token_hex(6),
-        generation=entry.registration,
-        parent_session_id=entry.parent_session_id,
-        outcome=exit_record.kind,
-        created_at=now,
-        code=exit_record.code,
-        signal=exit_record.signal,
-        summary=bounded(summary),
-        result_pointer=result_pointer,
-    )
-    handoffs = (*entry.handoffs, handoff)[-MAX_HANDOFFS:]
+    handoffs = entry.handoffs
+    if handoff:
+        made = _handoff(entry, Outcome.of_exit(exit_record), now, summary, result_pointer)
+        made = attrs.evolve(made, code=exit_record.code, signal=exit_record.signal)
+        handoffs = _with_handoff(entry, made)
+    elif not entry.undelivered:
+        return entry.moved(Status.CLOSED, reason=exit_record.kind.value, exit=exit_record, heartbeat_at=now)
     return entry.moved(
         Status.TERMINAL,
         reason=exit_record.kind.value,

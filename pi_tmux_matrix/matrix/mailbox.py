@@ -26,17 +26,33 @@ import attrs
 
 from .. import strictjson
 from ..errors import ContractError, PiMatrixError, StoreError
+from .model import MAX_TEXT, Outcome
 from .store import MatrixStore, now_ms
 
-__all__ = ["MESSAGE_KINDS", "AgentNotices", "EventLog", "Inbox", "Message", "addressee", "encode_message"]
+__all__ = [
+    "MESSAGE_KINDS",
+    "ROUND_TEXT_CHARS",
+    "AgentNotices",
+    "EventLog",
+    "Inbox",
+    "Message",
+    "RoundEnd",
+    "addressee",
+    "encode_message",
+    "parse_round",
+    "round_message",
+]
 
 log = logging.getLogger(__name__)
 
-# Owner commands, plus what the pi bridge reports from inside the session (identity, result, bridge).
+# Owner commands, what the pi bridge reports from inside the session (identity, result, bridge),
+# and the job watcher's word that a round ended with the agent's marker (round).
 MESSAGE_KINDS: Final = frozenset(
-    {"steer", "prompt", "abort", "stop", "wake", "switch", "identity", "result", "bridge"}
+    {"steer", "prompt", "abort", "stop", "wake", "switch", "identity", "result", "bridge", "round"}
 )
 MAX_MESSAGE_BYTES: Final = 64 * 1024
+ROUND_TEXT_CHARS: Final = MAX_TEXT  # of a round's own output a watcher sends its host
+_ROUND_OUTCOMES: Final = {"done": Outcome.DONE, "blocked": Outcome.BLOCKED}
 _O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 
 
@@ -71,6 +87,46 @@ class Message:
     # The host generation (its registration token) the message was addressed to: a message
     # posted to a host that died before reading it is never taken by the next host of the key.
     to: str | None = None
+
+
+# -- the watcher's word that a round ended (supervise/rounds.py hands off for it) ----------------
+@attrs.frozen
+class RoundEnd:
+    """A round the watcher saw end with the agent's marker."""
+
+    job: str
+    round: int
+    outcome: Outcome
+    marker: str  # the marker's word and nonce, e.g. DONE:3f2a…
+    reason: str = ""  # a BLOCKED marker's reason
+    text: str = ""  # what the round printed before its marker (bounded)
+    path: str | None = None  # the job's result record
+
+
+def round_message(
+    *, job: str, round_: int, outcome: str, marker: str, reason: str, text: str, path: str
+) -> str:
+    """The ``round`` message a watcher posts to the agent's host."""
+    body = {
+        "job": job, "round": round_, "outcome": outcome, "marker": marker, "reason": reason[:500],
+        "text": text[-ROUND_TEXT_CHARS:], "path": path,
+    }  # fmt: skip
+    return json.dumps(body)
+
+
+def parse_round(text: str) -> RoundEnd | None:
+    """A ``round`` message's body, or None when it is not one."""
+    try:
+        raw: Any = json.loads(text)
+        outcome = _ROUND_OUTCOMES[raw["outcome"]]
+        path = raw.get("path")
+        return RoundEnd(
+            job=str(raw["job"]), round=int(raw["round"]), outcome=outcome, marker=str(raw["marker"]),
+            reason=str(raw.get("reason") or ""), text=str(raw.get("text") or ""),
+            path=path if isinstance(path, str) else None,
+        )  # fmt: skip
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _append_line(path: Path, record: dict[str, Any]) -> None:

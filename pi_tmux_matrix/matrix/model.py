@@ -23,6 +23,7 @@ __all__ = [
     "LEGAL_TRANSITIONS",
     "MAX_HANDOFFS",
     "MAX_TEXT",
+    "OUTCOME_ALIASES",
     "SCHEMA_VERSION",
     "Directive",
     "DirectiveKind",
@@ -30,6 +31,7 @@ __all__ = [
     "ExitKind",
     "ExitRecord",
     "Handoff",
+    "Outcome",
     "ResumablePayload",
     "Status",
     "bounded",
@@ -83,6 +85,37 @@ class ExitKind(str, Enum):
     KILLED = "killed"  # its owner stopped it
     TIMED_OUT = "timed_out"  # its deadline passed
     CRASHED = "crashed"  # a signal its owner did not send
+
+
+class Outcome(str, Enum):
+    """How a worker's round ended, as its handoff says it (issue 19).
+
+    ``done``/``blocked``: the agent printed its marker (the round ended, the agent may live on);
+    otherwise how its process ended: ``exited`` by itself with code 0, ``killed`` by its owner,
+    ``timed_out`` at its deadline, ``failed`` (a non-zero code, a signal nobody sent, no start).
+    """
+
+    DONE = "done"
+    BLOCKED = "blocked"
+    EXITED = "exited"
+    KILLED = "killed"
+    TIMED_OUT = "timed_out"
+    FAILED = "failed"
+
+    @classmethod
+    def of_exit(cls, record: ExitRecord) -> Outcome:
+        """The outcome of a round that ended with its process."""
+        if record.kind is ExitKind.KILLED:
+            return cls.KILLED
+        if record.kind is ExitKind.TIMED_OUT:
+            return cls.TIMED_OUT
+        if record.kind is ExitKind.EXITED and record.code == 0:
+            return cls.EXITED
+        return cls.FAILED
+
+
+# Handoffs stored before outcomes were widened said ``crashed`` (an ExitKind): read as ``failed``.
+OUTCOME_ALIASES: Final = {"crashed": Outcome.FAILED}
 
 
 _Validator = Callable[[Any, Any, Any], None]
@@ -150,12 +183,14 @@ class ExitRecord:
 
 @attrs.frozen(kw_only=True)
 class Handoff:
-    """A bounded terminal event for the owning parent session; delivered exactly once."""
+    """A bounded event for the owning parent session, delivered exactly once: a round that ended
+    (its marker, or its agent's end). ``summary`` is the excerpt of the worker's last answer and
+    ``result_pointer`` the full result (the pi bridge's artifact, else the host's events log)."""
 
     id: str
     generation: str
     parent_session_id: str | None
-    outcome: ExitKind
+    outcome: Outcome
     created_at: int
     code: int | None = None
     signal: int | None = None

@@ -28,6 +28,7 @@ __all__ = [
     "RESULT_TEXT_BYTES",
     "BridgeReports",
     "SessionReport",
+    "bridge_silent",
 ]
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,24 @@ ENVELOPE_TEXT_CHARS: Final = 1000  # of a tool_blocked report's tool, path or re
 # What the pi bridge reports from inside the session (never an owner's command).
 BRIDGE_KINDS: Final = ("identity", "result", "bridge")
 RESULT_TEXT_BYTES: Final = 256 * 1024  # an artifact read for its text (the bridge keeps 16,000 chars)
+# Events that show the bridge (or a new host) spoke after a ``bridge_silent``: the bridge is heard.
+_HEARD: Final = frozenset(
+    {"registered", "bridge_ready", "agent_result", "notice_taken", "handoff_accepted", "bridge"}
+)
+SILENCE_LOOKBACK: Final = 2000  # events read back for the host's last word on its bridge
+
+
+def bridge_silent(events: EventLog) -> bool:
+    """Whether the host's last word on its agent's bridge is ``bridge_silent`` (it never reported
+    in time, and has not since): nothing reads the agent's mailbox, so a message would only sit
+    there. Read from the host's events, by a process other than the host (``pi-matrix send``)."""
+    for event in reversed(events.tail(SILENCE_LOOKBACK)):
+        name = event.get("event")
+        if name == "bridge_silent":
+            return True
+        if name in _HEARD:
+            return False
+    return False
 
 
 @attrs.frozen

@@ -31,7 +31,6 @@ __all__ = [
     "AgentChild",
     "StopSequence",
     "child_env",
-    "describe_end",
     "exit_code_of",
     "reachable",
     "signal_child",
@@ -147,10 +146,18 @@ class StopSequence:
         return ExitRecord(kind=ExitKind.EXITED, at=now, code=code)
 
     def end_step(
-        self, record: ExitRecord, now: int, *, summary: str, result_pointer: str, lost: bool = False
+        self,
+        record: ExitRecord,
+        now: int,
+        *,
+        summary: str,
+        result_pointer: str,
+        lost: bool = False,
+        handoff: bool = True,
     ) -> Callable[[Entry], Entry | None]:
         """The write that records the child's end in the entry, by why it stopped (``lost``: its
-        terminal went away under it, see :meth:`AgentChild.terminal_lost`)."""
+        terminal went away under it, see :meth:`AgentChild.terminal_lost`; ``handoff=False``: its
+        last round already handed off, see :mod:`.rounds`)."""
         if lost:
             return self.lost_step(record, now)
         if self.reason == "grace_expired":
@@ -163,7 +170,7 @@ class StopSequence:
             if not entry.can_move_to(Status.TERMINAL):
                 return None
             return lifecycle.record_terminal(
-                entry, record, now, summary=summary, result_pointer=result_pointer
+                entry, record, now, summary=summary, result_pointer=result_pointer, handoff=handoff
             )
 
         return finish
@@ -192,15 +199,6 @@ def terminal_gone() -> bool:
         return True
     os.close(fd)
     return False
-
-
-def describe_end(record: ExitRecord) -> str:
-    """The summary of an end with no last message: its kind, code and signal."""
-    return (
-        f"{record.kind.value}"
-        + (f" code {record.code}" if record.code is not None else "")
-        + (f" signal {record.signal}" if record.signal is not None else "")
-    )
 
 
 def reachable(mode: Mode | None, is_pi: bool) -> bool:

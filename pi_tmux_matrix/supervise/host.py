@@ -35,17 +35,16 @@ from .. import procs
 from ..contract import LaunchContract
 from ..errors import PiMatrixError
 from ..identity import AgentIdentityContract, Mode, ProcessIdentity, Role, validate_id, validate_task_ref
-from ..inotify import DirWatch
-from ..inotify import available as inotify_available
 from ..matrix import lifecycle
 from ..matrix.mailbox import AgentNotices, EventLog, Message
 from ..matrix.model import Entry, ExitKind, Status
 from ..matrix.store import MatrixStore, now_ms
 from ..settings import MatrixSettings
 from .bridge_reports import BRIDGE_KINDS, BridgeReports, SessionReport
-from .child import AgentChild, child_env, describe_end, exit_code_of
+from .child import AgentChild, child_env, exit_code_of
 from .claim import Yielding
 from .record import OwnRecord
+from .rounds import Rounds
 from .rpc import RPC_TAG
 from .timers import Timers
 from .worker import PARENT_TAG, Phase, WorkerSide
@@ -58,6 +57,7 @@ log = logging.getLogger(__name__)
 CHILD_TAG: Final = "child"
 SIGNAL_TAG: Final = "signal"
 INBOX_TAG: Final = "inbox"
+ROUND_END_WAIT_S: Final = 1.5  # an agent that ended by itself: how long its round's marker may lag
 
 
 @attrs.frozen(kw_only=True)
@@ -77,6 +77,7 @@ class HostSpec:
     # generation of the launcher's claim on the entry (the registration is fenced by it).
     take_over: ProcessIdentity | None = None
     claim: str | None = None
+    rounds_watched: bool = False  # a job's watcher reports the agent's marker rounds (supervise/rounds)
 
 
 @attrs.define
@@ -127,7 +128,7 @@ class AgentHost:
             beat_window_s=(2 * settings.heartbeat_ms + settings.watcher_poll_ms) / 1000,
         )  # fmt: skip
         self.reports = BridgeReports()
-        self._inbox_watch: DirWatch | None = None
+        self.rounds = Rounds(self.record, self.reports, self.record.events)
         self._selector: selectors.BaseSelector | None = None
         self._watches: list[tuple[int, Callable[[], None]]] = []  # the program's own fds
 
@@ -207,9 +208,16 @@ class AgentHost:
             self.hooks.on_agent_end(self)
         # A worker whose pane or tmux server went away under it did not end its task: resumable.
         lost = self.role is Role.WORKER and self.agent.terminal_lost(returncode)
-        summary = self.agent.rpc.last_message or self.reports.last_text() or describe_end(record)
+        self.rounds.settle(time.monotonic(), final=True)  # a round that ended first hands off first
+        # The outcome already says how it ended: no text is an empty excerpt, not the outcome again.
+        summary = self.agent.rpc.last_message or self.reports.last_text()
         pointer = self.reports.result_pointer or str(self.events.path)
-        self.record.write(stop.end_step(record, now_ms(), summary=summary, result_pointer=pointer, lost=lost))
+        self.record.write(
+            stop.end_step(
+                record, now_ms(), summary=summary, result_pointer=pointer, lost=lost,
+                handoff=not self.rounds.handed_off,
+            )
+        )  # fmt: skip
 
     # -- session switch (/new, /resume, /fork) -----------------------------------------------------
     def switch_session(
@@ -241,7 +249,7 @@ class AgentHost:
         if child is not None:
             self.record.write(lambda e: lifecycle.with_child(e, child))
         self.events.write("session_switched", previous=old_key)
-        self._watch_inbox()
+        self.record.watch_mail(self._selector, INBOX_TAG)
         if self.hooks.on_switch is not None:
             self.hooks.on_switch(self, old_key)
 
@@ -281,15 +289,21 @@ class AgentHost:
                 else:
                     self.agent.request_stop(ExitKind.KILLED, "stop")
             elif message.kind == "steer":
+                self.rounds.asked()
                 self.agent.steer(message.text)
             elif message.kind in ("prompt", "abort"):
+                if message.kind == "prompt":
+                    self.rounds.asked()
                 self.agent.tell("prompt" if message.kind == "prompt" else "abort", message.text)
+            elif message.kind == "round":
+                self.rounds.ended(message.text, time.monotonic())
             elif message.kind == "switch":
                 self._switch_from_message(message.text)
             elif message.kind in BRIDGE_KINDS:
                 report = self.reports.receive(message.kind, message.text, self.events)
                 if report is not None:
                     self._follow_session(report)
+                self.rounds.settle(time.monotonic())  # the artifact a round waits for may be in
 
     def wake(self) -> None:
         """New mail, or a directive announced: look now rather than at the next tick."""
@@ -297,25 +311,6 @@ class AgentHost:
         self.worker.check_entry()
         if self.hooks.on_wake is not None and not self.record.superseded:
             self.hooks.on_wake(self)
-
-    def _watch_inbox(self) -> None:
-        """Wake on new mail in our inbox (inotify); without inotify the loop polls it."""
-        self._unwatch_inbox()
-        if self._selector is None or not inotify_available():
-            return
-        try:
-            watch = DirWatch(self.store.side_dir("mailbox", self.key))
-        except OSError:
-            return
-        self._inbox_watch = watch
-        self._selector.register(watch.fd, selectors.EVENT_READ, INBOX_TAG)
-
-    def _unwatch_inbox(self) -> None:
-        if self._inbox_watch is not None:
-            if self._selector is not None:
-                self._selector.unregister(self._inbox_watch.fd)
-            self._inbox_watch.close()
-            self._inbox_watch = None
 
     # -- the loop -------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -355,7 +350,7 @@ class AgentHost:
                 return self._on_child_exit()  # it ended before we could watch it
             selector.register(child_fd, selectors.EVENT_READ, CHILD_TAG)
             self.agent.rpc.watch(selector)
-        self._watch_inbox()
+        self.record.watch_mail(self._selector, INBOX_TAG)
         for fd, on_ready in self._watches:
             selector.register(fd, selectors.EVENT_READ, on_ready)
         self.worker.start_watching(selector)
@@ -383,7 +378,7 @@ class AgentHost:
             self.worker.stop_watching()
             if child_fd is not None:
                 os.close(child_fd)
-            self._unwatch_inbox()
+            self.record.unwatch_mail()
             selector.close()
             self._selector = None
 
@@ -391,24 +386,29 @@ class AgentHost:
         stop = self.agent.stop
         return timers.timeout(
             time.monotonic(),
-            inbox=self._inbox_watch is None,
+            inbox=self.record.mail_watch is None,
             deadline=not stop.requested,
-            others=(self.worker.grace_deadline, stop.next_at()),
+            others=(self.worker.grace_deadline, stop.next_at(), self.rounds.next_at()),
         )
 
     def _on_child_exit(self) -> int:
         returncode = self.agent.end_code()
         self.worker.unwatch()
         self.agent.rpc.drain()
-        # The bridge's last reports (its final result, a tool block) may land just before pi
-        # exits: read them before the end is recorded.
-        self.handle_messages([m for m in self.record.mail() if m.kind in BRIDGE_KINDS])
+        # The bridge's last reports (its final result, a tool block) and the watcher's word that
+        # the round ended (a print agent exits right after its marker) go in before the end.
+        until = time.monotonic() + (ROUND_END_WAIT_S if self.spec.rounds_watched else 0.0)
+        while True:
+            self.handle_messages([m for m in self.record.mail() if m.kind in (*BRIDGE_KINDS, "round")])
+            if not self.rounds.awaited(self.agent.stop.requested) or time.monotonic() >= until:
+                break
+            time.sleep(0.05)
         self._record_end(returncode)
         return exit_code_of(returncode)
 
     def _on_inbox(self, _key: selectors.SelectorKey) -> None:
-        if self._inbox_watch is not None:
-            self._inbox_watch.drain()
+        if self.record.mail_watch is not None:
+            self.record.mail_watch.drain()
             self.wake()
 
     def _on_rpc(self, key: selectors.SelectorKey) -> None:
@@ -417,10 +417,11 @@ class AgentHost:
 
     def _on_timers(self, timers: Timers) -> None:
         now = time.monotonic()
+        self.rounds.settle(now)
         if timers.poll.due(now):
             self.worker.poll()
             self.wake()
-        if self._inbox_watch is None and timers.inbox.due(now):
+        if self.record.mail_watch is None and timers.inbox.due(now):
             self.handle_messages(self.record.mail())
         if timers.beat.due(now):
             beat = now_ms()

@@ -8,11 +8,14 @@ holds it writes to the session the agent is in now.
 from __future__ import annotations
 
 import logging
+import selectors
 from collections.abc import Callable
 
 import attrs
 
 from ..errors import Conflict, PiMatrixError
+from ..inotify import DirWatch
+from ..inotify import available as inotify_available
 from ..matrix.mailbox import AgentNotices, EventLog, Inbox, Message
 from ..matrix.model import Entry
 from ..matrix.store import MatrixStore
@@ -36,6 +39,8 @@ class OwnRecord:
     events: EventLog = attrs.field(init=False)
     inbox: Inbox = attrs.field(init=False)
     notices: AgentNotices = attrs.field(init=False)
+    mail_watch: DirWatch | None = attrs.field(init=False, default=None)
+    _selector: selectors.BaseSelector | None = attrs.field(init=False, default=None)
 
     def __attrs_post_init__(self) -> None:
         self.rekey(self.key)
@@ -105,6 +110,26 @@ class OwnRecord:
                 self.key,
                 found,
             )
+
+    def watch_mail(self, selector: selectors.BaseSelector | None, tag: str) -> None:
+        """Wake ``selector`` (as ``tag``) on new mail in our inbox, by inotify; without it (or
+        without a selector) nothing is watched and the host polls the inbox."""
+        self.unwatch_mail()
+        if selector is None or not inotify_available():
+            return
+        try:
+            watch = DirWatch(self.store.side_dir("mailbox", self.key))
+        except OSError:
+            return
+        self.mail_watch, self._selector = watch, selector
+        selector.register(watch.fd, selectors.EVENT_READ, tag)
+
+    def unwatch_mail(self) -> None:
+        if self.mail_watch is not None:
+            if self._selector is not None:
+                self._selector.unregister(self.mail_watch.fd)
+            self.mail_watch.close()
+            self.mail_watch = self._selector = None
 
     def mail(self) -> list[Message]:
         """Our owner's messages. None once a newer generation owns the key (it reads them now);

@@ -15,7 +15,8 @@ messages), and ends its turn with a ``DONE`` marker (``BLOCKED`` if the task say
   ``get_state``) and exits at stdin EOF.
 
 Tasks may contain ``FAIL`` (exit 3), ``BLOCKED`` (marker, exit 2 in print mode) or ``HANG``
-(never finishes the turn). ``STANDIN_STEPS`` and ``STANDIN_STEP_S`` set the pace.
+(never finishes the turn). ``STANDIN_STEPS`` and ``STANDIN_STEP_S`` set the pace;
+``STANDIN_SILENT_BRIDGE=1`` makes it a pi whose bridge never reports in.
 
 It accepts (and ignores) pi's launch flags (``--model``, ``--thinking``, ``--tools``,
 ``--no-tools``, ``-e``, ``--append-system-prompt``, ``--worktree-lane``), so the ``pi`` argv
@@ -297,7 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         path = _default_session_path()
     session = Session(path)
     bridged = any(Path(e).name == "bridge.ts" for e in args.extension)
-    if bridged:
+    # STANDIN_SILENT_BRIDGE=1: like a pi whose bridge failed to load (it never reports in).
+    if bridged and not os.environ.get("STANDIN_SILENT_BRIDGE"):
         _report_like_the_bridge(session)
     agent = Agent(session, emit_rpc=mode == "rpc")
     task = " ".join(args.message) or None
