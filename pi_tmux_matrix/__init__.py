@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .contract import LaunchContract, parse_env
 from .errors import (
+    Ambiguous,
     Conflict,
     ContractError,
     CorruptEntry,
@@ -77,6 +78,7 @@ __all__ = [
     "AgentIdentityContract",
     "AgentLaunch",
     "AgentResult",
+    "Ambiguous",
     "Conflict",
     "ContractError",
     "CorruptEntry",

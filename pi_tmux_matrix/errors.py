@@ -14,6 +14,7 @@ __all__ = [
     "EXIT_NOT_FOUND",
     "EXIT_OK",
     "EXIT_USAGE",
+    "Ambiguous",
     "Conflict",
     "ContractError",
     "CorruptEntry",
@@ -76,6 +77,19 @@ class ContractError(PiMatrixError, ValueError):
 
 class InvalidId(ContractError):
     """An id (session, agent, lane, task ref, entry key) that failed the allowlist."""
+
+
+class Ambiguous(ContractError):
+    """A prefix or agent id a person typed that names more than one thing: the candidates are
+    listed, nothing is guessed (as git and docker refuse an ambiguous short id)."""
+
+    def __init__(self, field: str, word: str, candidates: list[str]) -> None:
+        self.word = word
+        self.candidates = candidates
+        shown = ", ".join(candidates[:10]) + (
+            f" (and {len(candidates) - 10} more)" if len(candidates) > 10 else ""
+        )
+        super().__init__(field, f"{word!r} is ambiguous: it names {shown}", "type more of the one you mean")
 
 
 class IllegalTransition(PiMatrixError):

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 from .. import procs
 from ..dispatch import BACKEND_NAMES, TMUX
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ContractError
-from ..identity import parse_key, validate_id
 from ..settings import load_settings
 from .base import STOP_WORD, age, confirmed, store_of
+from .names import resolve_job, resolve_key
 
 if TYPE_CHECKING:
     from ..dispatch.manager import Dispatcher
@@ -217,7 +217,7 @@ def cmd_jobs(args: argparse.Namespace, io: Io) -> int:
 
 def cmd_job(args: argparse.Namespace, io: Io) -> int:
     dispatcher = dispatcher_of(args)
-    job = dispatcher.jobs.get(validate_id(args.job_id, "ID"))
+    job = dispatcher.jobs.get(resolve_job(dispatcher.store, args.job_id))
     view = dispatcher.view(job, tmux_state=dispatcher.tmux_states(job))
     if args.json:
         dump_json(io, view.to_json())
@@ -230,7 +230,7 @@ def cmd_followup(args: argparse.Namespace, io: Io) -> int:
     if not args.argv:
         raise ContractError("TEXT", "missing", "give the follow-up after --")
     dispatcher = dispatcher_of(args)
-    job = dispatcher.followup(validate_id(args.job_id, "ID"), " ".join(args.argv), args.agent)
+    job = dispatcher.followup(resolve_job(dispatcher.store, args.job_id), " ".join(args.argv), args.agent)
     if args.json:
         dump_json(io, dispatcher.view(job).to_json())
     else:
@@ -241,7 +241,7 @@ def cmd_followup(args: argparse.Namespace, io: Io) -> int:
 
 def cmd_dismiss(args: argparse.Namespace, io: Io) -> int:
     dispatcher = dispatcher_of(args)
-    job = dispatcher.dismiss(validate_id(args.job_id, "ID"))
+    job = dispatcher.dismiss(resolve_job(dispatcher.store, args.job_id))
     if args.json:
         dump_json(io, dispatcher.view(job).to_json())
     else:
@@ -252,7 +252,7 @@ def cmd_dismiss(args: argparse.Namespace, io: Io) -> int:
 def stop_job(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix stop JOB --confirm yes-tmux-stop`` (a preview without the word)."""
     dispatcher = dispatcher_of(args)
-    job = dispatcher.jobs.get(validate_id(args.key, "ID"))
+    job = dispatcher.jobs.get(resolve_job(dispatcher.store, args.key))
     view = dispatcher.view(job, tmux_state=dispatcher.tmux_states(job))
     if not confirmed(args, io, f"job {job.id}"):
         io.out.write(
@@ -280,7 +280,7 @@ def cmd_resume(args: argparse.Namespace, io: Io) -> int:
     from ..resume import plan_resume
 
     store = store_of(args)
-    parse_key(args.key)
+    args.key = resolve_key(store, args.key)
     entry = store.get(args.key)
     parent, session = require_master(
         owning_master(store, args.parent_pid, args.parent_session, registered=not args.dry_run)

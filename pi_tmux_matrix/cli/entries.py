@@ -10,12 +10,12 @@ import attrs
 
 from .. import procs
 from ..errors import EXIT_OK, EXIT_USAGE
-from ..identity import parse_key
 from ..matrix.model import Entry
 from ..matrix.store import MatrixStore, Problem, now_ms
 from ..settings import load_settings
 from ..supervise.claim import unsupervised
 from .base import STOP_WORD, age, printable, store_of
+from .names import resolve_key
 
 if TYPE_CHECKING:
     from .base import Io
@@ -52,7 +52,6 @@ def register(sub: Any, epilog: str) -> None:
     repair.set_defaults(handler=cmd_repair)
 
 
-
 class _Liveness:
     """Cached identity checks: one /proc read per pid per command."""
 
@@ -72,7 +71,6 @@ class _Liveness:
 def _report(problems: tuple[Problem, ...], io: Io) -> None:
     for problem in problems:
         io.err.write(f"pi-matrix: warning: {problem.line()}\n")
-
 
 
 def format_table(header: list[str], rows: list[list[str]]) -> str:
@@ -124,9 +122,8 @@ def cmd_ls(args: argparse.Namespace, io: Io) -> int:
 
 def cmd_show(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix show KEY [--json]``."""
-    parse_key(args.key)
     store = store_of(args)
-    entry = store.get(args.key)
+    entry = store.get(resolve_key(store, args.key))
     alive = _Liveness()(entry)
     from ..matrix.codec import unstructure_entry
 

@@ -18,7 +18,6 @@ from ..matrix import lifecycle
 from ..matrix.mailbox import Inbox, encode_message
 from ..matrix.model import Entry, Status
 from ..matrix.reconcile import reconcile
-from ..matrix.statedir import is_key
 from ..matrix.store import MatrixStore, now_ms
 from ..settings import load_settings
 from ..supervise.child import reachable
@@ -32,6 +31,7 @@ from ..supervise.master import (
     require_master,
 )
 from .base import STOP_WORD, add_verb, confirmed, require_matrix, stop_target, store_of
+from .names import Kind, resolve, resolve_key
 
 if TYPE_CHECKING:
     from .base import Io
@@ -158,7 +158,8 @@ def cmd_reconcile(args: argparse.Namespace, io: Io) -> int:
     return EXIT_OK
 
 
-def _worker(store: MatrixStore, key: str) -> Entry:
+def _worker(store: MatrixStore, args: argparse.Namespace) -> Entry:
+    key = args.key = resolve_key(store, args.key)
     role, _ = parse_key(key)
     entry = store.get(key)
     if role is not Role.WORKER:
@@ -170,7 +171,7 @@ def cmd_adopt(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix adopt KEY [--parent-pid P --parent-session S]``."""
     require_matrix("adopt")
     store = store_of(args)
-    entry = _worker(store, args.key)
+    entry = _worker(store, args)
     master, session = require_master(owning_master(store, args.parent_pid, args.parent_session))
     if entry.status in (Status.TERMINAL, Status.CLOSED):
         raise ContractError(
@@ -186,7 +187,7 @@ def cmd_cleanup(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix cleanup KEY``."""
     require_matrix("cleanup")
     store = store_of(args)
-    entry = _worker(store, args.key)
+    entry = _worker(store, args)
     found = calling_master(store)
     session = found[1] if found else None
     handshake(store, entry, lambda e: lifecycle.request_cleanup(e, session, now_ms()), "pi-matrix cleanup")
@@ -207,6 +208,7 @@ def _live_host(store: MatrixStore, key: str) -> Entry:
 def cmd_send(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix send KEY (--steer T | --prompt T | --abort)``."""
     store = store_of(args)
+    args.key = resolve_key(store, args.key)
     entry = _live_host(store, args.key)
     mode, provider = entry.identity.mode, entry.identity.provider
     # Anything the host cannot pass on would only be recorded, and "sent" would be a lie.
@@ -230,13 +232,13 @@ def cmd_send(args: argparse.Namespace, io: Io) -> int:
 
 def cmd_stop(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix stop KEY|JOB --confirm yes-tmux-stop`` (a preview, exit 2, without the word)."""
-    if not is_key(stop_target(args)):
-        # Not an entry key (worker-…, master-…): a job id, generated (job-…) or a launch key.
+    store = store_of(args)
+    named = resolve(store, stop_target(args), (Kind.ENTRY, Kind.JOB), "KEY|ID")
+    args.key = named.name
+    if named.kind is Kind.JOB:
         from .dispatch import stop_job
 
         return stop_job(args, io)
-    store = store_of(args)
-    parse_key(args.key)
     if stray_agent(current := store.get(args.key)) is not None:
         return _stop_stray(args, io, store, current)
     entry = _live_host(store, args.key)

@@ -11,6 +11,7 @@ from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, ContractE
 from ..identity import validate_id
 from .base import STOP_WORD, confirmed, printable
 from .dispatch import ENV_SOCKET, default_socket, dispatcher_of, dump_json
+from .names import resolve_job
 
 if TYPE_CHECKING:
     from ..dispatch.tmux import TmuxServer
@@ -79,7 +80,7 @@ def cmd_var(args: argparse.Namespace, io: Io) -> int:
     dispatcher = dispatcher_of(args)
     if args.value is not None and not dispatcher.settings.enabled:
         raise ContractError("VALUE", "processMatrix.enabled is false: nothing may be written", "enable it")
-    job = dispatcher.jobs.get(validate_id(args.job_id, "ID"))
+    job = dispatcher.jobs.get(resolve_job(dispatcher.store, args.job_id))
     variables = Variables(dispatcher.store)
     if args.value is not None:
         values = variables.set(job.id, args.name, args.value)

@@ -115,6 +115,17 @@ class MatrixStore(StateDir):
         except NotFound:
             return None
 
+    def keys(self) -> list[str]:
+        """The key of every file named like an entry, valid or not, sorted; nothing is read (a
+        name a person typed is matched against these, so a corrupt entry can still be named)."""
+        with self.open_root(create=False) as root_fd:
+            if root_fd is None:
+                return []
+            names = os.listdir(root_fd)
+        return sorted(
+            name[: -len(SUFFIX)] for name in names if name.endswith(SUFFIX) and is_key(name[: -len(SUFFIX)])
+        )
+
     def list(self) -> ListResult:
         """Every valid entry, sorted by key; every other file reported, nothing changed."""
         entries: list[tuple[str, Entry, dict[str, object]]] = []
