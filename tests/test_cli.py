@@ -164,7 +164,7 @@ def test_disabled_matrix_writes_nothing(tmp_path: Path, isolated_env: Path) -> N
     state = tmp_path / "state"
     before = dir_digest(str(tmp_path))
     done = pi_matrix("--state-dir", str(state), "repair")
-    assert done.returncode == 2 and "enabled is false" in done.stderr
+    assert done.returncode == 2 and "enabled: is false" in done.stderr
     assert pi_matrix("--state-dir", str(state), "ls", "--json").stdout.strip() == "[]"
     assert dir_digest(str(tmp_path)) == before
 

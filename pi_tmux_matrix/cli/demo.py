@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import procs
-from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PiMatrixError
+from ..errors import EXIT_OK, ContractError, PiMatrixError, exit_code_for
 from ..identity import ProcessIdentity, Role
 from ..matrix.model import Entry, Status
 from ..matrix.store import MatrixStore
@@ -280,14 +280,11 @@ def _scratch(keep: list[bool]) -> Iterator[Path]:
 
 def cmd_demo(args: argparse.Namespace, io: Io) -> int:
     if args.agent == "pi" and shutil.which("pi") is None and not os.environ.get("PI_MATRIX_PI_COMMAND"):
-        io.err.write(
-            "pi-matrix: error: --agent pi: no pi on PATH; install it, set PI_MATRIX_PI_COMMAND, "
-            "or drop --agent\n"
+        raise ContractError(
+            "--agent pi", "no pi on PATH", "install it, set PI_MATRIX_PI_COMMAND, or drop --agent"
         )
-        return EXIT_USAGE
     if shutil.which("git") is None:
-        io.err.write("pi-matrix: error: the demo needs git (its lanes are git worktrees); install git\n")
-        return EXIT_USAGE
+        raise ContractError("git", "not found on PATH", "install git: the demo's lanes are git worktrees")
     started = time.monotonic()
     keep = [bool(args.keep)]
     with _scratch(keep) as root:
@@ -299,7 +296,7 @@ def cmd_demo(args: argparse.Namespace, io: Io) -> int:
         except PiMatrixError as exc:
             keep[0] = True
             io.err.write(f"pi-matrix: error: {exc}\n")
-            return EXIT_FAILED
+            return exit_code_for(exc)
         finally:
             demo.cleanup()
             io.out.write(

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import procs
 from ..dispatch import BACKEND_NAMES, TMUX
-from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ContractError
+from ..errors import EXIT_OK, ContractError, DispatchError, NotConfirmed, ResumeRefused
 from ..settings import load_settings
 from .base import STOP_WORD, age, confirmed, store_of
 from .names import resolve_job, resolve_key
@@ -74,8 +74,9 @@ def register(sub: Any, epilog: str) -> None:
         metavar="NAME",
         help="also list panes tagged by a dispatcher on this socket with no job record",
     )
-    jobs.add_argument("--json", action="store_true")
-    jobs.add_argument("--ndjson", action="store_true", help="one job per line")
+    shape = jobs.add_mutually_exclusive_group()  # one output shape: both is a usage error (exit 2)
+    shape.add_argument("--json", action="store_true")
+    shape.add_argument("--ndjson", action="store_true", help="one job per line")
     jobs.set_defaults(handler=cmd_jobs)
 
     job = sub.add_parser("job", help="one job: its agents, their results, hosts and panes", **common)
@@ -264,8 +265,7 @@ def stop_job(args: argparse.Namespace, io: Io) -> int:
                 f"  {shown.agent.agent_id}  host pid {shown.agent.host_pid} ({alive})  "
                 f"pane {shown.agent.pane_id or '-'} ({shown.tmux})\n"
             )
-        io.err.write(f"pi-matrix: error: nothing was stopped; add --confirm {STOP_WORD} to stop it\n")
-        return EXIT_USAGE
+        raise NotConfirmed(STOP_WORD)
     job, written = dispatcher.stop(job.id)
     if getattr(args, "json", False):
         dump_json(io, dispatcher.view(job).to_json())
@@ -283,11 +283,10 @@ def cmd_resume(args: argparse.Namespace, io: Io) -> int:
     args.key = resolve_key(store, args.key)
     entry = store.get(args.key)
     parent, session = require_master(
-        owning_master(store, args.parent_pid, args.parent_session, registered=not args.dry_run)
+        owning_master(store, args.parent_pid, args.parent_session, registered=not args.dry_run), "resume"
     )
     if procs.is_alive(entry.process):
-        io.err.write(f"pi-matrix: error: {args.key}'s host (pid {entry.pid}) is alive; adopt it instead\n")
-        return EXIT_FAILED
+        raise ResumeRefused(f"{args.key}'s host (pid {entry.pid}) is alive; adopt it instead")
     if args.dry_run:
         plan = plan_resume(store, entry, parent, session)
         if args.json:
@@ -296,10 +295,10 @@ def cmd_resume(args: argparse.Namespace, io: Io) -> int:
             io.out.write(f"would resume {args.key} in {plan.cwd}:\n  argv {json.dumps(list(plan.argv))}\n")
         return EXIT_OK
     if procs.is_alive(entry.child_process):
-        io.err.write(
-            f"pi-matrix: error: {args.key}'s agent (pid {entry.child_pid}) still runs without its host\n"
+        raise ResumeRefused(
+            f"{args.key}'s agent (pid {entry.child_pid}) still runs without its host; "
+            f"stop it first ('pi-matrix stop {args.key}')"
         )
-        return EXIT_FAILED
     request = Relaunch(
         entry=entry, parent=parent, parent_session=session, state_dir=str(store.root),
         socket=args.socket or default_socket(), backend=args.backend,
@@ -309,8 +308,7 @@ def cmd_resume(args: argparse.Namespace, io: Io) -> int:
     # Through the hook, like a master's recovery: a plugin's relauncher is honoured in both paths.
     pid = plugin_manager(matrix=load_settings().enabled).hook.relaunch(request=request)
     if pid is None:
-        io.err.write(f"pi-matrix: error: no plugin relaunched {args.key} (is the matrix plugin disabled?)\n")
-        return EXIT_FAILED
+        raise DispatchError(f"no plugin relaunched {args.key} (is the matrix plugin disabled?)")
     if args.json:
         dump_json(io, {"key": args.key, "hostPid": pid})
     else:

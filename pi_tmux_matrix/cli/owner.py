@@ -12,13 +12,13 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from .. import procs
-from ..errors import EXIT_OK, EXIT_USAGE, ContractError, PiMatrixError
+from ..errors import EXIT_OK, ContractError, NotConfirmed, PiMatrixError
 from ..identity import Role, parse_key
 from ..matrix import lifecycle
 from ..matrix.mailbox import Inbox, encode_message
 from ..matrix.model import Entry, Status
 from ..matrix.reconcile import reconcile
-from ..matrix.store import MatrixStore, now_ms
+from ..matrix.store import MatrixStore, Problem, now_ms
 from ..settings import load_settings
 from ..supervise.child import reachable
 from ..supervise.claim import stop_stray, stray_agent
@@ -30,7 +30,7 @@ from ..supervise.master import (
     owning_master,
     require_master,
 )
-from .base import STOP_WORD, add_verb, confirmed, require_matrix, stop_target, store_of
+from .base import STOP_WORD, add_verb, confirmed, report_problems, require_matrix, stop_target, store_of
 from .names import Kind, resolve, resolve_key
 
 if TYPE_CHECKING:
@@ -90,7 +90,7 @@ def register(sub: Any, epilog: str) -> None:
     stop.set_defaults(handler=cmd_stop)
 
 
-def _orphan_rows(store: MatrixStore) -> tuple[list[dict[str, Any]], list[str]]:
+def _orphan_rows(store: MatrixStore) -> tuple[list[dict[str, Any]], tuple[Problem, ...]]:
     listing = store.list()
     facts = gather_facts(listing.entries)
     plan = reconcile(listing.entries, facts)
@@ -111,14 +111,13 @@ def _orphan_rows(store: MatrixStore) -> tuple[list[dict[str, Any]], list[str]]:
                 "resumable": entry.identity.resume_complete,
             }
         )
-    return rows, [p.line() for p in listing.problems]
+    return rows, listing.problems
 
 
 def cmd_scan(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix scan [--json]``: report only."""
     rows, problems = _orphan_rows(store_of(args))
-    for line in problems:
-        io.err.write(f"pi-matrix: warning: {line}\n")
+    report_problems(problems, io)
     if args.json:
         io.out.write(json.dumps(rows, indent=2) + "\n")
         return EXIT_OK
@@ -145,8 +144,9 @@ def cmd_reconcile(args: argparse.Namespace, io: Io) -> int:
         ]
     else:
         if not load_settings().enabled:
-            io.err.write("pi-matrix: error: processMatrix.enabled is false; use --dry-run\n")
-            return EXIT_USAGE
+            raise ContractError(
+                "processMatrix.enabled", "is false, so nothing may be written", "use --dry-run"
+            )
         rows = [{"key": k, "action": a, "reason": r} for k, a, r in apply_plan(store, plan)]
     if args.json:
         io.out.write(json.dumps(rows, indent=2) + "\n")
@@ -172,7 +172,7 @@ def cmd_adopt(args: argparse.Namespace, io: Io) -> int:
     require_matrix("adopt")
     store = store_of(args)
     entry = _worker(store, args)
-    master, session = require_master(owning_master(store, args.parent_pid, args.parent_session))
+    master, session = require_master(owning_master(store, args.parent_pid, args.parent_session), "adopt")
     if entry.status in (Status.TERMINAL, Status.CLOSED):
         raise ContractError(
             "KEY", f"{args.key} is {entry.status.value}", "only a live or resumable worker can be adopted"
@@ -245,8 +245,7 @@ def cmd_stop(args: argparse.Namespace, io: Io) -> int:
     what = f"{args.key} (agent {entry.identity.agent_id}, host pid {entry.pid}, child pid {entry.child_pid})"
     if not confirmed(args, io, what):
         io.out.write(f"would stop {what}: request -> grace -> SIGTERM -> SIGKILL, recorded as killed\n")
-        io.err.write(f"pi-matrix: error: nothing was stopped; add --confirm {STOP_WORD} to stop it\n")
-        return EXIT_USAGE
+        raise NotConfirmed(STOP_WORD)
     Inbox(store, args.key).post("stop", sender="pi-matrix stop", to=entry.registration)
     io.out.write(f"stop requested: {what}\n")
     return EXIT_OK
@@ -261,8 +260,7 @@ def _stop_stray(args: argparse.Namespace, io: Io, store: MatrixStore, entry: Ent
     )
     if not confirmed(args, io, what):
         io.out.write(f"would stop {what}: SIGTERM -> {STRAY_GRACE_S:.0f}s -> SIGKILL, recorded as killed\n")
-        io.err.write(f"pi-matrix: error: nothing was stopped; add --confirm {STOP_WORD} to stop it\n")
-        return EXIT_USAGE
+        raise NotConfirmed(STOP_WORD)
     written = stop_stray(store, entry, grace_s=STRAY_GRACE_S)
     recorded = f", recorded {written.status.value} (killed)" if written is not None else ""
     io.out.write(f"stopped {what}{recorded}\n")

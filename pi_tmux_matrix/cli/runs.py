@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ContractError
+from ..errors import EXIT_FAILED, EXIT_OK, ContractError
 from ..identity import ProcessIdentity
 from ..matrix.store import MatrixStore
 from ..settings import load_settings
@@ -218,8 +218,7 @@ def cmd_runs(args: argparse.Namespace, io: Io) -> int:
     if args.wait:
         return _wait_for(args, io, store)
     if args.keep_pane or args.notify or args.timeout is not None or args.watch is not None:
-        io.err.write("pi-matrix: error: --keep-pane, --notify and --timeout go with --wait\n")
-        return EXIT_USAGE
+        raise ContractError("--keep-pane/--notify/--timeout", "given without --wait", "they go with --wait")
     run = refresh(runs, args.run_id)  # as it stands now, not as last recorded
     if args.json:
         io.out.write(json.dumps(run.to_json(), indent=2) + "\n")

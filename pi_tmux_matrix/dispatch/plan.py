@@ -30,7 +30,7 @@ from ..contract import (
 from ..errors import ContractError, DispatchError, LaneError, PiMatrixError
 from ..identity import AgentIdentityContract, ProcessIdentity, Role, validate_id, validate_task_ref
 from ..matrix.model import Entry, Status, bounded
-from ..matrix.owners import owning_master
+from ..matrix.owners import owning_master, require_master
 from ..matrix.store import MatrixStore, now_ms
 from ..programs import host_argv, pi_command
 from ..settings import MatrixSettings, agent_dir
@@ -123,15 +123,10 @@ class Planner:
             if explicit or self.settings.enabled
             else None
         )
-        if found is None:
-            if not self.settings.enabled:
-                me = procs.current()
-                return me, f"dispatcher-{me.pid}"
-            raise DispatchError(
-                "fire: no calling master (no ancestor process is a registered master); run it under "
-                "'pi-matrix master -- <your shell or agent>', or pass --parent-pid and --parent-session"
-            )
-        return found
+        if found is None and not self.settings.enabled:
+            me = procs.current()
+            return me, f"dispatcher-{me.pid}"
+        return require_master(found, "fire")
 
     def _members(self, request: FireRequest) -> tuple[str, list[tuple[WorkerLaunchProfile, str | None, str]]]:
         """(label, [(profile, suffix, instructions)]) — a team or one profile."""

@@ -226,9 +226,8 @@ class Records(Generic[T]):
         """The record ``name`` from its raw mapping; :class:`CorruptEntry` if it is not one."""
         version = raw.get("schemaVersion")
         if self.newest is not None and type(version) is int and version > self.newest:
-            raise CorruptEntry(
-                self.path(name), f"written by a newer pi-matrix (schemaVersion {version}); upgrade to read it"
-            )
+            why = f"written by a newer pi-matrix (schemaVersion {version})"
+            raise CorruptEntry(self.path(name), why, newer=True)
         try:
             record = structure(raw, self.cls)
         except DecodeError as exc:
@@ -287,7 +286,7 @@ class Records(Generic[T]):
             try:
                 records.append(self.decode(raw, name))
             except CorruptEntry as exc:
-                problems.append(Problem(self.path(name), exc.reason, "corrupt"))
+                problems.append(Problem(self.path(name), exc.reason, "newer" if exc.newer else "corrupt"))
         return records, problems
 
     def delete(self, name: str) -> bool:

@@ -93,9 +93,7 @@ class MatrixStore(StateDir):
         try:
             return decode_entry(data, key)
         except DecodeError as exc:
-            error = CorruptEntry(path, exc.reason)
-            error.newer = exc.newer  # type: ignore[attr-defined]
-            raise error from None
+            raise CorruptEntry(path, exc.reason, newer=exc.newer) from None
 
     def get(self, key: str) -> Entry:
         """The current entry for ``key`` (no lock: every read sees a whole version)."""
@@ -155,7 +153,7 @@ class MatrixStore(StateDir):
                 except FileNotFoundError:
                     continue  # deleted while we listed
                 except CorruptEntry as exc:
-                    kind = "newer" if getattr(exc, "newer", False) else "corrupt"
+                    kind = "newer" if exc.newer else "corrupt"
                     problems.append(Problem(path, exc.reason, kind))
                     continue
                 entries.append((key, entry, raw))
