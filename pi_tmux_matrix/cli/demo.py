@@ -28,6 +28,7 @@ from ..errors import EXIT_OK, ContractError, PiMatrixError, exit_code_for
 from ..identity import ProcessIdentity, Role
 from ..matrix.model import Entry, Status
 from ..matrix.store import MatrixStore
+from ..programs import pi_command
 from ..settings import load_settings
 
 if TYPE_CHECKING:
@@ -279,7 +280,7 @@ def _scratch(keep: list[bool]) -> Iterator[Path]:
 
 
 def cmd_demo(args: argparse.Namespace, io: Io) -> int:
-    if args.agent == "pi" and shutil.which("pi") is None and not os.environ.get("PI_MATRIX_PI_COMMAND"):
+    if args.agent == "pi" and shutil.which(pi_command()[0]) is None:
         raise ContractError(
             "--agent pi", "no pi on PATH", "install it, set PI_MATRIX_PI_COMMAND, or drop --agent"
         )

@@ -25,6 +25,7 @@ from ..identity import AgentIdentityContract, Mode, Role, validate_id, validate_
 from ..matrix import lifecycle
 from ..matrix.model import Entry, Handoff
 from ..matrix.store import MatrixStore, now_ms
+from ..programs import agent_argv
 from ..settings import load_settings
 from ..supervise.claim import check_claim, live_master, stray_agent, take_over
 from ..supervise.host import AgentHost, HostHooks, HostSpec
@@ -402,6 +403,7 @@ def _prompter(args: argparse.Namespace, mode: Mode, bridged: bool, io: Io) -> Tt
 def cmd_master(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix master [flags] [-- ARGV…]``."""
     argv: list[str] = args.argv or []
+    agent_argv(argv)  # a bad $PI_MATRIX_PI_COMMAND is refused before anything is written
     settings = load_settings()
     if not settings.enabled:
         return become(argv, io) if argv else EXIT_OK

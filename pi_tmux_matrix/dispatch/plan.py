@@ -27,7 +27,7 @@ from ..contract import (
     ENV_STATE_DIR,
     PASS_ENV,
 )
-from ..errors import ContractError, DispatchError, LaneError, PiMatrixError
+from ..errors import ContractError, DispatchError, LaneError
 from ..identity import AgentIdentityContract, ProcessIdentity, Role, validate_id, validate_task_ref
 from ..matrix.model import Entry, Status, bounded
 from ..matrix.owners import owning_master, require_master
@@ -315,13 +315,7 @@ class Planner:
         installed off PATH, e.g. the project's pinned ``.pi-cli/``); every other profile as written."""
         if profile.provider != "pi" or tuple(profile.command) != ("pi",) or not self.env.get(ENV_PI_COMMAND):
             return profile
-        try:
-            command = pi_command(self.env)
-        except PiMatrixError as exc:
-            raise ContractError(
-                ENV_PI_COMMAND, "not a JSON array of strings", 'set it like ["/usr/bin/pi"], or unset it'
-            ) from exc
-        return attrs.evolve(profile, command=tuple(command))
+        return attrs.evolve(profile, command=tuple(pi_command(self.env)))
 
     # -- env -----------------------------------------------------------------------------------------
     def launch_env(self, launch: AgentLaunch, profile: WorkerLaunchProfile) -> dict[str, str]:
