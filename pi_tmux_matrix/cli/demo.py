@@ -164,7 +164,7 @@ class Demo:
             host = agent.host
             if host is not None:
                 self.started.append(host)
-            self.io.out.write(f"   fired {agent.agent_id} ({agent.key}) on {lane}: {agent.target}\n")
+            self.io.out.write(f"   fired {agent.agent_id} ({agent.key}) on {lane}: {agent.where}\n")
 
     # -- waiting --------------------------------------------------------------------------------------
     def wait(self, what: str, probe: Callable[[], T | None], timeout: float = STEP_TIMEOUT) -> T:

@@ -163,7 +163,7 @@ def cmd_fire(args: argparse.Namespace, io: Io) -> int:
     task = result.job.task_ref or "no task ref"
     io.out.write(f"job {result.job.id} ({task}): {verb} {len(result.job.agents)} agent(s)\n")
     for planned, agent in zip(result.planned, result.job.agents, strict=True):
-        where = agent.target or "-"
+        where = agent.where
         io.out.write(f"  {agent.agent_id}  {agent.key}  {agent.profile}  lane {agent.lane or '-'}  {where}\n")
         if result.dry_run:
             io.out.write(f"    cwd  {planned.cwd}\n    argv {json.dumps(list(planned.argv))}\n")
@@ -178,7 +178,8 @@ def _print_job(io: Io, view: ListedJob) -> None:
         pane = view.pane
         io.out.write(
             f"{view.job_id}  untracked (no job record; from tmux tags)  {pane.key or '-'}  "
-            f"{pane.target}  host pid {pane.host_pid} ({'alive' if pane.host_alive else 'gone'})\n"
+            f"tmux -L {pane.socket} {pane.target}  "
+            f"host pid {pane.host_pid} ({'alive' if pane.host_alive else 'gone'})\n"
         )
         return
     job = view.job
@@ -195,7 +196,7 @@ def _print_job(io: Io, view: ListedJob) -> None:
         )
         io.out.write(
             f"  {agent.agent_id}  {agent.key}  host {'alive' if shown.host_alive else 'gone'}  "
-            f"tmux {shown.tmux}  {agent.target or '-'}  round {agent.round}: {outcome}\n"
+            f"tmux {shown.tmux}  {agent.where}  round {agent.round}: {outcome}\n"
         )
 
 

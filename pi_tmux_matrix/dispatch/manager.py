@@ -96,6 +96,7 @@ class FireResult:
                 "profile": agent.profile,
                 "lane": agent.lane,
                 "cwd": agent.cwd,
+                "socket": agent.tmux_socket,
                 "target": agent.target,
                 "paneId": agent.pane_id,
                 "panePid": agent.host_pid,

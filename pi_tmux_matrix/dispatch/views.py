@@ -103,6 +103,7 @@ class AgentView(_Subscriptable):
             "profile": agent.profile,
             "lane": agent.lane,
             "round": agent.round,
+            "socket": agent.tmux_socket,
             "target": agent.target,
             "paneId": agent.pane_id,
             "hostPid": agent.host_pid,
