@@ -153,3 +153,26 @@ def test_a_stopped_entrys_key_is_still_named_by_its_prefix(store: MatrixStore) -
     store.create(make_entry("gone1", status=Status.TERMINAL))
     code, out, _ = run_main("--state-dir", str(store.root), "show", "gone")
     assert code == 0 and out.startswith("worker-gone1")
+
+
+def test_fork_run_ids_resolve_by_prefix_too(store: MatrixStore, tmp_path: Path) -> None:
+    from pi_tmux_matrix.fork.model import ForkRun, RunMode, RunStatus
+    from pi_tmux_matrix.fork.store import RunStore
+
+    runs = RunStore(store)
+    for run_id in ("run-20261205-071800-abcdef", "run-20261205-071900-fedcba"):
+        now = now_ms()
+        runs.put(
+            ForkRun(
+                id=run_id, cwd=str(tmp_path), task="t", mode=RunMode.BACKGROUND, created_at_ms=now,
+                updated_at_ms=now, status=RunStatus.COMPLETED, ended_at_ms=now,
+            ),
+            exclusive=True,
+        )  # fmt: skip
+    root = str(store.root)
+    code, out, err = run_main("--state-dir", root, "runs", "run-20261205-0718", "--json")
+    assert code == 0 and '"run-20261205-071800-abcdef"' in out, err
+    code, _, err = run_main("--state-dir", root, "runs", "run-2026")
+    assert code == 2 and "run-20261205-071800-abcdef, run-20261205-071900-fedcba" in err
+    code, out, _ = run_main("--state-dir", root, "complete-names", "run")
+    assert out.split() == ["run-20261205-071800-abcdef", "run-20261205-071900-fedcba"]

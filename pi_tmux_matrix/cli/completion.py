@@ -33,7 +33,7 @@ def register(sub: Any, epilog: str) -> None:
 
 
 # The positional a verb's first word names, by its metavar: the kinds of name completed for it.
-_NAMED_BY = {"KEY": "entry", "ID": "job", "KEY|ID": "entry job"}
+_NAMED_BY = {"KEY": "entry", "ID": "job", "KEY|ID": "entry job", "RUN": "run"}
 
 
 def named_kinds(parser: argparse.ArgumentParser) -> str | None:

@@ -15,8 +15,8 @@ from collections.abc import Iterable
 
 import attrs
 
-from ..errors import Ambiguous, ContractError, JobNotFound, NotFound
-from ..identity import ID_PATTERN, parse_key
+from ..errors import Ambiguous, ContractError, JobNotFound, NotFound, RunNotFound
+from ..identity import ID_PATTERN, parse_key, validate_id
 from ..matrix.statedir import is_key
 from ..matrix.store import MatrixStore
 
@@ -26,6 +26,7 @@ __all__ = ["Kind", "Named", "candidates", "resolve", "resolve_job", "resolve_key
 class Kind(enum.Enum):
     ENTRY = "entry"
     JOB = "job"
+    RUN = "run"
 
 
 @attrs.frozen
@@ -42,11 +43,20 @@ def _job_ids(store: MatrixStore) -> list[str]:
     return JobStore(store).jobs.names()
 
 
+def _run_ids(store: MatrixStore) -> list[str]:
+    from ..fork import RunStore
+
+    return RunStore(store).records.names()
+
+
 def candidates(store: MatrixStore, kinds: Iterable[Kind]) -> list[str]:
     """Every name of ``kinds`` in the state dir, sorted (what shell completion offers)."""
     found: list[str] = []
     for kind in kinds:
-        found += store.keys() if kind is Kind.ENTRY else _job_ids(store)
+        if kind is Kind.ENTRY:
+            found += store.keys()
+        else:
+            found += _job_ids(store) if kind is Kind.JOB else _run_ids(store)
     return sorted(found)
 
 
@@ -93,6 +103,9 @@ def _launch_key_job(word: str) -> str | None:
 
 
 def _not_found(word: str, kinds: tuple[Kind, ...], field: str) -> Named:
+    if kinds == (Kind.RUN,):
+        validate_id(word, field)
+        raise RunNotFound(word)
     if Kind.ENTRY in kinds and (is_key(word) or Kind.JOB not in kinds):
         if not is_key(word) and ID_PATTERN.fullmatch(word) is None:
             parse_key(word)  # the allowlist's own error: exit 2, naming the fix
