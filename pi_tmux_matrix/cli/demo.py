@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -29,7 +29,7 @@ from ..identity import ProcessIdentity, Role
 from ..matrix.model import Entry, Status
 from ..matrix.store import MatrixStore
 from ..programs import pi_command
-from ..settings import load_settings
+from ..settings import agent_dir, load_settings
 
 if TYPE_CHECKING:
     from .base import Io
@@ -57,6 +57,31 @@ def register(sub: Any, epilog: str) -> None:
     )
     demo.add_argument("--keep", action="store_true", help="keep the scratch folder (state, repo, logs)")
     demo.set_defaults(handler=cmd_demo)
+
+
+PI_FILES = ("models.json", "auth.json")
+
+
+def pi_provider(source: Path, env: Mapping[str, str]) -> tuple[list[Path], dict[str, Any]]:
+    """What ``demo --agent pi`` takes from the user's agent dir so its pi reaches a model: the
+    ``models.json`` and ``auth.json`` there, and ``settings.json``'s own keys for pi
+    (``processMatrix`` stays the demo's). Refused before anything starts when there is no provider
+    at all (none of those files, no ``*_API_KEY`` variable): pi would never reach a model."""
+    files = [source / name for name in PI_FILES if (source / name).is_file()]
+    settings: dict[str, Any] = {}
+    try:
+        loaded = json.loads((source / "settings.json").read_text())
+    except (OSError, ValueError):
+        loaded = None
+    if isinstance(loaded, dict):
+        settings = {k: v for k, v in loaded.items() if k != "processMatrix"}
+    if not files and not any(k.endswith("_API_KEY") and v for k, v in env.items()):
+        raise ContractError(
+            "--agent pi",
+            f"no model provider for pi in {source} (no models.json, no auth.json, no *_API_KEY variable)",
+            "set one up as docs/real-provider.md shows, or run the demo with the stand-in (no --agent)",
+        )
+    return files, settings
 
 
 class DemoFailed(PiMatrixError):
@@ -102,7 +127,16 @@ class Demo:
     # -- set-up ---------------------------------------------------------------------------------------
     def setup(self) -> None:
         self.agent_dir.mkdir(mode=0o700, parents=True)
-        settings = {"processMatrix": {"heartbeatMs": 1000, "watcherPollMs": 1000, "adoptionGraceMs": 60000}}
+        settings: dict[str, Any] = {
+            "processMatrix": {"heartbeatMs": 1000, "watcherPollMs": 1000, "adoptionGraceMs": 60000}
+        }
+        if self.agent == "pi":
+            # The demo's agent dir is a scratch one: real pi needs the user's provider in it.
+            files, pi_settings = pi_provider(agent_dir(), os.environ)
+            for path in files:
+                (self.agent_dir / path.name).write_bytes(path.read_bytes())
+                (self.agent_dir / path.name).chmod(0o600)
+            settings.update(pi_settings)
         (self.agent_dir / "settings.json").write_text(json.dumps(settings))
         self.repo.mkdir()
         git = [
@@ -192,7 +226,8 @@ class Demo:
         self.setup()
         self.say(f"a master (session {SESSION}, task {TASK}) and a scratch repo in {self.root}")
         master = self.start_master()
-        self.say("fire three stand-in agents on two lanes (git worktrees), panes on tmux -L " + self.socket)
+        where = f"panes on tmux -L {self.socket}" if self.tmux else "detached, no tmux"
+        self.say(f"fire three {self.agent} agents on two lanes (git worktrees), {where}")
         profile = "stand-in" if self.agent == "stand-in" else "pi-worker"
         team = "stand-in-pair" if self.agent == "stand-in" else "impl-review"
         self.fire(master, "lane-a", team=team)
@@ -286,6 +321,8 @@ def cmd_demo(args: argparse.Namespace, io: Io) -> int:
         )
     if shutil.which("git") is None:
         raise ContractError("git", "not found on PATH", "install git: the demo's lanes are git worktrees")
+    if args.agent == "pi":
+        pi_provider(agent_dir(), os.environ)  # what is missing is said before anything starts
     started = time.monotonic()
     keep = [bool(args.keep)]
     with _scratch(keep) as root:
