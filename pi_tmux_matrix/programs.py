@@ -57,9 +57,12 @@ def pi_command(env: Mapping[str, str] | None = None) -> list[str]:
 def agent_argv(argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
     """``argv`` as it is started: a plain ``pi`` (``-- pi …``) becomes :func:`pi_command`'s
     prefix, so ``$PI_MATRIX_PI_COMMAND`` is honoured wherever pi starts; anything else as given."""
-    if argv and argv[0] == "pi":
-        return [*pi_command(env), *argv[1:]]
-    return list(argv)
+    if not argv or argv[0] != "pi":
+        return list(argv)
+    command = pi_command(env)
+    if list(argv[: len(command)]) == command:
+        return list(argv)  # resolved already (a profile's command), as by a command ["pi", "--offline"]
+    return [*command, *argv[1:]]
 
 
 def host_argv(

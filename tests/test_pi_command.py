@@ -100,3 +100,17 @@ def test_the_readme_test_command_installs_the_pinned_pi() -> None:
     section = readme.split("## Run the tests", 1)[1].split("\n## ", 1)[0]
     assert "bash scripts/install-pi && python -m pytest" in section
     assert ".pi-cli/" in section and "skipped" in section
+
+
+def test_the_command_is_applied_once_even_when_it_starts_with_pi() -> None:
+    """A profile's ``pi`` is resolved as the launch is built, and the host resolves its argv again
+    as it starts it: a command that itself starts with ``pi`` must not be prefixed twice."""
+    from pi_tmux_matrix.programs import agent_argv
+
+    env = {"PI_MATRIX_PI_COMMAND": json.dumps(["pi", "--offline"])}
+    once = agent_argv(["pi", "-p", "x"], env)
+    assert once == ["pi", "--offline", "-p", "x"] and agent_argv(once, env) == once
+    env = {"PI_MATRIX_PI_COMMAND": json.dumps(["/opt/pi/bin/pi"])}
+    assert agent_argv(["pi", "-p", "x"], env) == ["/opt/pi/bin/pi", "-p", "x"]
+    assert agent_argv(["claude", "-p", "x"], env) == ["claude", "-p", "x"]
+    assert agent_argv(["pi"], {}) == ["pi"]
