@@ -66,8 +66,9 @@ def test_ls_lists_valid_entries_reports_the_rest_and_changes_nothing(
     assert [r["key"] for r in rows] == ["worker-good1", "worker-good2"]
     assert [r["alive"] for r in rows] == [True, False]  # good1 is this very test process
     assert rows[0]["schemaVersion"] == 1 and "identity" in rows[0]
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 9
+    *lines, hint = done.stderr.strip().splitlines()
+    assert len(lines) == 9 and all(line.startswith("pi-matrix: warning: ") for line in lines)
+    assert hint.startswith("pi-matrix: hint: run 'pi-matrix repair'")  # one hint after the warnings
     for name in (
         "worker-trunc",
         "worker-junk",
