@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .contract import LaunchContract, parse_env
 from .errors import (
+    AgentNotFound,
+    Ambiguous,
     Conflict,
     ContractError,
     CorruptEntry,
@@ -23,6 +25,9 @@ from .errors import (
     JobNotFound,
     LaneError,
     LockUnavailable,
+    NoMaster,
+    NoSuch,
+    NotConfirmed,
     NotFound,
     PiMatrixError,
     ProfileError,
@@ -32,6 +37,7 @@ from .errors import (
     StateDirError,
     StoreError,
     TmuxUnavailable,
+    UsageError,
 )
 from .identity import AgentIdentityContract, Mode, ProcessIdentity, Role, entry_key
 from .matrix.model import Entry, Status
@@ -76,7 +82,9 @@ if TYPE_CHECKING:  # what mypy and IDEs see for the lazy names; never executed
 __all__ = [
     "AgentIdentityContract",
     "AgentLaunch",
+    "AgentNotFound",
     "AgentResult",
+    "Ambiguous",
     "Conflict",
     "ContractError",
     "CorruptEntry",
@@ -98,6 +106,9 @@ __all__ = [
     "MatrixSettings",
     "MatrixStore",
     "Mode",
+    "NoMaster",
+    "NoSuch",
+    "NotConfirmed",
     "NotFound",
     "PiMatrixError",
     "Plan",
@@ -116,6 +127,7 @@ __all__ = [
     "StoreError",
     "TmuxServer",
     "TmuxUnavailable",
+    "UsageError",
     "WorkerLaunchProfile",
     "__version__",
     "current_process",

@@ -14,6 +14,8 @@ __all__ = [
     "EXIT_NOT_FOUND",
     "EXIT_OK",
     "EXIT_USAGE",
+    "AgentNotFound",
+    "Ambiguous",
     "Conflict",
     "ContractError",
     "CorruptEntry",
@@ -24,6 +26,9 @@ __all__ = [
     "JobNotFound",
     "LaneError",
     "LockUnavailable",
+    "NoMaster",
+    "NoSuch",
+    "NotConfirmed",
     "NotFound",
     "PiMatrixError",
     "ProfileError",
@@ -33,12 +38,24 @@ __all__ = [
     "StateDirError",
     "StoreError",
     "TmuxUnavailable",
+    "UsageError",
+    "exit_code_for",
 ]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 3
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The one exit-code rule (docs/cli.md): bad input or usage 2, the thing named does not exist
+    3, every other failure 1. Each error class says which it is; anything else failed (1)."""
+    if isinstance(error, PiMatrixError):
+        return error.exit_code
+    if isinstance(error, SystemExit):  # argparse's own usage errors
+        return error.code if isinstance(error.code, int) else EXIT_USAGE
+    return EXIT_FAILED
 
 
 class PiMatrixError(Exception):
@@ -74,8 +91,28 @@ class ContractError(PiMatrixError, ValueError):
         super().__init__(f"{field}: {problem}; {fix}")
 
 
+class UsageError(PiMatrixError):
+    """A command line argparse refuses (an unknown flag, a bad choice, flags that exclude each
+    other): exit 2, written where every other error goes."""
+
+    exit_code = EXIT_USAGE
+
+
 class InvalidId(ContractError):
     """An id (session, agent, lane, task ref, entry key) that failed the allowlist."""
+
+
+class Ambiguous(ContractError):
+    """A prefix or agent id a person typed that names more than one thing: the candidates are
+    listed, nothing is guessed (as git and docker refuse an ambiguous short id)."""
+
+    def __init__(self, field: str, word: str, candidates: list[str]) -> None:
+        self.word = word
+        self.candidates = candidates
+        shown = ", ".join(candidates[:10]) + (
+            f" (and {len(candidates) - 10} more)" if len(candidates) > 10 else ""
+        )
+        super().__init__(field, f"{word!r} is ambiguous: it names {shown}", "type more of the one you mean")
 
 
 class IllegalTransition(PiMatrixError):
@@ -142,11 +179,20 @@ class NotFound(StoreError):
 
 
 class CorruptEntry(StoreError):
-    """A file named like an entry that is not a valid entry. Never deleted implicitly."""
+    """A file named like an entry that is not a valid entry. Never deleted implicitly.
 
-    def __init__(self, path: str, reason: str) -> None:
+    ``newer``: written by a newer pi-matrix. ``repair`` leaves such a file alone, so the fix said
+    is to upgrade, never to run repair."""
+
+    def __init__(self, path: str, reason: str, *, newer: bool = False) -> None:
         self.reason = reason
-        super().__init__(f"{path}: {reason}; run 'pi-matrix repair' to move it to quarantine/", path=path)
+        self.newer = newer
+        fix = (
+            "upgrade pi-matrix to read it ('pi-matrix repair' leaves it alone)"
+            if newer
+            else "run 'pi-matrix repair' to move it to quarantine/"
+        )
+        super().__init__(f"{path}: {reason}; {fix}", path=path)
 
 
 # --- the dispatcher -------------------------------------------------------------------------------
@@ -209,6 +255,42 @@ class RunNotFound(PiMatrixError):
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
         super().__init__(f"no fork run {run_id!r}; 'pi-matrix runs' lists them")
+
+
+class NoMaster(PiMatrixError):
+    """A verb that acts for a master was run under none: the operation is refused (exit 1), the
+    input itself was fine."""
+
+    def __init__(self, verb: str) -> None:
+        self.verb = verb
+        super().__init__(
+            f"{verb}: no calling master (no ancestor process is a registered master); run it under "
+            "'pi-matrix master -- <your shell or agent>', or pass --parent-pid and --parent-session"
+        )
+
+
+class NotConfirmed(PiMatrixError):
+    """A stop asked without the confirming word: a preview was printed and nothing was stopped."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, word: str) -> None:
+        super().__init__(f"nothing was stopped; add --confirm {word} to stop it")
+
+
+class NoSuch(PiMatrixError):
+    """The thing named does not exist (a job's variable, a tmux session with no job): exit 3."""
+
+    exit_code = EXIT_NOT_FOUND
+
+
+class AgentNotFound(NoSuch):
+    """A job has no agent of that id."""
+
+    def __init__(self, job_id: str, agent_id: str) -> None:
+        self.job_id = job_id
+        self.agent_id = agent_id
+        super().__init__(f"job {job_id} has no agent {agent_id!r}; 'pi-matrix job {job_id}' lists them")
 
 
 class ResumeRefused(PiMatrixError):

@@ -15,11 +15,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .contract import ENV_PI_COMMAND
-from .errors import ResumeRefused
+from .errors import ContractError
 from .identity import AgentIdentityContract
 from .matrix.model import bounded
 
-__all__ = ["cli_argv", "finisher_argv", "host_argv", "pi_command", "spawn_detached", "watch_argv"]
+__all__ = [
+    "agent_argv", "cli_argv", "finisher_argv", "host_argv", "pi_command", "spawn_detached", "watch_argv",
+]  # fmt: skip
 
 
 def cli_argv(state_dir: Path | str | None, *words: str, python: str = sys.executable) -> list[str]:
@@ -31,7 +33,10 @@ def cli_argv(state_dir: Path | str | None, *words: str, python: str = sys.execut
 
 
 def pi_command(env: Mapping[str, str] | None = None) -> list[str]:
-    """The argv prefix that runs pi: ``$PI_MATRIX_PI_COMMAND`` (a JSON array) or ``["pi"]``."""
+    """The argv prefix that runs pi: ``$PI_MATRIX_PI_COMMAND`` (a JSON array) or ``["pi"]``.
+
+    The one place the variable is read: every start of pi (a profile's, a master's or host's
+    ``-- pi``, a resume, a fork, the demo) goes through here or :func:`agent_argv`."""
     source = os.environ if env is None else env
     raw = source.get(ENV_PI_COMMAND)
     if not raw:
@@ -41,10 +46,23 @@ def pi_command(env: Mapping[str, str] | None = None) -> list[str]:
     except ValueError:
         value = None
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-        raise ResumeRefused(
-            f'{ENV_PI_COMMAND}: not a JSON array of strings; set it like ["/usr/bin/pi"] or unset it'
+        raise ContractError(
+            ENV_PI_COMMAND,
+            f"{raw[:80]!r} is not a JSON array of strings",
+            f"set it like {ENV_PI_COMMAND}='[\"/usr/bin/pi\"]', or unset it",
         )
     return list(value)
+
+
+def agent_argv(argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
+    """``argv`` as it is started: a plain ``pi`` (``-- pi …``) becomes :func:`pi_command`'s
+    prefix, so ``$PI_MATRIX_PI_COMMAND`` is honoured wherever pi starts; anything else as given."""
+    if not argv or argv[0] != "pi":
+        return list(argv)
+    command = pi_command(env)
+    if list(argv[: len(command)]) == command:
+        return list(argv)  # resolved already (a profile's command), as by a command ["pi", "--offline"]
+    return [*command, *argv[1:]]
 
 
 def host_argv(

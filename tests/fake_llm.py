@@ -59,6 +59,7 @@ class FakeLLM:
     def __init__(self, responder: Callable[[dict[str, Any]], Reply] = default_reply) -> None:
         self.responder = responder
         self.requests: list[dict[str, Any]] = []
+        self.authorizations: list[str | None] = []  # each request's Authorization header, in order
         self._script: list[Reply] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -108,6 +109,8 @@ class FakeLLM:
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length") or 0)
+                with owner._lock:
+                    owner.authorizations.append(self.headers.get("authorization"))
                 try:
                     request = json.loads(self.rfile.read(length) or b"{}")
                 except ValueError:

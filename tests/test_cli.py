@@ -66,8 +66,9 @@ def test_ls_lists_valid_entries_reports_the_rest_and_changes_nothing(
     assert [r["key"] for r in rows] == ["worker-good1", "worker-good2"]
     assert [r["alive"] for r in rows] == [True, False]  # good1 is this very test process
     assert rows[0]["schemaVersion"] == 1 and "identity" in rows[0]
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 9
+    *lines, hint = done.stderr.strip().splitlines()
+    assert len(lines) == 9 and all(line.startswith("pi-matrix: warning: ") for line in lines)
+    assert hint.startswith("pi-matrix: hint: run 'pi-matrix repair'")  # one hint after the warnings
     for name in (
         "worker-trunc",
         "worker-junk",
@@ -164,7 +165,7 @@ def test_disabled_matrix_writes_nothing(tmp_path: Path, isolated_env: Path) -> N
     state = tmp_path / "state"
     before = dir_digest(str(tmp_path))
     done = pi_matrix("--state-dir", str(state), "repair")
-    assert done.returncode == 2 and "enabled is false" in done.stderr
+    assert done.returncode == 2 and "enabled: is false" in done.stderr
     assert pi_matrix("--state-dir", str(state), "ls", "--json").stdout.strip() == "[]"
     assert dir_digest(str(tmp_path)) == before
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import IO
 
 from .. import __version__
-from ..errors import EXIT_FAILED, EXIT_USAGE, PiMatrixError
+from ..errors import EXIT_FAILED, EXIT_USAGE, PiMatrixError, UsageError, exit_code_for
 from . import (
     completion,
     demo,
@@ -94,8 +94,11 @@ def main(argv: Sequence[str] | None = None, *, io: Io | None = None) -> int:
         words, trailing = words[:cut], words[cut + 1 :]
     try:
         args = parser.parse_args(words)
-    except SystemExit as exc:
-        return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+    except UsageError as exc:
+        io.err.write(f"pi-matrix: error: {exc}\n")
+        return exit_code_for(exc)
+    except SystemExit as exc:  # --help, --version
+        return exit_code_for(exc)
     if trailing is not None and not getattr(args, "takes_argv", False):
         io.err.write(f"pi-matrix: error: '{args.command}' takes no arguments after --\n")
         return EXIT_USAGE
@@ -111,7 +114,7 @@ def main(argv: Sequence[str] | None = None, *, io: Io | None = None) -> int:
         return command(args, io)
     except PiMatrixError as exc:
         io.err.write(f"pi-matrix: error: {exc}\n")
-        return exc.exit_code
+        return exit_code_for(exc)
     except KeyboardInterrupt:
         io.err.write("pi-matrix: interrupted\n")
         return 130
@@ -121,7 +124,7 @@ def main(argv: Sequence[str] | None = None, *, io: Io | None = None) -> int:
         # A full disk, a read-only folder, a file where a folder should be: one line, never a
         # traceback (what the library could name, it already raised as a PiMatrixError).
         io.err.write(f"pi-matrix: error: {exc}\n")
-        return EXIT_FAILED
+        return exit_code_for(exc)
     finally:
         package_log.removeHandler(handler)
 

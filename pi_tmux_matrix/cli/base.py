@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import IO, Any, Final
 
 import attrs
 
-from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, ContractError
-from ..matrix.store import MatrixStore, now_ms
+from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, ContractError, UsageError
+from ..matrix.store import MatrixStore, Problem, now_ms
 from ..settings import load_settings, resolve_state_dir
 
 __all__ = [
     "EPILOG", "STOP_WORD", "Io", "Parser", "add_verb", "age", "confirmed", "printable", "public_verbs",
-    "require_matrix", "stop_target", "store_of",
+    "report_problems", "require_matrix", "stop_target", "store_of",
 ]  # fmt: skip
 
 EPILOG: Final = f"""\
@@ -44,8 +44,9 @@ class Io:
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
-        # argparse's own usage errors are exit 2 with one line, like every other bad input.
-        self.exit(EXIT_USAGE, f"pi-matrix: error: {message}\n(see '{self.prog} --help')\n")
+        # argparse's own usage errors are exit 2 with one line, like every other bad input, and
+        # written where every other error is (main's stderr, not the process's).
+        raise UsageError(f"{message}\n(see '{self.prog} --help')")
 
 
 def add_verb(sub: Any, name: str, epilog: str, **options: Any) -> argparse.ArgumentParser:
@@ -60,6 +61,26 @@ def add_verb(sub: Any, name: str, epilog: str, **options: Any) -> argparse.Argum
     return parser
 
 
+
+
+def report_problems(problems: Iterable[Problem], io: Io) -> None:
+    """Every entry file a listing could not read, one warning line each, then what to do: run
+    ``repair`` for corrupt or foreign files (it quarantines them), upgrade for files a newer
+    pi-matrix wrote (repair leaves those alone). The valid entries were listed all the same."""
+    kinds: set[str] = set()
+    for problem in problems:
+        kinds.add(problem.kind)
+        io.err.write(f"pi-matrix: warning: {problem.line()}\n")
+    if kinds - {"newer"}:
+        io.err.write(
+            "pi-matrix: hint: run 'pi-matrix repair' to move the unreadable files to quarantine/ "
+            "('pi-matrix repair --dry-run' shows what it would move)\n"
+        )
+    if "newer" in kinds:
+        io.err.write(
+            "pi-matrix: hint: files written by a newer pi-matrix are left alone by repair; "
+            "upgrade pi-matrix to read them\n"
+        )
 
 
 def store_of(args: argparse.Namespace) -> MatrixStore:

@@ -7,7 +7,8 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EXIT_OK
-from .base import public_verbs
+from .base import public_verbs, store_of
+from .names import Kind, candidates
 
 if TYPE_CHECKING:
     from .base import Io
@@ -25,6 +26,22 @@ def register(sub: Any, epilog: str) -> None:
     )
     completion.add_argument("shell", choices=["bash", "zsh", "fish"])
     completion.set_defaults(handler=cmd_completion)
+    # Hidden (no help): what the completion scripts run to offer the keys and job ids on disk.
+    names = sub.add_parser("complete-names", epilog=epilog)
+    names.add_argument("kinds", nargs="+", choices=[kind.value for kind in Kind])
+    names.set_defaults(handler=cmd_complete_names)
+
+
+# The positional a verb's first word names, by its metavar: the kinds of name completed for it.
+_NAMED_BY = {"KEY": "entry", "ID": "job", "KEY|ID": "entry job", "RUN": "run"}
+
+
+def named_kinds(parser: argparse.ArgumentParser) -> str | None:
+    """The kinds of name (``entry``, ``job``) a verb's first positional takes, if any."""
+    for action in parser._actions:
+        if not action.option_strings and isinstance(action.metavar, str):
+            return _NAMED_BY.get(action.metavar)
+    return None
 
 
 def verbs_and_options(parser: argparse.ArgumentParser) -> tuple[list[str], dict[str, list[str]]]:
@@ -39,16 +56,18 @@ def verbs_and_options(parser: argparse.ArgumentParser) -> tuple[list[str], dict[
     return verbs, options
 
 
-def _bash(verbs: list[str], options: dict[str, list[str]]) -> str:
+def _bash(verbs: list[str], options: dict[str, list[str]], named: dict[str, str]) -> str:
     cases = "\n".join(f'        {verb}) opts="{" ".join(options[verb])}" ;;' for verb in verbs)
+    kinds = "\n".join(f'        {verb}) kinds="{kinds}" ;;' for verb, kinds in named.items())
     return f"""# pi-matrix completion for bash (and zsh via bashcompinit)
 _pi_matrix() {{
-    local cur verb i opts
+    local cur verb i opts kinds state
     cur="${{COMP_WORDS[COMP_CWORD]}}"
     verb=""
+    state=()
     for ((i = 1; i < COMP_CWORD; i++)); do
         case "${{COMP_WORDS[i]}}" in
-            --state-dir) ((i++)) ;;
+            --state-dir) state=(--state-dir "${{COMP_WORDS[i+1]}}"); ((i++)) ;;
             --*) ;;
             *) verb="${{COMP_WORDS[i]}}"; break ;;
         esac
@@ -61,15 +80,28 @@ _pi_matrix() {{
 {cases}
         *) opts="" ;;
     esac
+    kinds=""
+    case "$verb" in
+{kinds}
+    esac
+    if [[ -n "$kinds" && "$cur" != -* ]]; then
+        # The keys and job ids in the state dir, read by pi-matrix itself (nothing is written).
+        opts="$(pi-matrix "${{state[@]}}" complete-names $kinds 2>/dev/null)"
+    fi
     COMPREPLY=($(compgen -W "$opts" -- "$cur"))
 }}
 complete -o default -F _pi_matrix pi-matrix
 """
 
 
-def _fish(verbs: list[str], options: dict[str, list[str]]) -> str:
+def _fish(verbs: list[str], options: dict[str, list[str]], named: dict[str, str]) -> str:
     lines = ["# pi-matrix completion for fish", "complete -c pi-matrix -f"]
     lines.append(f"complete -c pi-matrix -n __fish_use_subcommand -a '{' '.join(verbs)}'")
+    for verb, kinds in named.items():
+        lines.append(
+            f"complete -c pi-matrix -n '__fish_seen_subcommand_from {verb}' "
+            f"-a '(pi-matrix complete-names {kinds} 2>/dev/null)'"
+        )
     for verb in verbs:
         for option in options[verb]:
             lines.append(f"complete -c pi-matrix -n '__fish_seen_subcommand_from {verb}' -l {option[2:]}")
@@ -78,10 +110,18 @@ def _fish(verbs: list[str], options: dict[str, list[str]]) -> str:
 
 def cmd_completion(args: argparse.Namespace, io: Io) -> int:
     verbs, options = verbs_and_options(args.parser)
+    named = {name: kinds for name, sub in public_verbs(args.parser) if (kinds := named_kinds(sub))}
     if args.shell == "fish":
-        io.out.write(_fish(verbs, options))
+        io.out.write(_fish(verbs, options, named))
     elif args.shell == "zsh":
-        io.out.write("autoload -U +X bashcompinit && bashcompinit\n" + _bash(verbs, options))
+        io.out.write("autoload -U +X bashcompinit && bashcompinit\n" + _bash(verbs, options, named))
     else:
-        io.out.write(_bash(verbs, options))
+        io.out.write(_bash(verbs, options, named))
+    return EXIT_OK
+
+
+def cmd_complete_names(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix complete-names entry|job…`` (hidden): one name a line, for the shell."""
+    found = candidates(store_of(args), [Kind(kind) for kind in args.kinds])
+    io.out.write("".join(name + "\n" for name in found))
     return EXIT_OK

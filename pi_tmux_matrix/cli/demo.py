@@ -18,17 +18,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import procs
-from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PiMatrixError
+from ..errors import EXIT_OK, ContractError, PiMatrixError, exit_code_for
 from ..identity import ProcessIdentity, Role
 from ..matrix.model import Entry, Status
 from ..matrix.store import MatrixStore
-from ..settings import load_settings
+from ..programs import pi_command
+from ..settings import agent_dir, load_settings
 
 if TYPE_CHECKING:
     from .base import Io
@@ -56,6 +57,31 @@ def register(sub: Any, epilog: str) -> None:
     )
     demo.add_argument("--keep", action="store_true", help="keep the scratch folder (state, repo, logs)")
     demo.set_defaults(handler=cmd_demo)
+
+
+PI_FILES = ("models.json", "auth.json")
+
+
+def pi_provider(source: Path, env: Mapping[str, str]) -> tuple[list[Path], dict[str, Any]]:
+    """What ``demo --agent pi`` takes from the user's agent dir so its pi reaches a model: the
+    ``models.json`` and ``auth.json`` there, and ``settings.json``'s own keys for pi
+    (``processMatrix`` stays the demo's). Refused before anything starts when there is no provider
+    at all (none of those files, no ``*_API_KEY`` variable): pi would never reach a model."""
+    files = [source / name for name in PI_FILES if (source / name).is_file()]
+    settings: dict[str, Any] = {}
+    try:
+        loaded = json.loads((source / "settings.json").read_text())
+    except (OSError, ValueError):
+        loaded = None
+    if isinstance(loaded, dict):
+        settings = {k: v for k, v in loaded.items() if k != "processMatrix"}
+    if not files and not any(k.endswith("_API_KEY") and v for k, v in env.items()):
+        raise ContractError(
+            "--agent pi",
+            f"no model provider for pi in {source} (no models.json, no auth.json, no *_API_KEY variable)",
+            "set one up as docs/real-provider.md shows, or run the demo with the stand-in (no --agent)",
+        )
+    return files, settings
 
 
 class DemoFailed(PiMatrixError):
@@ -101,7 +127,16 @@ class Demo:
     # -- set-up ---------------------------------------------------------------------------------------
     def setup(self) -> None:
         self.agent_dir.mkdir(mode=0o700, parents=True)
-        settings = {"processMatrix": {"heartbeatMs": 1000, "watcherPollMs": 1000, "adoptionGraceMs": 60000}}
+        settings: dict[str, Any] = {
+            "processMatrix": {"heartbeatMs": 1000, "watcherPollMs": 1000, "adoptionGraceMs": 60000}
+        }
+        if self.agent == "pi":
+            # The demo's agent dir is a scratch one: real pi needs the user's provider in it.
+            files, pi_settings = pi_provider(agent_dir(), os.environ)
+            for path in files:
+                (self.agent_dir / path.name).write_bytes(path.read_bytes())
+                (self.agent_dir / path.name).chmod(0o600)
+            settings.update(pi_settings)
         (self.agent_dir / "settings.json").write_text(json.dumps(settings))
         self.repo.mkdir()
         git = [
@@ -163,7 +198,7 @@ class Demo:
             host = agent.host
             if host is not None:
                 self.started.append(host)
-            self.io.out.write(f"   fired {agent.agent_id} ({agent.key}) on {lane}: {agent.target}\n")
+            self.io.out.write(f"   fired {agent.agent_id} ({agent.key}) on {lane}: {agent.where}\n")
 
     # -- waiting --------------------------------------------------------------------------------------
     def wait(self, what: str, probe: Callable[[], T | None], timeout: float = STEP_TIMEOUT) -> T:
@@ -280,15 +315,14 @@ def _scratch(keep: list[bool]) -> Iterator[Path]:
 
 
 def cmd_demo(args: argparse.Namespace, io: Io) -> int:
-    if args.agent == "pi" and shutil.which("pi") is None and not os.environ.get("PI_MATRIX_PI_COMMAND"):
-        io.err.write(
-            "pi-matrix: error: --agent pi: no pi on PATH; install it, set PI_MATRIX_PI_COMMAND, "
-            "or drop --agent\n"
+    if args.agent == "pi" and shutil.which(pi_command()[0]) is None:
+        raise ContractError(
+            "--agent pi", "no pi on PATH", "install it, set PI_MATRIX_PI_COMMAND, or drop --agent"
         )
-        return EXIT_USAGE
     if shutil.which("git") is None:
-        io.err.write("pi-matrix: error: the demo needs git (its lanes are git worktrees); install git\n")
-        return EXIT_USAGE
+        raise ContractError("git", "not found on PATH", "install git: the demo's lanes are git worktrees")
+    if args.agent == "pi":
+        pi_provider(agent_dir(), os.environ)  # what is missing is said before anything starts
     started = time.monotonic()
     keep = [bool(args.keep)]
     with _scratch(keep) as root:
@@ -300,7 +334,7 @@ def cmd_demo(args: argparse.Namespace, io: Io) -> int:
         except PiMatrixError as exc:
             keep[0] = True
             io.err.write(f"pi-matrix: error: {exc}\n")
-            return EXIT_FAILED
+            return exit_code_for(exc)
         finally:
             demo.cleanup()
             io.out.write(

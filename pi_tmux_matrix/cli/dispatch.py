@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from .. import procs
 from ..dispatch import BACKEND_NAMES, TMUX
-from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ContractError
-from ..identity import parse_key, validate_id
+from ..errors import EXIT_OK, ContractError, DispatchError, NotConfirmed, ResumeRefused
 from ..settings import load_settings
 from .base import STOP_WORD, age, confirmed, store_of
+from .names import resolve_job, resolve_key
 from .render import Column, Row, print_table, tree_indent
 
 if TYPE_CHECKING:
@@ -84,8 +84,9 @@ def register(sub: Any, epilog: str) -> None:
         metavar="NAME",
         help="also list panes tagged by a dispatcher on this socket with no job record",
     )
-    jobs.add_argument("--json", action="store_true")
-    jobs.add_argument("--ndjson", action="store_true", help="one job per line")
+    shape = jobs.add_mutually_exclusive_group()  # one output shape: both is a usage error (exit 2)
+    shape.add_argument("--json", action="store_true")
+    shape.add_argument("--ndjson", action="store_true", help="one job per line")
     jobs.set_defaults(handler=cmd_jobs)
 
     job = sub.add_parser("job", help="one job: its agents, their results, hosts and panes", **common)
@@ -173,7 +174,7 @@ def cmd_fire(args: argparse.Namespace, io: Io) -> int:
     task = result.job.task_ref or "no task ref"
     io.out.write(f"job {result.job.id} ({task}): {verb} {len(result.job.agents)} agent(s)\n")
     for planned, agent in zip(result.planned, result.job.agents, strict=True):
-        where = agent.target or "-"
+        where = agent.where
         io.out.write(f"  {agent.agent_id}  {agent.key}  {agent.profile}  lane {agent.lane or '-'}  {where}\n")
         if result.dry_run:
             io.out.write(f"    cwd  {planned.cwd}\n    argv {json.dumps(list(planned.argv))}\n")
@@ -220,7 +221,8 @@ def _job_rows(io: Io, view: ListedJob) -> list[Row]:
     if view.state == "untracked":
         pane = view.pane
         host = f"pid {pane.host_pid} {'alive' if pane.host_alive else 'gone'}"
-        untracked = (view.job_id, "untracked (tmux tags only)", pane.key or "", host, "", pane.target)
+        where = f"tmux -L {pane.socket} {pane.target}"
+        untracked = (view.job_id, "untracked (tmux tags only)", pane.key or "", host, "", where)
         return [Row((*untracked, "", "", ""))]
     job = view.job
     rows = [
@@ -237,7 +239,7 @@ def _job_rows(io: Io, view: ListedJob) -> list[Row]:
             outcome += f" ({result.detail})"
         cells = (
             agent.agent_id, f"round {agent.round}: {outcome}", agent.key,
-            "alive" if shown.host_alive else "gone", shown.tmux, agent.target or "-", "", "", "",
+            "alive" if shown.host_alive else "gone", shown.tmux, agent.where, "", "", "",
         )  # fmt: skip
         styles = ("", "", "", "green" if shown.host_alive else "red")
         rows.append(Row(cells, styles, tree_indent(i == len(view.agents) - 1)))
@@ -271,7 +273,7 @@ def cmd_jobs(args: argparse.Namespace, io: Io) -> int:
 
 def cmd_job(args: argparse.Namespace, io: Io) -> int:
     dispatcher = dispatcher_of(args)
-    job = dispatcher.jobs.get(validate_id(args.job_id, "ID"))
+    job = dispatcher.jobs.get(resolve_job(dispatcher.store, args.job_id))
     view = dispatcher.view(job, tmux_state=dispatcher.tmux_states(job))
     if args.json:
         dump_json(io, view.to_json())
@@ -286,7 +288,7 @@ def cmd_followup(args: argparse.Namespace, io: Io) -> int:
     if not args.argv:
         raise ContractError("TEXT", "missing", "give the follow-up after --")
     dispatcher = dispatcher_of(args)
-    job = dispatcher.followup(validate_id(args.job_id, "ID"), " ".join(args.argv), args.agent)
+    job = dispatcher.followup(resolve_job(dispatcher.store, args.job_id), " ".join(args.argv), args.agent)
     if args.json:
         dump_json(io, dispatcher.view(job).to_json())
     else:
@@ -297,7 +299,7 @@ def cmd_followup(args: argparse.Namespace, io: Io) -> int:
 
 def cmd_dismiss(args: argparse.Namespace, io: Io) -> int:
     dispatcher = dispatcher_of(args)
-    job = dispatcher.dismiss(validate_id(args.job_id, "ID"))
+    job = dispatcher.dismiss(resolve_job(dispatcher.store, args.job_id))
     if args.json:
         dump_json(io, dispatcher.view(job).to_json())
     else:
@@ -308,7 +310,7 @@ def cmd_dismiss(args: argparse.Namespace, io: Io) -> int:
 def stop_job(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix stop JOB --confirm yes-tmux-stop`` (a preview without the word)."""
     dispatcher = dispatcher_of(args)
-    job = dispatcher.jobs.get(validate_id(args.key, "ID"))
+    job = dispatcher.jobs.get(resolve_job(dispatcher.store, args.key))
     view = dispatcher.view(job, tmux_state=dispatcher.tmux_states(job))
     if not confirmed(args, io, f"job {job.id}"):
         io.out.write(
@@ -320,8 +322,7 @@ def stop_job(args: argparse.Namespace, io: Io) -> int:
                 f"  {shown.agent.agent_id}  host pid {shown.agent.host_pid} ({alive})  "
                 f"pane {shown.agent.pane_id or '-'} ({shown.tmux})\n"
             )
-        io.err.write(f"pi-matrix: error: nothing was stopped; add --confirm {STOP_WORD} to stop it\n")
-        return EXIT_USAGE
+        raise NotConfirmed(STOP_WORD)
     job, written = dispatcher.stop(job.id)
     if getattr(args, "json", False):
         dump_json(io, dispatcher.view(job).to_json())
@@ -336,14 +337,13 @@ def cmd_resume(args: argparse.Namespace, io: Io) -> int:
     from ..resume import plan_resume
 
     store = store_of(args)
-    parse_key(args.key)
+    args.key = resolve_key(store, args.key)
     entry = store.get(args.key)
     parent, session = require_master(
-        owning_master(store, args.parent_pid, args.parent_session, registered=not args.dry_run)
+        owning_master(store, args.parent_pid, args.parent_session, registered=not args.dry_run), "resume"
     )
     if procs.is_alive(entry.process):
-        io.err.write(f"pi-matrix: error: {args.key}'s host (pid {entry.pid}) is alive; adopt it instead\n")
-        return EXIT_FAILED
+        raise ResumeRefused(f"{args.key}'s host (pid {entry.pid}) is alive; adopt it instead")
     if args.dry_run:
         plan = plan_resume(store, entry, parent, session)
         if args.json:
@@ -352,10 +352,10 @@ def cmd_resume(args: argparse.Namespace, io: Io) -> int:
             io.out.write(f"would resume {args.key} in {plan.cwd}:\n  argv {json.dumps(list(plan.argv))}\n")
         return EXIT_OK
     if procs.is_alive(entry.child_process):
-        io.err.write(
-            f"pi-matrix: error: {args.key}'s agent (pid {entry.child_pid}) still runs without its host\n"
+        raise ResumeRefused(
+            f"{args.key}'s agent (pid {entry.child_pid}) still runs without its host; "
+            f"stop it first ('pi-matrix stop {args.key}')"
         )
-        return EXIT_FAILED
     request = Relaunch(
         entry=entry, parent=parent, parent_session=session, state_dir=str(store.root),
         socket=args.socket or default_socket(), backend=args.backend,
@@ -365,8 +365,7 @@ def cmd_resume(args: argparse.Namespace, io: Io) -> int:
     # Through the hook, like a master's recovery: a plugin's relauncher is honoured in both paths.
     pid = plugin_manager(matrix=load_settings().enabled).hook.relaunch(request=request)
     if pid is None:
-        io.err.write(f"pi-matrix: error: no plugin relaunched {args.key} (is the matrix plugin disabled?)\n")
-        return EXIT_FAILED
+        raise DispatchError(f"no plugin relaunched {args.key} (is the matrix plugin disabled?)")
     if args.json:
         dump_json(io, {"key": args.key, "hostPid": pid})
     else:

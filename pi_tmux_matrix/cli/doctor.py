@@ -8,10 +8,13 @@ import os
 import shutil
 import stat
 import subprocess
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
 
 from .. import procs
-from ..errors import EXIT_FAILED, EXIT_OK
+from ..contract import ENV_PI_COMMAND
+from ..errors import EXIT_FAILED, EXIT_OK, ContractError
+from ..programs import pi_command
 from ..settings import FIELDS, agent_dir, load_settings, resolve_state_dir
 
 if TYPE_CHECKING:
@@ -91,17 +94,50 @@ def checks(state_flag: str | None) -> list[dict[str, Any]]:
             required=False,
         )
     )
-    pi_argv = (
-        json.loads(os.environ["PI_MATRIX_PI_COMMAND"]) if os.environ.get("PI_MATRIX_PI_COMMAND") else None
-    )
-    pi = pi_argv[0] if pi_argv else shutil.which("pi")
-    pi_version = _version([pi, "--version"]) if pi else None
-    found.append(
-        _check("pi", pi_version is not None, f"{pi}: {pi_version}" if pi_version else "not found",
-               "npm install -g @mariozechner/pi-coding-agent (or bash scripts/install-pi in a checkout)",
-               required=False)
-    )  # fmt: skip
+    found.append(_pi_check())
     return found
+
+
+PI_PIN: Final = "0.73.1"  # the pi scripts/install-pi installs, and the tests run against
+PINNED_BIN: Final = Path(".pi-cli") / "node_modules" / ".bin" / "pi"
+
+
+def pinned_installs() -> list[Path]:
+    """The pinned pi of ``scripts/install-pi`` (``.pi-cli/`` in a checkout), here or in the
+    checkout this pi-matrix runs from, where one exists."""
+    checkout = Path(__file__).resolve().parents[2]
+    seen: list[Path] = []
+    for root in (Path.cwd(), checkout):
+        binary = root / PINNED_BIN
+        if binary.is_file() and os.access(binary, os.X_OK) and binary not in seen:
+            seen.append(binary)
+    return seen
+
+
+def _pi_check() -> dict[str, Any]:
+    """pi as the product starts it (``$PI_MATRIX_PI_COMMAND``, else ``pi`` on PATH); when that
+    finds none, the pinned install of ``scripts/install-pi`` is named with the line that uses it."""
+    try:
+        command = pi_command()
+    except ContractError as exc:
+        return _check("pi", False, f"{ENV_PI_COMMAND}: {exc.problem}", exc.fix, required=False)
+    program = shutil.which(command[0])
+    version = _version([*command, "--version"]) if program else None
+    if version is not None:
+        return _check("pi", True, f"{' '.join(command)}: {version}", required=False)
+    for binary in pinned_installs():
+        pinned = _version([str(binary), "--version"])
+        if pinned is not None:
+            where = f"{command[0]!r} not found; the pinned install {binary} ({pinned}) is not in use"
+            use = f"export {ENV_PI_COMMAND}='{json.dumps([str(binary)])}'"
+            return _check("pi", False, where, f"use it: {use}", required=False)
+    return _check(
+        "pi", False, f"{command[0]!r} not found",
+        f"install the pinned pi {PI_PIN}: 'bash scripts/install-pi' in a pi-matrix checkout (it runs "
+        f"'npm install --prefix .pi-cli @mariozechner/pi-coding-agent@{PI_PIN}'), then "
+        f"export {ENV_PI_COMMAND}='[\"/path/to/the/checkout/{PINNED_BIN}\"]'",
+        required=False,
+    )  # fmt: skip
 
 
 def cmd_doctor(args: argparse.Namespace, io: Io) -> int:
@@ -128,5 +164,7 @@ def cmd_doctor(args: argparse.Namespace, io: Io) -> int:
             io.out.write(f"      fix: {check['fix']}\n")
     io.out.write(f"\nsettings (agent dir {report['agentDir']}):\n")
     for key, item in report["settings"].items():
-        io.out.write(f"  {key:<20} {item['value']!s:<8} from {item['from']}\n")
+        # As settings.json spells it (true, null, {"K": "v"}), never Python's True or None.
+        shown = json.dumps(item["value"], ensure_ascii=False)
+        io.out.write(f"  {key:<20} {shown:<8} from {item['from']}\n")
     return EXIT_FAILED if failed else EXIT_OK

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .. import procs
-from ..errors import EXIT_OK, EXIT_USAGE
-from ..identity import parse_key
+from ..errors import EXIT_OK, ContractError
 from ..matrix.model import Entry
-from ..matrix.store import MatrixStore, Problem, now_ms
+from ..matrix.store import MatrixStore, now_ms
 from ..settings import load_settings
 from ..supervise.claim import unsupervised
-from .base import STOP_WORD, age, printable, store_of
+from .base import STOP_WORD, age, printable, report_problems, store_of
+from .names import resolve_key
 from .render import STATUS_STYLES, Column, Row, print_table
 
 if TYPE_CHECKING:
@@ -28,10 +28,11 @@ def register(sub: Any, epilog: str) -> None:
     """Add the entry verbs to the top-level subparsers."""
     common = {"epilog": epilog, "formatter_class": argparse.RawDescriptionHelpFormatter}
     ls = sub.add_parser("ls", help="list every entry; 'alive' is judged by process identity", **common)
-    ls.add_argument(
+    shape = ls.add_mutually_exclusive_group()  # one output shape: both is a usage error (exit 2)
+    shape.add_argument(
         "--json", action="store_true", help="print a JSON array of the stored entries plus 'alive'"
     )
-    ls.add_argument("--ndjson", action="store_true", help="one JSON object per line (for streaming tools)")
+    shape.add_argument("--ndjson", action="store_true", help="one JSON object per line (for streaming tools)")
     ls.set_defaults(handler=cmd_ls)
 
     show = sub.add_parser(
@@ -69,11 +70,6 @@ class _Liveness:
         return self._cache[key]
 
 
-def _report(problems: tuple[Problem, ...], io: Io) -> None:
-    for problem in problems:
-        io.err.write(f"pi-matrix: warning: {problem.line()}\n")
-
-
 LS_COLUMNS = (
     Column("KEY", 100, key=True), Column("ROLE", 60), Column("STATUS", 90, shrink=9),
     Column("ALIVE", 80, shrink=5), Column("PID", 55, right=True), Column("PARENT", 30, right=True),
@@ -92,7 +88,7 @@ def cmd_ls(args: argparse.Namespace, io: Io) -> int:
             io.out.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
         else:
             io.out.write(json.dumps(rows, ensure_ascii=False) + "\n")
-        _report(result.problems, io)
+        report_problems(result.problems, io)
         return EXIT_OK
     now = now_ms()
     table: list[Row] = []
@@ -114,15 +110,14 @@ def cmd_ls(args: argparse.Namespace, io: Io) -> int:
         print_table(io, LS_COLUMNS, table)
     else:
         io.out.write(f"no entries in {store_of(args).root}\n")
-    _report(result.problems, io)
+    report_problems(result.problems, io)
     return EXIT_OK
 
 
 def cmd_show(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix show KEY [--json]``."""
-    parse_key(args.key)
     store = store_of(args)
-    entry = store.get(args.key)
+    entry = store.get(resolve_key(store, args.key))
     alive = _Liveness()(entry)
     from ..matrix.codec import unstructure_entry
 
@@ -226,11 +221,10 @@ def cmd_repair(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix repair [--dry-run] [--json]``."""
     settings = load_settings()
     if not settings.enabled and not args.dry_run:
-        io.err.write(
-            "pi-matrix: error: processMatrix.enabled is false, so nothing may be written; "
-            "use --dry-run to see what repair would do, or enable the matrix in settings.json\n"
-        )
-        return EXIT_USAGE
+        raise ContractError(
+            "processMatrix.enabled", "is false, so nothing may be written",
+            "use --dry-run to see what repair would do, or enable the matrix in settings.json",
+        )  # fmt: skip
     actions = store_of(args).repair(dry_run=args.dry_run)
     if args.json:
         io.out.write(json.dumps([attrs.asdict(a) for a in actions], indent=2) + "\n")

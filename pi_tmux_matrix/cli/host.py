@@ -24,6 +24,7 @@ from ..contract import (
 from ..errors import ContractError, PiMatrixError
 from ..identity import ID_PATTERN, AgentIdentityContract, Mode, validate_id
 from ..matrix.tickets import LaunchTickets, Taken
+from ..programs import agent_argv
 from ..settings import load_settings
 from ..supervise.host import AgentHost, HostHooks, HostSpec
 from .base import add_verb, store_of
@@ -136,6 +137,7 @@ def require_bridge(argv: list[str], provider: str | None, allowed: tuple[str, ..
 def become(argv: list[str], io: Io) -> int:
     """The hard off switch: this process becomes the agent and writes nothing. Returns only when
     the agent cannot start (127, as a shell says "command not found")."""
+    argv = agent_argv(argv)
     try:
         os.execvp(argv[0], argv)  # argv list, never a shell
     except OSError as exc:
@@ -150,6 +152,7 @@ def cmd_host(args: argparse.Namespace, io: Io) -> int:
         return _rehost(args, io)
     if not argv:
         raise ContractError("ARGV", "no command given", "put the agent command after --, e.g. -- pi")
+    agent_argv(argv)  # a bad $PI_MATRIX_PI_COMMAND is refused before anything is written
     settings = load_settings(args.cwd)
     # A malformed envelope is refused, and a confined pi never starts without its bridge: neither
     # ever reaches the agent, matrix on or off.

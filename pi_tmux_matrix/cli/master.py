@@ -8,6 +8,7 @@ pi, printed otherwise).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -19,11 +20,12 @@ import attrs
 
 from .. import procs
 from ..contract import parse_env
-from ..errors import EXIT_OK, ContractError, PiMatrixError
+from ..errors import EXIT_OK, Conflict, ContractError, PiMatrixError
 from ..identity import AgentIdentityContract, Mode, Role, validate_id, validate_task_ref
 from ..matrix import lifecycle
-from ..matrix.model import Entry, Handoff
+from ..matrix.model import Entry, Handoff, Status
 from ..matrix.store import MatrixStore, now_ms
+from ..programs import agent_argv
 from ..settings import load_settings
 from ..supervise.claim import check_claim, live_master, stray_agent, take_over
 from ..supervise.feed import EntryFeed
@@ -284,14 +286,25 @@ class _MasterSession:
     def once(self, identity: AgentIdentityContract) -> int:
         """``--once``: register this process as the master, activate, report, return."""
         me = procs.current()
-        self.store.register(
+        registered = self.store.register(
             lifecycle.new_entry(
                 role=Role.MASTER, identity=identity, process=me, now=now_ms(), task_ref=self.task_ref
             ),
             check=self.claim,
         )
-        self.start_session()
-        report = self.master_at(me, deliver=not self.args.json).activate()
+        try:
+            self.start_session()
+            report = self.master_at(me, deliver=not self.args.json).activate()
+        finally:
+            # This process ends here: its record must not stay `running` under a dead pid (every
+            # view would show a master that is not there). Closed as a host closes its own record;
+            # a newer registration of the session meanwhile is left alone.
+            with contextlib.suppress(Conflict):
+                self.store.update(
+                    registered.key,
+                    lambda e: lifecycle.close(e, "once", now_ms()) if e.can_move_to(Status.CLOSED) else None,
+                    registration=registered.registration,
+                )
         if self.args.json:
             self.io.out.write(json.dumps(_report_json(report), indent=2) + "\n")
         else:
@@ -372,6 +385,7 @@ def _prompter(args: argparse.Namespace, mode: Mode, bridged: bool, io: Io) -> Tt
 def cmd_master(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix master [flags] [-- ARGV…]``."""
     argv: list[str] = args.argv or []
+    agent_argv(argv)  # a bad $PI_MATRIX_PI_COMMAND is refused before anything is written
     settings = load_settings()
     if not settings.enabled:
         return become(argv, io) if argv else EXIT_OK

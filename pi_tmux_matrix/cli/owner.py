@@ -12,14 +12,13 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from .. import procs
-from ..errors import EXIT_OK, EXIT_USAGE, ContractError, PiMatrixError
+from ..errors import EXIT_OK, ContractError, NotConfirmed, PiMatrixError
 from ..identity import Mode, Role, parse_key
 from ..matrix import lifecycle
 from ..matrix.mailbox import EventLog, Inbox, encode_message
 from ..matrix.model import Entry, Status
 from ..matrix.reconcile import reconcile
-from ..matrix.statedir import is_key
-from ..matrix.store import MatrixStore, now_ms
+from ..matrix.store import MatrixStore, Problem, now_ms
 from ..settings import load_settings
 from ..supervise.bridge_reports import bridge_silent
 from ..supervise.child import reachable
@@ -32,7 +31,8 @@ from ..supervise.master import (
     owning_master,
     require_master,
 )
-from .base import STOP_WORD, add_verb, confirmed, require_matrix, stop_target, store_of
+from .base import STOP_WORD, add_verb, confirmed, report_problems, require_matrix, stop_target, store_of
+from .names import Kind, resolve, resolve_key
 
 if TYPE_CHECKING:
     from .base import Io
@@ -91,7 +91,7 @@ def register(sub: Any, epilog: str) -> None:
     stop.set_defaults(handler=cmd_stop)
 
 
-def _orphan_rows(store: MatrixStore) -> tuple[list[dict[str, Any]], list[str]]:
+def _orphan_rows(store: MatrixStore) -> tuple[list[dict[str, Any]], tuple[Problem, ...]]:
     listing = store.list()
     facts = gather_facts(listing.entries)
     plan = reconcile(listing.entries, facts)
@@ -112,14 +112,13 @@ def _orphan_rows(store: MatrixStore) -> tuple[list[dict[str, Any]], list[str]]:
                 "resumable": entry.identity.resume_complete,
             }
         )
-    return rows, [p.line() for p in listing.problems]
+    return rows, listing.problems
 
 
 def cmd_scan(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix scan [--json]``: report only."""
     rows, problems = _orphan_rows(store_of(args))
-    for line in problems:
-        io.err.write(f"pi-matrix: warning: {line}\n")
+    report_problems(problems, io)
     if args.json:
         io.out.write(json.dumps(rows, indent=2) + "\n")
         return EXIT_OK
@@ -146,8 +145,9 @@ def cmd_reconcile(args: argparse.Namespace, io: Io) -> int:
         ]
     else:
         if not load_settings().enabled:
-            io.err.write("pi-matrix: error: processMatrix.enabled is false; use --dry-run\n")
-            return EXIT_USAGE
+            raise ContractError(
+                "processMatrix.enabled", "is false, so nothing may be written", "use --dry-run"
+            )
         rows = [{"key": k, "action": a, "reason": r} for k, a, r in apply_plan(store, plan)]
     if args.json:
         io.out.write(json.dumps(rows, indent=2) + "\n")
@@ -159,7 +159,8 @@ def cmd_reconcile(args: argparse.Namespace, io: Io) -> int:
     return EXIT_OK
 
 
-def _worker(store: MatrixStore, key: str) -> Entry:
+def _worker(store: MatrixStore, args: argparse.Namespace) -> Entry:
+    key = args.key = resolve_key(store, args.key)
     role, _ = parse_key(key)
     entry = store.get(key)
     if role is not Role.WORKER:
@@ -171,8 +172,8 @@ def cmd_adopt(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix adopt KEY [--parent-pid P --parent-session S]``."""
     require_matrix("adopt")
     store = store_of(args)
-    entry = _worker(store, args.key)
-    master, session = require_master(owning_master(store, args.parent_pid, args.parent_session))
+    entry = _worker(store, args)
+    master, session = require_master(owning_master(store, args.parent_pid, args.parent_session), "adopt")
     if entry.status in (Status.TERMINAL, Status.CLOSED):
         raise ContractError(
             "KEY", f"{args.key} is {entry.status.value}", "only a live or resumable worker can be adopted"
@@ -187,7 +188,7 @@ def cmd_cleanup(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix cleanup KEY``."""
     require_matrix("cleanup")
     store = store_of(args)
-    entry = _worker(store, args.key)
+    entry = _worker(store, args)
     found = calling_master(store)
     session = found[1] if found else None
     handshake(store, entry, lambda e: lifecycle.request_cleanup(e, session, now_ms()), "pi-matrix cleanup")
@@ -224,6 +225,7 @@ def _check_listening(store: MatrixStore, entry: Entry) -> None:
 def cmd_send(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix send KEY (--steer T | --prompt T | --abort)``."""
     store = store_of(args)
+    args.key = resolve_key(store, args.key)
     entry = _live_host(store, args.key)
     mode, provider = entry.identity.mode, entry.identity.provider
     # Anything the host cannot pass on would only be recorded, and "sent" would be a lie.
@@ -248,21 +250,20 @@ def cmd_send(args: argparse.Namespace, io: Io) -> int:
 
 def cmd_stop(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix stop KEY|JOB --confirm yes-tmux-stop`` (a preview, exit 2, without the word)."""
-    if not is_key(stop_target(args)):
-        # Not an entry key (worker-…, master-…): a job id, generated (job-…) or a launch key.
+    store = store_of(args)
+    named = resolve(store, stop_target(args), (Kind.ENTRY, Kind.JOB), "KEY|ID")
+    args.key = named.name
+    if named.kind is Kind.JOB:
         from .dispatch import stop_job
 
         return stop_job(args, io)
-    store = store_of(args)
-    parse_key(args.key)
     if stray_agent(current := store.get(args.key)) is not None:
         return _stop_stray(args, io, store, current)
     entry = _live_host(store, args.key)
     what = f"{args.key} (agent {entry.identity.agent_id}, host pid {entry.pid}, child pid {entry.child_pid})"
     if not confirmed(args, io, what):
         io.out.write(f"would stop {what}: request -> grace -> SIGTERM -> SIGKILL, recorded as killed\n")
-        io.err.write(f"pi-matrix: error: nothing was stopped; add --confirm {STOP_WORD} to stop it\n")
-        return EXIT_USAGE
+        raise NotConfirmed(STOP_WORD)
     Inbox(store, args.key).post("stop", sender="pi-matrix stop", to=entry.registration)
     io.out.write(f"stop requested: {what}\n")
     return EXIT_OK
@@ -277,8 +278,7 @@ def _stop_stray(args: argparse.Namespace, io: Io, store: MatrixStore, entry: Ent
     )
     if not confirmed(args, io, what):
         io.out.write(f"would stop {what}: SIGTERM -> {STRAY_GRACE_S:.0f}s -> SIGKILL, recorded as killed\n")
-        io.err.write(f"pi-matrix: error: nothing was stopped; add --confirm {STOP_WORD} to stop it\n")
-        return EXIT_USAGE
+        raise NotConfirmed(STOP_WORD)
     written = stop_stray(store, entry, grace_s=STRAY_GRACE_S)
     recorded = f", recorded {written.status.value} (killed)" if written is not None else ""
     io.out.write(f"stopped {what}{recorded}\n")

@@ -12,11 +12,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ContractError
+from ..errors import EXIT_FAILED, EXIT_OK, ContractError
 from ..identity import ProcessIdentity
 from ..matrix.store import MatrixStore
 from ..settings import load_settings
 from .base import age, require_matrix, store_of
+from .names import Kind, resolve
 
 if TYPE_CHECKING:
     from ..fork import ForkRun, ForkUsage, RunStore, StopRequest
@@ -82,8 +83,6 @@ def _watched(value: str | None) -> ProcessIdentity | None:
     if not (pid.isdigit() and ticks.isdigit()):
         raise ContractError("--watch", f"{value!r} is not PID:START_TICKS", "leave --watch to pi-matrix fork")
     return ProcessIdentity(int(pid), int(ticks), procs.boot_id())
-
-
 
 
 def _print_run(io: Io, run: ForkRun) -> None:
@@ -213,13 +212,15 @@ def cmd_runs(args: argparse.Namespace, io: Io) -> int:
         return _all_runs(args, io, store, runs)
     if args.abort and args.wait:
         raise ContractError("--abort", "cannot be combined with --wait", "use one")
+    waits_only = args.keep_pane or args.notify or args.timeout is not None or args.watch is not None
+    if waits_only and not args.wait:
+        raise ContractError("--keep-pane/--notify/--timeout", "given without --wait", "they go with --wait")
+    if args.watch is None:  # a person's word (a finisher names its run whole)
+        args.run_id = resolve(store, args.run_id, (Kind.RUN,), "RUN").name
     if args.abort:
         return _report(io, abort_run(runs, args.run_id, "aborted by pi-matrix runs --abort"), args.json)
     if args.wait:
         return _wait_for(args, io, store)
-    if args.keep_pane or args.notify or args.timeout is not None or args.watch is not None:
-        io.err.write("pi-matrix: error: --keep-pane, --notify and --timeout go with --wait\n")
-        return EXIT_USAGE
     run = refresh(runs, args.run_id)  # as it stands now, not as last recorded
     if args.json:
         io.out.write(json.dumps(run.to_json(), indent=2) + "\n")

@@ -7,10 +7,11 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, ContractError, PiMatrixError
+from ..errors import EXIT_FAILED, EXIT_OK, ContractError, NoSuch, NotConfirmed, PiMatrixError
 from ..identity import validate_id
 from .base import STOP_WORD, confirmed, printable
 from .dispatch import ENV_SOCKET, default_socket, dispatcher_of, dump_json
+from .names import resolve_job
 
 if TYPE_CHECKING:
     from ..dispatch.tmux import TmuxServer
@@ -79,7 +80,7 @@ def cmd_var(args: argparse.Namespace, io: Io) -> int:
     dispatcher = dispatcher_of(args)
     if args.value is not None and not dispatcher.settings.enabled:
         raise ContractError("VALUE", "processMatrix.enabled is false: nothing may be written", "enable it")
-    job = dispatcher.jobs.get(validate_id(args.job_id, "ID"))
+    job = dispatcher.jobs.get(resolve_job(dispatcher.store, args.job_id))
     variables = Variables(dispatcher.store)
     if args.value is not None:
         values = variables.set(job.id, args.name, args.value)
@@ -88,8 +89,7 @@ def cmd_var(args: argparse.Namespace, io: Io) -> int:
         if args.name is not None:
             check_name(args.name)
             if args.name not in values:
-                io.err.write(f"pi-matrix: error: job {job.id} has no variable {args.name!r}\n")
-                return EXIT_NOT_FOUND
+                raise NoSuch(f"job {job.id} has no variable {args.name!r}")
             values = {args.name: values[args.name]}
     if args.json:
         dump_json(io, {"jobId": job.id, "file": str(variables.path(job.id)), "values": values})
@@ -144,14 +144,12 @@ def cmd_stop_session(args: argparse.Namespace, io: Io) -> int:
         and any(a.socket == socket and (a.target or "").startswith(f"{name}:") for a in job.agents)
     ]  # fmt: skip
     if not held:
-        io.err.write(f"pi-matrix: error: no job has agents in tmux session {name!r} on socket {socket!r}\n")
-        return EXIT_NOT_FOUND
+        raise NoSuch(f"no job has agents in tmux session {name!r} on socket {socket!r}")
     if not confirmed(args, io, f"tmux session {name} ({len(held)} job(s))"):
         io.out.write(
             f"would stop {len(held)} job(s) in tmux session {name}: " + ", ".join(j.id for j in held) + "\n"
         )
-        io.err.write(f"pi-matrix: error: nothing was stopped; add --confirm {STOP_WORD} to stop them\n")
-        return EXIT_USAGE
+        raise NotConfirmed(STOP_WORD)
     stopped, failed = [], []
     for job in held:
         try:

@@ -12,7 +12,7 @@ from ..identity import Role
 from ..matrix.model import Entry
 from ..matrix.store import now_ms
 from ..supervise.claim import unsupervised
-from .base import add_verb, age, store_of
+from .base import add_verb, age, report_problems, store_of
 from .render import STATUS_STYLES, Column, Row, print_table, tree_indent
 
 if TYPE_CHECKING:
@@ -30,8 +30,9 @@ TREE_COLUMNS = (
 def register(sub: Any, epilog: str) -> None:
     """Add the ``tree`` verb."""
     tree = add_verb(sub, "tree", epilog, help="masters with their workers: status, age, lane, task")
-    tree.add_argument("--json", action="store_true")
-    tree.add_argument("--ndjson", action="store_true", help="one entry per line, with its master")
+    shape = tree.add_mutually_exclusive_group()  # one output shape: both is a usage error (exit 2)
+    shape.add_argument("--json", action="store_true")
+    shape.add_argument("--ndjson", action="store_true", help="one entry per line, with its master")
     tree.set_defaults(handler=cmd_tree)
 
 
@@ -108,8 +109,7 @@ def cmd_tree(args: argparse.Namespace, io: Io) -> int:
         node["workers"] = [_node(w, now) for w in by_session.pop(master.identity.session_id, [])]
         tree.append(node)
     unparented = [_node(w, now) for ws in by_session.values() for w in ws]
-    for problem in listing.problems:
-        io.err.write(f"pi-matrix: warning: {problem.line()}\n")
+    report_problems(listing.problems, io)
     if args.json:
         io.out.write(json.dumps({"masters": tree, "unparented": unparented}, indent=2) + "\n")
     elif args.ndjson:

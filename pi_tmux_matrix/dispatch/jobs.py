@@ -8,6 +8,7 @@ writer learns it lost.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from ..matrix.store import MatrixStore
 from .model import JOB_SCHEMA_VERSION, AgentResult, Job, JobAgent, ResultKind
 
 __all__ = ["JobStore", "new_job_id", "new_nonce"]
+
+log = logging.getLogger(__name__)
 
 
 def new_job_id() -> str:
@@ -120,7 +123,8 @@ class JobStore:
             for round_ in range(1, agent.round + 1):
                 try:
                     result = self.result(job.id, agent.agent_id, round_)
-                except CorruptEntry:
+                except CorruptEntry as exc:  # shown without it, never the whole job lost
+                    log.warning("%s (a result of job %s)", exc, job.id)
                     result = None
                 if result is not None:
                     rounds.append(result)

@@ -28,7 +28,15 @@ import pluggy
 
 from .. import pisession, procs
 from ..contract import NEVER_INHERITED
-from ..errors import ContractError, DispatchError, EntryExists, JobNotFound, PiMatrixError, TmuxUnavailable
+from ..errors import (
+    AgentNotFound,
+    ContractError,
+    DispatchError,
+    EntryExists,
+    JobNotFound,
+    PiMatrixError,
+    TmuxUnavailable,
+)
 from ..identity import AgentIdentityContract, ProcessIdentity, Role
 from ..matrix import lifecycle
 from ..matrix.mailbox import Inbox, addressee, encode_message
@@ -88,6 +96,7 @@ class FireResult:
                 "profile": agent.profile,
                 "lane": agent.lane,
                 "cwd": agent.cwd,
+                "socket": agent.tmux_socket,
                 "target": agent.target,
                 "paneId": agent.pane_id,
                 "panePid": agent.host_pid,
@@ -326,9 +335,7 @@ class Dispatcher:
         job = self.jobs.get(job_id)
         targets = [a for a in job.agents if agent_id is None or a.agent_id == agent_id]
         if not targets:
-            raise ContractError(
-                "--agent", f"job {job_id} has no agent {agent_id!r}", "pick one from 'pi-matrix job ID'"
-            )
+            raise AgentNotFound(job_id, agent_id or "-")
         live = [a for a in targets if procs.is_alive(a.host)]
         if any(a.round >= MAX_ROUND for a in live):
             raise DispatchError(f"followup: {job_id} has had {MAX_ROUND} rounds; fire a new job for more")

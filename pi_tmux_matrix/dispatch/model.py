@@ -100,6 +100,17 @@ class JobAgent:
         return self.socket if self.in_tmux else None
 
     @property
+    def where(self) -> str:
+        """Where a person finds it, its tmux server named (``tmux -L SOCKET SESSION:WINDOW``: the
+        session alone could be on any server, and the default one is not it), ``pid N`` when
+        detached, ``-`` before it started."""
+        if self.target is None:
+            return "-"
+        if self.tmux_socket is None:
+            return self.target
+        return f"tmux -L {self.tmux_socket} {self.target}"
+
+    @property
     def pane_ref(self) -> tuple[str, str] | None:
         """``(socket, pane id)`` of its recorded tmux pane, if it has one."""
         if self.tmux_socket is None or self.pane_id is None:

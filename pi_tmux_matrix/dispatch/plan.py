@@ -28,10 +28,10 @@ from ..contract import (
     ENV_STATE_DIR,
     PASS_ENV,
 )
-from ..errors import ContractError, DispatchError, LaneError, PiMatrixError
+from ..errors import ContractError, DispatchError, LaneError
 from ..identity import AgentIdentityContract, ProcessIdentity, Role, validate_id, validate_task_ref
 from ..matrix.model import Entry, Status, bounded
-from ..matrix.owners import owning_master
+from ..matrix.owners import owning_master, require_master
 from ..matrix.store import MatrixStore, now_ms
 from ..programs import host_argv, pi_command
 from ..settings import MatrixSettings, agent_dir
@@ -145,15 +145,10 @@ class Planner:
             if explicit or self.settings.enabled
             else None
         )
-        if found is None:
-            if not self.settings.enabled:
-                me = procs.current()
-                return me, f"dispatcher-{me.pid}"
-            raise DispatchError(
-                "fire: no calling master (no ancestor process is a registered master); run it under "
-                "'pi-matrix master -- <your shell or agent>', or pass --parent-pid and --parent-session"
-            )
-        return found
+        if found is None and not self.settings.enabled:
+            me = procs.current()
+            return me, f"dispatcher-{me.pid}"
+        return require_master(found, "fire")
 
     def _members(self, request: FireRequest) -> tuple[str, list[_Member]]:
         """(label, members) — a team, one profile, or the request's ad-hoc agents."""
@@ -366,13 +361,7 @@ class Planner:
         installed off PATH, e.g. the project's pinned ``.pi-cli/``); every other profile as written."""
         if profile.provider != "pi" or tuple(profile.command) != ("pi",) or not self.env.get(ENV_PI_COMMAND):
             return profile
-        try:
-            command = pi_command(self.env)
-        except PiMatrixError as exc:
-            raise ContractError(
-                ENV_PI_COMMAND, "not a JSON array of strings", 'set it like ["/usr/bin/pi"], or unset it'
-            ) from exc
-        return attrs.evolve(profile, command=tuple(command))
+        return attrs.evolve(profile, command=tuple(pi_command(self.env)))
 
     # -- env -----------------------------------------------------------------------------------------
     def launch_env(self, launch: AgentLaunch, profile: WorkerLaunchProfile) -> dict[str, str]:

@@ -31,6 +31,7 @@ __all__ = [
     "cwd_of",
     "deadline_of",
     "job_id_of",
+    "launch_job_id",
     "marker_instruction",
     "window_name",
 ]
@@ -130,9 +131,11 @@ def cwd_of(request: FireRequest) -> str:
 
 def job_id_of(request: FireRequest) -> str | None:
     """The job id a launch key names, always the same one (None: a fresh generated id)."""
-    key = request.launch_key
-    if key is None:
-        return None
+    return None if request.launch_key is None else launch_job_id(request.launch_key)
+
+
+def launch_job_id(key: str) -> str:
+    """The job id of launch key ``key`` (``fire --launch-key``; a job verb may name the job by it)."""
     if not LAUNCH_KEY.fullmatch(key):
         raise ContractError(
             "--launch-key", f"{key[:90]!r} is not a launch key",

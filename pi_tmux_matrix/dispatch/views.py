@@ -10,15 +10,19 @@ Liveness here is process identity (``hostAlive``); ``tmux`` is a tri-state from
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Literal, TypeAlias
 
 import attrs
 
 from .. import procs
-from ..matrix.model import Status, bounded
+from ..errors import CorruptEntry
+from ..matrix.model import Entry, Status, bounded
 from ..matrix.store import MatrixStore
 from .model import AgentResult, Job, JobAgent
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "AgentView",
@@ -99,6 +103,7 @@ class AgentView(_Subscriptable):
             "profile": agent.profile,
             "lane": agent.lane,
             "round": agent.round,
+            "socket": agent.tmux_socket,
             "target": agent.target,
             "paneId": agent.pane_id,
             "hostPid": agent.host_pid,
@@ -199,6 +204,16 @@ def _job_state(job: Job, finished: int) -> JobState:
     return "running"
 
 
+def _entry_of(entries: MatrixStore, key: str) -> Entry | None:
+    """The agent's entry, None when absent or unreadable: one corrupt entry must not cost the
+    job's whole view (every reader lists what it can read and warns about the rest)."""
+    try:
+        return entries.find(key)
+    except CorruptEntry as exc:
+        log.warning("%s (the entry of %s; its job is shown without its status)", exc, key)
+        return None
+
+
 def job_view(
     job: Job,
     results: Mapping[str, Sequence[AgentResult]],
@@ -211,7 +226,7 @@ def job_view(
     agents: list[AgentView] = []
     for agent in job.agents:
         rounds = tuple(results.get(agent.agent_id, ()))
-        entry = entries.find(agent.key) if entries is not None else None
+        entry = _entry_of(entries, agent.key) if entries is not None else None
         agents.append(
             AgentView(
                 agent=agent,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .. import procs
-from ..errors import ContractError
+from ..errors import ContractError, NoMaster
 from ..identity import ProcessIdentity, Role, validate_id
 from .model import Entry, Status
 from .store import MatrixStore
@@ -78,11 +78,10 @@ def masters_of(entries: Iterable[Entry], process: ProcessIdentity) -> list[Entry
     ]  # fmt: skip
 
 
-def require_master(found: tuple[ProcessIdentity, str] | None) -> tuple[ProcessIdentity, str]:
-    """``found``, or the error that says how to get a master."""
+def require_master(
+    found: tuple[ProcessIdentity, str] | None, verb: str = "this command"
+) -> tuple[ProcessIdentity, str]:
+    """``found``, or the error that says how to get a master (exit 1 from every verb)."""
     if found is None:
-        raise ContractError(
-            "parent", "no calling master found",
-            "run it under 'pi-matrix master', or pass --parent-pid and --parent-session",
-        )  # fmt: skip
+        raise NoMaster(verb)
     return found

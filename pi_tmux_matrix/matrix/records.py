@@ -125,6 +125,16 @@ class RecordStore:
             self._write(fd, name, changed, exclusive=False)
             return changed
 
+    def names(self) -> list[str]:
+        """The name of every file named like a record, valid or not, sorted; nothing is read."""
+        with self._dir_fd(create=False) as fd:
+            if fd is None:
+                return []
+            files = os.listdir(fd)
+        return sorted(
+            f[: -len(SUFFIX)] for f in files if f.endswith(SUFFIX) and ID_PATTERN.fullmatch(f[: -len(SUFFIX)])
+        )
+
     def list(self) -> tuple[list[tuple[str, dict[str, Any]]], list[Problem]]:
         """Every valid record by name, and a problem for every other file."""
         records: list[tuple[str, dict[str, Any]]] = []
@@ -216,9 +226,8 @@ class Records(Generic[T]):
         """The record ``name`` from its raw mapping; :class:`CorruptEntry` if it is not one."""
         version = raw.get("schemaVersion")
         if self.newest is not None and type(version) is int and version > self.newest:
-            raise CorruptEntry(
-                self.path(name), f"written by a newer pi-matrix (schemaVersion {version}); upgrade to read it"
-            )
+            why = f"written by a newer pi-matrix (schemaVersion {version})"
+            raise CorruptEntry(self.path(name), why, newer=True)
         try:
             record = structure(raw, self.cls)
         except DecodeError as exc:
@@ -265,6 +274,10 @@ class Records(Generic[T]):
         self.files.update(name, apply)
         return seen[-1]
 
+    def names(self) -> list[str]:
+        """Every record's name, valid or not (see :meth:`RecordStore.names`)."""
+        return self.files.names()
+
     def list(self) -> tuple[list[T], list[Problem]]:
         """Every valid record, by file name, and a problem for every other file."""
         raws, problems = self.files.list()
@@ -273,7 +286,7 @@ class Records(Generic[T]):
             try:
                 records.append(self.decode(raw, name))
             except CorruptEntry as exc:
-                problems.append(Problem(self.path(name), exc.reason, "corrupt"))
+                problems.append(Problem(self.path(name), exc.reason, "newer" if exc.newer else "corrupt"))
         return records, problems
 
     def delete(self, name: str) -> bool:

@@ -93,9 +93,7 @@ class MatrixStore(StateDir):
         try:
             return decode_entry(data, key)
         except DecodeError as exc:
-            error = CorruptEntry(path, exc.reason)
-            error.newer = exc.newer  # type: ignore[attr-defined]
-            raise error from None
+            raise CorruptEntry(path, exc.reason, newer=exc.newer) from None
 
     def get(self, key: str) -> Entry:
         """The current entry for ``key`` (no lock: every read sees a whole version)."""
@@ -114,6 +112,17 @@ class MatrixStore(StateDir):
             return self.get(key)
         except NotFound:
             return None
+
+    def keys(self) -> list[str]:
+        """The key of every file named like an entry, valid or not, sorted; nothing is read (a
+        name a person typed is matched against these, so a corrupt entry can still be named)."""
+        with self.open_root(create=False) as root_fd:
+            if root_fd is None:
+                return []
+            names = os.listdir(root_fd)
+        return sorted(
+            name[: -len(SUFFIX)] for name in names if name.endswith(SUFFIX) and is_key(name[: -len(SUFFIX)])
+        )
 
     def list(self) -> ListResult:
         """Every valid entry, sorted by key; every other file reported, nothing changed."""
@@ -144,7 +153,7 @@ class MatrixStore(StateDir):
                 except FileNotFoundError:
                     continue  # deleted while we listed
                 except CorruptEntry as exc:
-                    kind = "newer" if getattr(exc, "newer", False) else "corrupt"
+                    kind = "newer" if exc.newer else "corrupt"
                     problems.append(Problem(path, exc.reason, kind))
                     continue
                 entries.append((key, entry, raw))

@@ -23,7 +23,7 @@ from ..contract import ENV_CLI, ENV_HOST_PID, ENV_KEY, ENV_MAILBOX, ENV_STATE_DI
 from ..identity import Mode, ProcessIdentity
 from ..matrix import lifecycle
 from ..matrix.model import Entry, ExitKind, ExitRecord, Status
-from ..programs import cli_argv
+from ..programs import agent_argv, cli_argv
 from .record import OwnRecord
 from .rpc import RpcPipe, Tell, command_for
 
@@ -80,7 +80,7 @@ def spawn(
         kwargs.update(stdin=subprocess.DEVNULL, start_new_session=True)
     elif mode is Mode.RPC:
         kwargs.update(stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True)
-    return subprocess.Popen(list(argv), **kwargs)  # argv list, never a shell
+    return subprocess.Popen(agent_argv(argv, env), **kwargs)  # argv list, never a shell
 
 
 def signal_child(identity: ProcessIdentity | None, mode: Mode, sig: int) -> None:

@@ -293,20 +293,32 @@ class Master:
     def _ask(self, entry: Entry, decision: Decision) -> Decision:
         assert self.prompter is not None
         name = f"worker {entry.identity.agent_id} (lane {entry.identity.lane or '-'})"
+        # The owner decides about another master's worker: say whose it was, on a line of its
+        # own before the first question.
+        session, task = entry.parent_session_id or "-", entry.task_ref or "-"
+        whose = f"pid {entry.parent_pid}, session {session}, task {task}"
+        origin = [f"{entry.key}: its master ({whose}) is gone\n"]
+
+        def ask(question: str) -> bool:
+            assert self.prompter is not None
+            said = self.prompter.ask("".join(origin) + question)
+            origin.clear()
+            return said
+
         if not decision.alive:
             resumable = entry.status is Status.RESUMABLE and entry.identity.relaunchable
-            if resumable and self.prompter.ask(f"resume {name} in its own session?"):
+            if resumable and ask(f"resume {name} in its own session?"):
                 return self._resume(entry, decision, "resumed")
             return attrs.evolve(decision, action="left")
         if needs_rehost(entry):
             # No host would read a cleanup directive: taking it over is the only offer.
             unsupervised = f"its host died; its agent pid {entry.child_pid} runs unsupervised"
-            if self.prompter.ask(f"take {name} over with a new host ({unsupervised})?"):
+            if ask(f"take {name} over with a new host ({unsupervised})?"):
                 return self._rehost(entry, decision)
             return attrs.evolve(decision, action="left", detail=f"agent pid {entry.child_pid} unsupervised")
-        if self.prompter.ask(f"adopt {name}?"):
+        if ask(f"adopt {name}?"):
             return self._adopt(entry, decision, "adopted")
-        if self.prompter.ask(f"clean up {name} gracefully?"):
+        if ask(f"clean up {name} gracefully?"):
             return self._cleanup(entry, decision)
         return attrs.evolve(decision, action="left")
 
