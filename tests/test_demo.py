@@ -49,7 +49,7 @@ def test_the_demo_runs_end_to_end_in_under_a_minute_and_leaves_nothing_behind(tm
     positions = [out.index(step) for step in steps]
     assert positions == sorted(positions)
     assert out.count("resumable (parent_lost)") >= 3
-    assert "lane lane-a" in out and "lane lane-b" in out
+    assert "  lane-a  " in out and "  lane-b  " in out  # the tree's LANE column
     assert re.search(r"same key, same session file .+, new host pid \d+ \(was \d+\)", out)
     socket = re.search(r"tmux -L (pi-matrix-demo-\d+)", out)
     assert socket is not None
