@@ -11,7 +11,6 @@ __version__ = "0.1.0.dev0"
 import importlib
 from typing import TYPE_CHECKING, Any, Final
 
-from .contract import LaunchContract, parse_env
 from .errors import (
     AgentNotFound,
     Ambiguous,
@@ -39,18 +38,31 @@ from .errors import (
     TmuxUnavailable,
     UsageError,
 )
-from .identity import AgentIdentityContract, Mode, ProcessIdentity, Role, entry_key
-from .matrix.model import Entry, Status
-from .matrix.reconcile import Facts, Plan, reconcile
-from .matrix.store import MatrixStore, now_ms
-from .settings import MatrixSettings, load_settings, resolve_state_dir
 
-# Loaded on first access (PEP 562), because the dispatcher pulls in pluggy, subprocess and the
-# TOML profile loader, and ``pi-matrix ls`` imports this package on every start. The one place to
+# Loaded on first access (PEP 562): ``pi-matrix`` imports this package on every start, and each
+# verb imports only what it uses (the dispatcher pulls in pluggy, subprocess and the TOML profile
+# loader; the store attrs and cattrs; issue 21). The one place to
 # update when a module moves: public name -> "module" (relative to this package), or
 # "module:attribute" when the public name differs from the attribute. Mirror it in the
 # TYPE_CHECKING block below (tests/test_public_api.py checks that the two agree).
 _LAZY: Final[dict[str, str]] = {
+    "AgentIdentityContract": ".identity",
+    "Entry": ".matrix.model",
+    "Facts": ".matrix.reconcile",
+    "LaunchContract": ".contract",
+    "MatrixSettings": ".settings",
+    "MatrixStore": ".matrix.store",
+    "Mode": ".identity",
+    "Plan": ".matrix.reconcile",
+    "ProcessIdentity": ".identity",
+    "Role": ".identity",
+    "Status": ".matrix.model",
+    "entry_key": ".identity",
+    "load_settings": ".settings",
+    "now_ms": ".matrix.store",
+    "parse_env": ".contract",
+    "reconcile": ".matrix.reconcile",
+    "resolve_state_dir": ".settings",
     "AgentLaunch": ".dispatch.model",
     "AgentResult": ".dispatch.model",
     "Dispatcher": ".dispatch.manager",
@@ -71,13 +83,19 @@ _LAZY: Final[dict[str, str]] = {
 }
 
 if TYPE_CHECKING:  # what mypy and IDEs see for the lazy names; never executed
+    from .contract import LaunchContract, parse_env
     from .dispatch.hookspecs import hookimpl
     from .dispatch.manager import Dispatcher, FireRequest, FireResult, PlannedAgent
     from .dispatch.model import AgentLaunch, AgentResult, Job, JobAgent, Relaunch, ResultKind
     from .dispatch.profile import ProfileSet, WorkerLaunchProfile, load_profiles
     from .dispatch.tmux import TmuxServer
+    from .identity import AgentIdentityContract, Mode, ProcessIdentity, Role, entry_key
     from .matrix.lifecycle import new_entry
+    from .matrix.model import Entry, Status
+    from .matrix.reconcile import Facts, Plan, reconcile
+    from .matrix.store import MatrixStore, now_ms
     from .procs import current as current_process
+    from .settings import MatrixSettings, load_settings, resolve_state_dir
 
 __all__ = [
     "AgentIdentityContract",

@@ -60,9 +60,7 @@ def _read_stat(pid: int) -> tuple[str, int] | None:
         return None
     try:
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    except OSError as exc:
+    except OSError as exc:  # FileNotFoundError, ProcessLookupError: no such process
         if exc.errno in (errno.ESRCH, errno.ENOENT):
             return None
         raise
@@ -84,9 +82,7 @@ def _read_stat(pid: int) -> tuple[str, int] | None:
 def identify(pid: int) -> ProcessIdentity | None:
     """The identity of the process now running as ``pid``, or None if none is."""
     stat = _read_stat(pid)
-    if stat is None:
-        return None
-    return ProcessIdentity(pid, stat[1], boot_id())
+    return None if stat is None else ProcessIdentity(pid, stat[1], boot_id())
 
 
 def current() -> ProcessIdentity:
@@ -403,14 +399,12 @@ def _usage(pid: int) -> tuple[float, int, float] | None:
 
 def rss_bytes(pid: int) -> int | None:
     """Resident set size of ``pid`` in bytes, or None if it is gone."""
-    got = _usage(pid)
-    return None if got is None else got[1]
+    return None if (got := _usage(pid)) is None else got[1]
 
 
 def cpu_seconds(pid: int) -> float | None:
     """User + system CPU time of ``pid`` so far, or None if it is gone."""
-    got = _usage(pid)
-    return None if got is None else got[0]
+    return None if (got := _usage(pid)) is None else got[0]
 
 
 def usage(identity: ProcessIdentity) -> tuple[float, int, float] | None:
@@ -421,12 +415,8 @@ def usage(identity: ProcessIdentity) -> tuple[float, int, float] | None:
 
 
 class SignalWakeup:
-    """Turn signals into readable bytes on a pipe, so one ``select`` loop sees everything.
-
-    Python runs signal handlers between bytecodes of the main thread; writing the signal
-    number to a non-blocking pipe (``signal.set_wakeup_fd``) lets the host's selector wake at
-    once instead of polling.
-    """
+    """Turn signals into readable bytes on a pipe (``signal.set_wakeup_fd``), so one ``select``
+    loop sees everything and the host's selector wakes at once instead of polling."""
 
     def __init__(self, signals: tuple[int, ...]) -> None:
         self.read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

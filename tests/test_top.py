@@ -151,6 +151,13 @@ def test_colours_on_a_terminal_and_none_with_no_color(
     raw = "\n".join(painted.screen(escapes=True))
     assert any(colour.match(p) for m in SGR.findall(raw) for p in m.split(";")), raw
     painted.tmux("kill-server")
+    # The server leaves asynchronously: a client that reaches it meanwhile fails.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        probe = subprocess.run(["tmux", "-L", painted.socket, "ls"], capture_output=True, check=False)
+        if probe.returncode != 0:
+            break
+        time.sleep(0.05)
     plain = top(80, 24, env=("NO_COLOR=1",))
     plain.text("KEY")
     raw = "\n".join(plain.screen(escapes=True))

@@ -3,37 +3,59 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import IO
+from typing import IO, Final
 
 from .. import __version__
 from ..errors import EXIT_FAILED, EXIT_USAGE, PiMatrixError, UsageError, exit_code_for
-from . import (
-    completion,
-    demo,
-    dispatch,
-    doctor,
-    entries,
-    host,
-    lanes,
-    master,
-    owner,
-    runs,
-    status,
-    teamwork,
-    top,
-    tree,
-    watch,
-)
 from .base import EPILOG, Io, Parser
 
 __all__ = ["Io", "build_parser", "main", "run"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The whole command line (also the source of the generated CLI reference)."""
+# The verb modules in their --help order (the supervision verbs: host, master, the owner's verbs,
+# tree), and which one registers each verb: a command imports only its own module, so ``ls`` does
+# not pay for the dispatcher, the host or the renderer (issue 21). tests/test_cli.py holds the map
+# equal to the whole parser.
+MODULES: Final = (
+    "entries", "host", "master", "owner", "tree", "dispatch", "teamwork", "lanes", "status", "runs",
+    "demo", "doctor", "completion", "top_screen", "watch",
+)  # fmt: skip
+VERB_MODULES: Final = {
+    "ls": "entries", "show": "entries", "repair": "entries", "host": "host", "master": "master",
+    "scan": "owner", "reconcile": "owner", "adopt": "owner", "cleanup": "owner", "send": "owner",
+    "stop": "owner", "tree": "tree", "fire": "dispatch", "jobs": "dispatch", "job": "dispatch",
+    "followup": "dispatch", "dismiss": "dispatch", "resume": "dispatch", "profiles": "dispatch",
+    "var": "teamwork", "stop-session": "teamwork", "notify": "teamwork", "set-status": "teamwork",
+    "templates": "teamwork", "lanes": "lanes", "status": "status", "setup-help": "status",
+    "guard": "status", "fork": "runs", "runs": "runs", "demo": "demo", "doctor": "doctor",
+    "complete-names": "completion", "top": "top_screen", "watch": "watch",
+    # completion walks the whole parser: not here, so it gets every verb.
+}  # fmt: skip
+
+
+def verb_of(words: Sequence[str]) -> str | None:
+    """The verb ``words`` run (after the global options), or None (help, version, a typo)."""
+    at = 0
+    while at < len(words):
+        word = words[at]
+        if word == "--state-dir":
+            at += 2
+        elif word.startswith("--state-dir="):
+            at += 1
+        elif word.startswith("-"):
+            return None
+        else:
+            return word
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line (also the source of the generated CLI reference), or only the
+    verbs of the cli module ``only``."""
     parser = Parser(
         prog="pi-matrix",
         description="The durable process matrix for pi coding agents in tmux.",
@@ -48,22 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
-    entries.register(sub, EPILOG)
-    # The supervision verbs, in their --help order: host, master, the owner's verbs, tree.
-    host.register(sub, EPILOG)
-    master.register(sub, EPILOG)
-    owner.register(sub, EPILOG)
-    tree.register(sub, EPILOG)
-    dispatch.register(sub, EPILOG)
-    teamwork.register(sub, EPILOG)
-    lanes.register(sub, EPILOG)
-    status.register(sub, EPILOG)
-    runs.register(sub, EPILOG)
-    demo.register(sub, EPILOG)
-    doctor.register(sub, EPILOG)
-    completion.register(sub, EPILOG)
-    top.register(sub, EPILOG)
-    watch.register(sub, EPILOG)
+    for name in MODULES if only is None else (only,):
+        importlib.import_module(f"{__package__}.{name}").register(sub, EPILOG)
     return parser
 
 
@@ -84,7 +92,6 @@ class _StderrHandler(logging.Handler):
 def main(argv: Sequence[str] | None = None, *, io: Io | None = None) -> int:
     """Run ``pi-matrix`` with ``argv``; returns the exit code (never calls sys.exit)."""
     io = io or Io(sys.stdout, sys.stderr)
-    parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
     # Everything after the first "--" is the agent's argv, passed on untouched (never parsed,
     # never joined into a shell string).
@@ -92,6 +99,11 @@ def main(argv: Sequence[str] | None = None, *, io: Io | None = None) -> int:
     if "--" in words:
         cut = words.index("--")
         words, trailing = words[:cut], words[cut + 1 :]
+    verb = verb_of(words)
+    if verb is None and "--version" in words and "-h" not in words and "--help" not in words:
+        io.out.write(f"pi-matrix {__version__}\n")  # what argparse would print, without the verbs
+        return 0
+    parser = build_parser(VERB_MODULES.get(verb or ""))
     try:
         args = parser.parse_args(words)
     except UsageError as exc:

@@ -8,13 +8,12 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterable, Iterator
-from typing import IO, Any, Final
-
-import attrs
+from typing import IO, TYPE_CHECKING, Any, Final, NamedTuple
 
 from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, ContractError, UsageError
-from ..matrix.store import MatrixStore, Problem, now_ms
-from ..settings import load_settings, resolve_state_dir
+
+if TYPE_CHECKING:
+    from ..matrix.store import MatrixStore, Problem
 
 __all__ = [
     "EPILOG", "STOP_WORD", "Io", "Parser", "add_verb", "age", "confirmed", "printable", "public_verbs",
@@ -33,9 +32,10 @@ $PI_CODING_AGENT_DIR/state/process-matrix, else ~/.pi/agent/state/process-matrix
 """
 
 
-@attrs.frozen
-class Io:
-    """Where a command writes: injected so tests render to strings at a fixed width."""
+class Io(NamedTuple):
+    """Where a command writes: injected so tests render to strings at a fixed width. (A named
+    tuple, immutable like our attrs classes: every verb builds one, and ``--version`` or ``ls``
+    should not import attrs for it.)"""
 
     out: IO[str]
     err: IO[str]
@@ -85,6 +85,9 @@ def report_problems(problems: Iterable[Problem], io: Io) -> None:
 
 def store_of(args: argparse.Namespace) -> MatrixStore:
     """The store of the state dir the command names (``--state-dir``, else the default chain)."""
+    from ..matrix.store import MatrixStore
+    from ..settings import resolve_state_dir
+
     return MatrixStore(resolve_state_dir(args.state_dir))
 
 
@@ -92,7 +95,11 @@ def age(then_ms: int | None, now: int | None = None) -> str:
     """How long ago, in the largest unit that still reads exactly enough (``-`` for never)."""
     if then_ms is None:
         return "-"
-    seconds = max(0, ((now_ms() if now is None else now) - then_ms) // 1000)
+    if now is None:
+        from ..matrix.store import now_ms
+
+        now = now_ms()
+    seconds = max(0, (now - then_ms) // 1000)
     for unit, size, below in (("s", 1, 120), ("m", 60, 7200), ("h", 3600, 48 * 3600)):
         if seconds < below:
             return f"{seconds // size}{unit}"
@@ -130,6 +137,8 @@ def printable(text: str) -> str:
 def require_matrix(verb: str) -> None:
     """The off switch: with ``processMatrix.enabled: false`` nothing may be written, so a verb
     that writes (or whose reads would create the state dir) refuses, saying why."""
+    from ..settings import load_settings
+
     if not load_settings().enabled:
         raise ContractError(
             "processMatrix.enabled",

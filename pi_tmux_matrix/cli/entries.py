@@ -12,8 +12,8 @@ from .. import procs
 from ..errors import EXIT_OK, ContractError
 from ..matrix.model import Entry
 from ..matrix.store import MatrixStore, now_ms
+from ..matrix.strays import unsupervised
 from ..settings import load_settings
-from ..supervise.claim import unsupervised
 from .base import STOP_WORD, age, printable, report_problems, store_of
 from .names import resolve_key
 from .render import STATUS_STYLES, Column, Row, print_table

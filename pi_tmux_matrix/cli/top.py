@@ -1,38 +1,34 @@
 """``pi-matrix top``: the live view of the matrix (masters → workers), with owner keys.
 
-On a terminal it is a full-screen view (``top_screen``) redrawn as the state dir changes; not on a
-terminal (or with ``--once``) it prints one snapshot through the table renderer, keys whole on a
-pipe. This module reads the matrix into that snapshot: the rows, the counts in the header, each
-agent's CPU and memory, and the detail of one entry.
+On a terminal it is a full-screen view redrawn as the state dir changes; not on a terminal (or
+with ``--once``) it prints one snapshot through the table renderer, keys whole on a pipe (both in
+``top_screen``, which holds the verb). This module reads the matrix into that snapshot: the
+rows, the counts in the header, each agent's CPU and memory, and the detail of one entry.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import sys
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 
 from .. import procs
-from ..errors import EXIT_OK, PiMatrixError
+from ..errors import PiMatrixError
 from ..identity import ProcessIdentity, Role
 from ..matrix.model import Entry, Status
 from ..matrix.store import MatrixStore, Problem, now_ms
-from ..settings import resolve_state_dir
 from ..supervise.claim import unsupervised
 from .base import age, printable
-from .render import STATUS_STYLES, Column, Row, console_for, print_table, table_width, tree_indent
+from .render import STATUS_STYLES, Column, Row, tree_indent
 
 if TYPE_CHECKING:
     from rich.text import Text
 
-    from .base import Io
 
-__all__ = ["COLUMNS", "Item", "Snapshot", "Usage", "collect", "detail_lines", "pack", "register"]
+__all__ = ["COLUMNS", "Item", "Snapshot", "Usage", "collect", "detail_lines", "pack"]
 
 COLUMNS = (
     Column("KEY", 100, key=True), Column("STATUS", 90, shrink=9), Column("ALIVE", 80, shrink=5),
@@ -40,21 +36,6 @@ COLUMNS = (
     Column("LANE", 55, shrink=8), Column("TASK", 50, shrink=10), Column("BEAT", 40, right=True),
     Column("HANDOFFS", 35, right=True), Column("TMUX", 30, shrink=10), Column("REASON", 20, shrink=8),
 )  # fmt: skip
-
-
-def register(sub: Any, epilog: str) -> None:
-    top = sub.add_parser(
-        "top",
-        help="the live view: masters and workers, CPU and memory, with keys to adopt, clean up, resume, stop",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    top.add_argument("--once", action="store_true", help="print one snapshot and exit")
-    top.add_argument(
-        "--parent-pid", type=int, metavar="PID", help="the adopting master (default: the caller's)"
-    )
-    top.add_argument("--parent-session", metavar="ID", help="the adopting master's session id")
-    top.set_defaults(handler=cmd_top)
 
 
 def _bytes(size: int) -> str:
@@ -244,26 +225,3 @@ def detail_lines(store: MatrixStore, entry: Entry, target: str | None) -> list[s
     if not events:
         lines.append("    none yet")
     return lines
-
-
-def cmd_top(args: argparse.Namespace, io: Io) -> int:
-    store = MatrixStore(resolve_state_dir(args.state_dir))
-    from ..matrix.owners import owning_master
-
-    owner = owning_master(store, args.parent_pid, args.parent_session)
-    interactive = not args.once and sys.stdin.isatty() and sys.stdout.isatty() and io.out is sys.stdout
-    if interactive:
-        from .top_screen import run_screen
-
-        return run_screen(store, io, owner)
-    snapshot = collect(store, Usage())
-    console = console_for(io.out)
-    for line in pack(snapshot.summary, table_width(io)):
-        console.print(line, crop=False)
-    if snapshot.items:
-        print_table(io, COLUMNS, [i.row for i in snapshot.items], keys=snapshot.keys)
-    else:
-        io.out.write("no entries\n")
-    for problem in snapshot.problems:
-        io.err.write(f"pi-matrix: warning: {problem.line()}\n")
-    return EXIT_OK

@@ -9,6 +9,7 @@ while it waits. ``Enter`` opens the detail of the selected entry; ``/`` filters 
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import select
@@ -19,7 +20,7 @@ import termios
 import textwrap
 import tty
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 from rich.text import Text
@@ -31,7 +32,8 @@ from ..inotify import DirWatch
 from ..inotify import available as inotify_available
 from ..matrix.model import Entry
 from ..matrix.store import MatrixStore
-from .render import Layout, console_for, fit, lines, shorten
+from ..settings import resolve_state_dir
+from .render import Layout, console_for, fit, lines, print_table, shorten, table_width
 from .top import COLUMNS, Item, Snapshot, Usage, collect, detail_lines, pack
 from .top_acts import Acts
 
@@ -398,3 +400,39 @@ class _Capture:
 
     def isatty(self) -> bool:
         return True
+
+
+def register(sub: Any, epilog: str) -> None:
+    top = sub.add_parser(
+        "top",
+        help="the live view: masters and workers, CPU and memory, with keys to adopt, clean up, resume, stop",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    top.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    top.add_argument(
+        "--parent-pid", type=int, metavar="PID", help="the adopting master (default: the caller's)"
+    )
+    top.add_argument("--parent-session", metavar="ID", help="the adopting master's session id")
+    top.set_defaults(handler=cmd_top)
+
+
+def cmd_top(args: argparse.Namespace, io: Io) -> int:
+    store = MatrixStore(resolve_state_dir(args.state_dir))
+    from ..matrix.owners import owning_master
+
+    owner = owning_master(store, args.parent_pid, args.parent_session)
+    interactive = not args.once and sys.stdin.isatty() and sys.stdout.isatty() and io.out is sys.stdout
+    if interactive:
+        return run_screen(store, io, owner)
+    snapshot = collect(store, Usage())
+    console = console_for(io.out)
+    for line in pack(snapshot.summary, table_width(io)):
+        console.print(line, crop=False)
+    if snapshot.items:
+        print_table(io, COLUMNS, [i.row for i in snapshot.items], keys=snapshot.keys)
+    else:
+        io.out.write("no entries\n")
+    for problem in snapshot.problems:
+        io.err.write(f"pi-matrix: warning: {problem.line()}\n")
+    return EXIT_OK

@@ -11,7 +11,7 @@ from ..errors import EXIT_OK
 from ..identity import Role
 from ..matrix.model import Entry
 from ..matrix.store import now_ms
-from ..supervise.claim import unsupervised
+from ..matrix.strays import unsupervised
 from .base import add_verb, age, report_problems, store_of
 from .render import STATUS_STYLES, Column, Row, print_table, tree_indent
 

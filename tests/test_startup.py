@@ -1,0 +1,69 @@
+"""Issue 21, start-up: a verb imports only what it needs. The budget is kept as the modules a
+verb may not load (deterministic, unlike a time), plus one generous bound on the whole import time
+that only catches a gross regression (``python -X importtime``)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pi_tmux_matrix.cli.app import MODULES, VERB_MODULES, build_parser, verb_of
+
+IMPORT_BUDGET_US = 1_500_000  # 1.5 s of imports: ten times today's, on the slowest machine
+
+
+def loaded(*argv: str, cwd: Path) -> tuple[dict[str, int], str]:
+    """The modules ``pi-matrix ARGV`` imports, with their cumulative import time (µs)."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "pi_tmux_matrix", *argv],
+        capture_output=True, text=True, timeout=120, check=False, cwd=cwd, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    found: dict[str, int] = {}
+    for line in done.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            _self, cumulative, name = line.removeprefix("import time:").split("|")
+            if cumulative.strip().isdigit():
+                found[name.strip()] = int(cumulative)
+    return found, done.stdout
+
+
+def test_the_verb_map_names_the_module_that_registers_each_verb() -> None:
+    whole = build_parser()
+    sub = next(a for a in whole._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(VERB_MODULES) | {"completion"} == set(sub.choices)
+    for name in MODULES:
+        parser = argparse.ArgumentParser()
+        verbs = parser.add_subparsers()
+        importlib.import_module(f"pi_tmux_matrix.cli.{name}").register(verbs, "")
+        for verb in verbs.choices:
+            assert VERB_MODULES.get(verb, "completion") == name, verb
+
+
+@pytest.mark.parametrize(
+    ("words", "verb"),
+    [
+        (["ls"], "ls"), (["--state-dir", "d", "show", "k"], "show"), (["--state-dir=d", "tree"], "tree"),
+        (["--version"], None), (["--help"], None), ([], None), (["--state-dir"], None),
+    ],
+)  # fmt: skip
+def test_the_verb_is_found_after_the_global_options(words: list[str], verb: str | None) -> None:
+    assert verb_of(words) == verb
+
+
+def test_version_and_ls_load_only_what_they_need(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    modules, out = loaded("--version", cwd=tmp_path)
+    assert out.startswith("pi-matrix ")
+    assert not {"attrs", "cattrs", "pi_tmux_matrix.matrix.store", "rich"} & set(modules)
+    modules, out = loaded("--state-dir", str(state), "ls", cwd=tmp_path)
+    assert out.startswith("no entries")
+    heavy = {m for m in modules if m.startswith(("rich", "pluggy", "psutil", "tomllib", "tomli"))}
+    heavy |= {m for m in modules if m.startswith(("pi_tmux_matrix.dispatch", "pi_tmux_matrix.supervise"))}
+    heavy |= {m for m in modules if m.startswith("pi_tmux_matrix.cli.") and m.split(".")[-1] in MODULES}
+    assert heavy <= {"pi_tmux_matrix.cli.entries"}, sorted(heavy)
+    assert sum(t for m, t in modules.items() if "." not in m) < IMPORT_BUDGET_US
