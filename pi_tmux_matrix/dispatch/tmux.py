@@ -230,8 +230,10 @@ class TmuxServer:
         cwd: str,
         env: Mapping[str, str],
         tags: Mapping[str, str],
+        fresh: bool = False,
     ) -> Pane:
-        """Run ``argv`` as the command of a new detached window (the session is made if missing).
+        """Run ``argv`` as the command of a new detached window (the session is made if missing;
+        with ``fresh`` it must be missing: a session already there is refused by tmux itself).
 
         The pane's process *is* ``argv`` (tmux execs it: no shell, nothing typed). Every ``env`` item
         is set with ``-e``; ``remain-on-exit`` is turned off for the window (a tmux.conf may turn it
@@ -247,17 +249,23 @@ class TmuxServer:
         self._scrub(env, session)
         spec = ["-d", "-n", literal(window_name), "-c", literal(cwd), *env_words, "-P", "-F", FORMAT]
         tail = ["--", *words]
-        result = self._run("new-window", "-t", f"={session}:", *spec, *tail)
-        if result.returncode != 0 and not self._has_session_quiet(session):
+        result = None if fresh else self._run("new-window", "-t", f"={session}:", *spec, *tail)
+        if result is None or (result.returncode != 0 and not self._has_session_quiet(session)):
             result = self._run("new-session", "-s", session, *spec, *tail)
-            if result.returncode != 0 and self._has_session_quiet(session):
+            if result.returncode != 0 and not fresh and self._has_session_quiet(session):
                 # Another launch made the session between our check and our new-session.
                 result = self._run("new-window", "-t", f"={session}:", *spec, *tail)
             if result.returncode != 0 and not self.reachable():
                 raise TmuxUnavailable(self.socket, f"cannot start a tmux server: {result.error}")
             # A server this call started copied our (scrubbed) environment; a racing starter's
-            # may not have, so scrub again for the next launch.
-            self._scrub(env, session)
+            # may not have, so scrub again for the next launch. new-session's -e items went into
+            # the session's environment too: no later window or pane of it may inherit them.
+            self._scrub({}, session)
+            unset: list[str | _Then] = []
+            for name in env if result.returncode == 0 else ():
+                unset += [*([THEN] if unset else []), "set-environment", "-t", f"={session}", "-u", name]
+            if unset:
+                self._run(*unset)
         if result.returncode != 0:
             raise self._failed(result, f"new-window in session {session!r}")
         return self._new_pane(result.stdout, "a new window", tag_items, window=True)
@@ -271,18 +279,20 @@ class TmuxServer:
         cwd: str,
         env: Mapping[str, str],
         tags: Mapping[str, str],
+        tiled: bool = False,
     ) -> Pane:
-        """Run ``argv`` in a new pane split off ``target`` (half of it; beside it, or below it
-        when ``vertical``), without selecting it. The window's options are left alone: it is
-        usually the caller's own window."""
+        """Run ``argv`` in a new pane split off ``target`` (a pane id, or a session's name for its
+        current pane; half of it, beside it or below it when ``vertical``), without selecting it;
+        with ``tiled`` the window's panes are then laid out evenly. The window's options are left
+        alone: it is usually the caller's own window."""
         words = check_argv(argv)
         check_cwd(cwd)
         env_words = env_args(env)
         tag_items = check_tags(tags)
+        where = check_pane_id(target) if target.startswith("%") else f"={check_session(target)}:"
         spec = ["-d", "-v" if vertical else "-h", "-l", "50%", "-c", literal(cwd), *env_words]
-        result = self._run(
-            "split-window", "-t", check_pane_id(target), *spec, "-P", "-F", FORMAT, "--", *words
-        )
+        layout: list[str | _Then] = [THEN, "select-layout", "-t", where, "tiled"] if tiled else []
+        result = self._run("split-window", "-t", where, *spec, "-P", "-F", FORMAT, "--", *words, *layout)
         if result.returncode != 0:
             raise self._failed(result, f"split-window of {target}")
         return self._new_pane(result.stdout, "a new pane", tag_items, window=False)
