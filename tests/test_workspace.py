@@ -210,3 +210,49 @@ def test_the_pi_tool_plans_and_launches_a_workspace_and_refuses_a_taken_session_
         assert "HANG look around" in prompts[0] and "DONE" not in prompts[0]
     assert _tmux(at, "has-session", "-t", "=tool-ws-2").returncode != 0
     assert _tmux(at, "has-session", "-t", "=tool-ws-3").returncode != 0
+
+
+def _user_text(request: dict[str, object]) -> str:
+    messages = request.get("messages") or []
+    assert isinstance(messages, list)
+    parts = []
+    for message in messages:
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):
+                parts += [str(p.get("text", "")) for p in content if isinstance(p, dict)]
+            else:
+                parts.append(str(content))
+    return "\n".join(parts)
+
+
+def test_real_pi_agents_start_idle_without_a_task_and_take_the_task_as_their_first_prompt_with_one(
+    mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
+) -> None:
+    at, llm, _script = mlab
+    at.start_master()
+    idle = _workspace(at, "impl-review", "--name", "pi-idle", "--json")
+    _track(at)
+    assert idle.returncode == 0, idle.stderr
+    (job,) = JobStore(at.store).list_jobs()[0]
+    for agent in job.agents:
+        entry = at.worker(agent.key)  # pi itself started under its host, interactive
+        assert entry.child_pid is not None and entry.identity.mode is not None
+        assert entry.identity.mode.value == "interactive"
+    time.sleep(3.0)
+    assert llm.requests == []  # no first prompt: pi waits in its pane
+    assert all(procs.is_alive(a.host) for a in job.agents)
+    stop = _cli(at, "stop-session", "pi-idle", "--socket", at.socket, "--confirm", STOP)
+    assert stop.returncode == 0, stop.stderr
+    tasked = _workspace(at, "impl-review", "--name", "pi-task", "--json", task=("say", "hi"))
+    _track(at)
+    assert tasked.returncode == 0, tasked.stderr
+    job = JobStore(at.store).get(json.loads(tasked.stdout)["jobId"])
+    wait_for("both first prompts", lambda: len(llm.requests) >= 2, timeout=60)
+    firsts = sorted(_user_text(r) for r in llm.requests[:2])
+    assert firsts[0].startswith("Implement the task below.\n\nsay hi")
+    assert firsts[1].startswith("Review the implementation of the task below")
+    assert all("DONE" not in text and "marker" not in text for text in firsts)
+    time.sleep(1.0)
+    assert all(procs.is_alive(a.host) for a in job.agents)  # interactive: their turn ended, they stay
+    assert not any(JobStore(at.store).results_of(job).values())
