@@ -44,11 +44,11 @@ def _tmux(at: Lab, *words: str) -> subprocess.CompletedProcess[str]:
 
 
 def _panes(at: Lab, session: str) -> list[dict[str, str]]:
-    fmt = "#{window_id}\t#{pane_id}\t#{pane_pid}\t#{pane_pipe}\t#{@pi_matrix_key}"
+    fmt = "#{window_id}\t#{pane_id}\t#{pane_pid}\t#{pane_pipe}\t#{@pi_matrix_key}\t#{@pi_matrix_agent}"
     done = _tmux(at, "list-panes", "-s", "-t", f"={session}", "-F", fmt)
     if done.returncode != 0:
         return []
-    keys = ("window", "pane", "pid", "pipe", "key")
+    keys = ("window", "pane", "pid", "pipe", "key", "agent")
     return [dict(zip(keys, line.split("\t"), strict=True)) for line in done.stdout.splitlines()]
 
 
@@ -104,6 +104,10 @@ def test_a_workspace_is_one_window_of_tiled_panes_whose_hosts_run_the_templates_
     assert {int(p["pid"]) for p in panes} == {a.host_pid for a in job.agents}
     assert {p["key"] for p in panes} == {a.key for a in job.agents}
     assert all(p["pipe"] == "0" for p in panes)
+    # Each pane's border names its agent.
+    assert {p["agent"] for p in panes} == {a.agent_id for a in job.agents}
+    border = _tmux(lab, "show-options", "-w", "-t", "=ws-1:", "pane-border-status").stdout
+    assert border.strip() == "pane-border-status top"
     # The first pane's -e items never stay in the session's environment for the panes after it.
     session_env = _tmux(lab, "show-environment", "-t", "=ws-1").stdout
     assert "PI_ORCHESTRATION_AGENT_ID" not in session_env and "PI_MATRIX_PROFILE" not in session_env

@@ -25,7 +25,7 @@ from ..matrix.tickets import LaunchTickets, Taken
 from ..programs import spawn_detached
 from .model import OPEN, SPLIT, SUBPROCESS, TMUX, JobAgent, PlannedAgent
 from .tmux import DEFAULT_TIMEOUT_S, TmuxServer
-from .tmux_model import JOB_TAG, KEY_TAG, Pane
+from .tmux_model import AGENT_TAG, JOB_TAG, KEY_TAG, Pane
 
 __all__ = [
     "DEFAULT_SOCKET",
@@ -113,6 +113,8 @@ class TmuxBackend:
             agent.socket or DEFAULT_SOCKET, scrub_env=sorted(NEVER_INHERITED), timeout=self.timeout
         )
         tags = {KEY_TAG: agent.key, JOB_TAG: job_id}
+        if planned.layout is not None:
+            tags[AGENT_TAG] = agent.agent_id  # its pane's border label in the workspace
         session = planned.session or TMUX_SESSION
         if planned.layout == SPLIT:  # a workspace's next pane: beside the others, tiled
             pane = server.split(

@@ -29,6 +29,7 @@ import attrs
 from ..errors import ContractError, DispatchError, TmuxUnavailable
 from ..identity import ID_PATTERN
 from .tmux_model import (
+    AGENT_TAG,
     ENV_NAME,
     FORMAT,
     TAG_INDEX,
@@ -251,7 +252,13 @@ class TmuxServer:
         tail = ["--", *words]
         result = None if fresh else self._run("new-window", "-t", f"={session}:", *spec, *tail)
         if result is None or (result.returncode != 0 and not self._has_session_quiet(session)):
-            result = self._run("new-session", "-s", session, *spec, *tail)
+            # A fresh session's window names each pane's agent on its border (its AGENT_TAG).
+            window = ["set-option", "-w", "-t", f"={session}:"]
+            labels: list[str | _Then] = [
+                THEN, *window, "pane-border-status", "top",
+                THEN, *window, "pane-border-format", f" #{{{AGENT_TAG}}} ",
+            ] if fresh else []  # fmt: skip
+            result = self._run("new-session", "-s", session, *spec, *tail, *labels)
             if result.returncode != 0 and not fresh and self._has_session_quiet(session):
                 # Another launch made the session between our check and our new-session.
                 result = self._run("new-window", "-t", f"={session}:", *spec, *tail)

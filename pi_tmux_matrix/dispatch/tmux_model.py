@@ -29,6 +29,7 @@ import attrs
 from ..errors import ContractError, DispatchError
 
 __all__ = [
+    "AGENT_TAG",
     "ENV_NAME",
     "FORMAT",
     "JOB_TAG",
@@ -53,6 +54,8 @@ TAG_PREFIX: Final = "@pi_matrix_"
 # before its pane was written is rebuilt from them, and a pane is closed only while they name it.
 KEY_TAG: Final = "@pi_matrix_key"
 JOB_TAG: Final = "@pi_matrix_job"
+# A workspace pane's agent id, shown on its border (programs in the pane cannot change it).
+AGENT_TAG: Final = "@pi_matrix_agent"
 # Lists the tag names a launch set (space separated, each with its "@"); not itself a tag.
 TAG_INDEX: Final = "@pi_matrix_tags"
 _TAG_NAME: Final = re.compile(r"@pi_matrix_[A-Za-z0-9_]{1,64}")
