@@ -193,18 +193,20 @@ def test_the_pi_tool_plans_and_launches_a_workspace_and_refuses_a_taken_session_
         tool(action="launch_workspace", team="stand-in-pair", sessionName="tool-ws"),
         tool(action="launch_workspace", workspaceName="tool-ws-2"),
         tool(action="workspace_plan", teamTemplate="no-such-team", workspaceName="tool-ws-3"),
+        tool(action="launch_workspace", teamTemplate="stand-in-pair", workspaceName="no.dots"),
         lambda _r: Reply(text="done"),
     ]  # fmt: skip
     done = run_print_master(at, "Open a workspace.")
     _track(at)
     assert done.returncode == 0, done.stdout + done.stderr
-    planned, launched, taken, missing, unknown = (last_tool_result(r) for r in llm.requests[1:6])
+    planned, launched, taken, missing, unknown, bad = (last_tool_result(r) for r in llm.requests[1:7])
     plan = json.loads(planned)
     assert plan["dryRun"] is True and [a["pane"] for a in plan["agents"]] == ["open", "split"]
     assert json.loads(launched)["jobId"] == "ws-key-1"
     assert "--name: tmux session 'tool-ws' already exists" in taken
     assert "teamTemplate" in missing
     assert "no team named 'no-such-team'" in unknown
+    assert "workspaceName" in bad and "not a tmux session name" in bad and "A-Z a-z 0-9 _ -" in bad
     (job,) = JobStore(at.store).list_jobs()[0]
     assert job.id == "ws-key-1" and job.watched is False
     panes = _panes(at, "tool-ws")

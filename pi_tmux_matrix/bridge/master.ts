@@ -176,6 +176,9 @@ function fireArgs(params: any): string[] {
   return args;
 }
 
+const ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/; // identity.ID_PATTERN
+const SESSION_NAME = /^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$/; // tmux_model._SESSION
+
 /** workspace_plan's and launch_workspace's argv (before "--"): a template's agents as the panes of
  * a fresh tmux session, interactive and unwatched; every parameter checked here names itself. */
 function workspaceArgs(params: any): string[] {
@@ -190,6 +193,18 @@ function workspaceArgs(params: any): string[] {
   if (typeof name !== "string" || name.trim() === "") {
     throw new Error(
       `tmux_agent_manager: ${params.action} needs "workspaceName" (or "sessionName"): the new tmux session to open`,
+    );
+  }
+  if (!ID.test(template)) {
+    throw new Error(
+      `tmux_agent_manager: teamTemplate ${JSON.stringify(template.slice(0, 80))} is not a template name; ` +
+        "give one list_templates lists (letters, digits, . _ -)",
+    );
+  }
+  if (!SESSION_NAME.test(name)) {
+    throw new Error(
+      `tmux_agent_manager: workspaceName ${JSON.stringify(name.slice(0, 80))} is not a tmux session name; ` +
+        "use 1-128 characters from A-Z a-z 0-9 _ - starting with a letter or digit",
     );
   }
   const args = ["workspace", template, "--name", name];
