@@ -18,7 +18,6 @@ import contextlib
 import os
 import shlex
 import shutil
-import socket as socket_module
 import stat
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -43,8 +42,10 @@ from .tmux_model import (
     check_tags,
     check_window_name,
     env_args,
+    listening,
     literal,
     parse_row,
+    socket_file,
     status_option,
     word,
 )
@@ -267,12 +268,7 @@ class TmuxServer:
             # A server this call started copied our (scrubbed) environment; a racing starter's
             # may not have, so scrub again for the next launch. new-session's -e items went into
             # the session's environment too: no later window or pane of it may inherit them.
-            self._scrub({}, session)
-            unset: list[str | _Then] = []
-            for name in env if result.returncode == 0 else ():
-                unset += [*([THEN] if unset else []), "set-environment", "-t", f"={session}", "-u", name]
-            if unset:
-                self._run(*unset)
+            self._scrub({}, session, forget=list(env) if result.returncode == 0 else ())
         if result.returncode != 0:
             raise self._failed(result, f"new-window in session {session!r}")
         return self._new_pane(result.stdout, "a new window", tag_items, window=True)
@@ -348,16 +344,17 @@ class TmuxServer:
         if still_there:
             raise self._failed(result, f"set-option on {pane.pane_id}")
 
-    def _scrub(self, env: Mapping[str, str], session: str) -> None:
-        """Remove the scrubbed names from a running server's global and session environments.
+    def _scrub(self, env: Mapping[str, str], session: str, forget: Sequence[str] = ()) -> None:
+        """Remove the scrubbed names from a running server's global and session environments (and
+        ``forget`` from the session's).
 
         With no server yet this does nothing: the one the launch starts inherits our environment,
         which :meth:`_run` already scrubbed. The session's own unsets go last: when the session
         does not exist they fail, and tmux skips the rest of the call."""
         names = [name for name in self.scrub_env if name not in env]
         args: list[str | _Then] = []
-        for scope in (["-g"], ["-t", f"={session}"]):
-            for name in names:
+        for scope, unset in ((["-g"], names), (["-t", f"={session}"], [*names, *forget])):
+            for name in unset:
                 args += [*([THEN] if args else []), "set-environment", *scope, "-u", name]
         if args:
             self._run(*args)
@@ -434,30 +431,14 @@ class TmuxServer:
             self._run("kill-server")
         self._remove_stale_socket()
 
-    def _socket_file(self) -> str:
-        folder = os.path.join(os.environ.get("TMUX_TMPDIR") or "/tmp", f"tmux-{os.geteuid()}")
-        return self.socket_path or os.path.join(folder, self.socket)
-
     def server_present(self) -> bool:
-        """Whether a server listens on the socket at all, answering or not: False when the socket
-        file is missing or nobody accepts on it (the server is gone), True for a server that is
-        there but hung (its kernel backlog still takes the connection)."""
-        probe = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
-        probe.settimeout(1.0)
-        try:
-            probe.connect(self._socket_file())
-        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
-            return False
-        except OSError:
-            return True  # a full backlog or a timeout: something is there, it does not answer
-        finally:
-            probe.close()
-        return True
+        """Whether a server listens on the socket at all, answering or not (see :func:`listening`)."""
+        return listening(socket_file(self.socket, self.socket_path))
 
     def _remove_stale_socket(self) -> None:
         # tmux leaves its socket file behind after kill-server; a dispatcher that starts a private
         # server per run (the demo, tests) would litter /tmp/tmux-UID/ with them.
-        path = self._socket_file()
+        path = socket_file(self.socket, self.socket_path)
         try:
             info = os.lstat(path)
         except OSError:
