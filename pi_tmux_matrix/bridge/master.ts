@@ -303,7 +303,7 @@ export function installMaster(pi: any, delivery: Delivery): void {
         const args = [...workspaceArgs(params), "--json", "--parent-pid", hostPid, "--parent-session", sessionId()];
         // The task is optional: without one the agents start idle, waiting for you in their panes.
         const task = pickAny(params, "task", "body");
-        if (task !== undefined && typeof task !== "string") throw new Error('tmux_agent_manager: task must be text');
+        if (task !== undefined && typeof task !== "string") throw new Error("tmux_agent_manager: task must be text; give it as a string, or leave it out for idle agents");
         return text(call(task && task.trim() ? [...args, "--", task] : args, cwd));
       }
       case "set_variable": {
