@@ -108,3 +108,10 @@ def test_the_agents_notices_are_read_with_the_fields_the_host_writes(tmp_path: P
     for file in ("bridge.ts", "master.ts"):
         assert "notice.message" in source(file)
     assert "notice.type" in source("bridge.ts")
+
+
+def test_the_tools_workspace_name_checks_are_the_id_and_tmux_session_patterns() -> None:
+    from pi_tmux_matrix.dispatch import tmux_model
+
+    assert const("ID", "master.ts") == f"/^{ID_PATTERN.pattern}$/"
+    assert const("SESSION_NAME", "master.ts") == f"/^{tmux_model._SESSION.pattern}$/"

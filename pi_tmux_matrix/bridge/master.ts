@@ -44,6 +44,8 @@ const ACTIONS = [
   "notify",
   "set_status",
   "clear_status",
+  "workspace_plan",
+  "launch_workspace",
 ] as const;
 
 type Cli = { code: number; out: string; err: string };
@@ -174,6 +176,50 @@ function fireArgs(params: any): string[] {
   return args;
 }
 
+const ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/; // identity.ID_PATTERN
+const SESSION_NAME = /^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$/; // tmux_model._SESSION
+
+/** workspace_plan's and launch_workspace's argv (before "--"): a template's agents as the panes of
+ * a fresh tmux session, interactive and unwatched; every parameter checked here names itself. */
+function workspaceArgs(params: any): string[] {
+  const template = pickAny(params, "teamTemplate", "team", "templateName");
+  if (typeof template !== "string" || template.trim() === "") {
+    throw new Error(
+      `tmux_agent_manager: ${params.action} needs "teamTemplate" (or "team", "templateName"): the team template ` +
+        "whose agents get a pane each (list_templates lists them)",
+    );
+  }
+  const name = pickAny(params, "workspaceName", "sessionName");
+  if (typeof name !== "string" || name.trim() === "") {
+    throw new Error(
+      `tmux_agent_manager: ${params.action} needs "workspaceName" (or "sessionName"): the new tmux session to open`,
+    );
+  }
+  if (!ID.test(template)) {
+    throw new Error(
+      `tmux_agent_manager: teamTemplate ${JSON.stringify(template.slice(0, 80))} is not a template name; ` +
+        "give one list_templates lists (letters, digits, . _ -)",
+    );
+  }
+  if (!SESSION_NAME.test(name)) {
+    throw new Error(
+      `tmux_agent_manager: workspaceName ${JSON.stringify(name.slice(0, 80))} is not a tmux session name; ` +
+        "use 1-128 characters from A-Z a-z 0-9 _ - starting with a letter or digit",
+    );
+  }
+  const args = ["workspace", template, "--name", name];
+  if (params.lane) args.push("--lane", String(params.lane));
+  const goal = pick(params, "goalId", "goal_id");
+  if (goal) args.push("--goal-id", String(goal));
+  const path = pick(params, "path", "cwd");
+  if (path) args.push("--path", String(path));
+  const key = pick(params, "launchKey", "launch_key");
+  if (key !== undefined) args.push("--launch-key", String(key));
+  if (params.force === true) args.push("--force");
+  if (params.action === "workspace_plan" || pick(params, "dryRun", "dry_run") === true) args.push("--dry-run");
+  return args;
+}
+
 /** `pi-matrix setup-help --json`: whether tmux is here, and what to do next (the tool's setup_help
  * and the /tmux-agents command say the same). */
 function setupHelp(cwd?: string): { available: boolean; text: string } {
@@ -252,6 +298,14 @@ export function installMaster(pi: any, delivery: Delivery): void {
         const task = params.task !== undefined ? need(params, "task") : need(params, "body");
         return text(call([...args, "--", task], cwd));
       }
+      case "workspace_plan":
+      case "launch_workspace": {
+        const args = [...workspaceArgs(params), "--json", "--parent-pid", hostPid, "--parent-session", sessionId()];
+        // The task is optional: without one the agents start idle, waiting for you in their panes.
+        const task = pickAny(params, "task", "body");
+        if (task !== undefined && typeof task !== "string") throw new Error("tmux_agent_manager: task must be text; give it as a string, or leave it out for idle agents");
+        return text(call(task && task.trim() ? [...args, "--", task] : args, cwd));
+      }
       case "set_variable": {
         const name = needAny(params, "name", "variableName");
         const value = pickAny(params, "value", "variableValue", "body", "status");
@@ -315,13 +369,17 @@ export function installMaster(pi: any, delivery: Delivery): void {
       `optional agent), dismiss (jobId), stop_job (jobId; previews unless confirm is "${STOP_WORD}"), ` +
       "set_variable (jobId, name, value), list_variables (jobId), list_templates, " +
       `show_template (templateName), stop_session (sessionName; previews unless confirm is "${STOP_WORD}"), ` +
-      "notify (sessionName, message), set_status (sessionName, key, value), clear_status (sessionName, key). " +
+      "notify (sessionName, message), set_status (sessionName, key, value), clear_status (sessionName, key), " +
+      "workspace_plan (teamTemplate, workspaceName; optional task, path, lane, goalId: shows the panes, starts nothing), " +
+      "launch_workspace (the same: the template's agents as interactive panes of a new tmux session, unwatched). " +
       "snake_case names (job_id, goal_id, dry_run, team, deadline) are accepted too.",
     promptSnippet: "Launch and manage worker agents (pi-matrix dispatcher)",
     parameters: Type.Object({
       action: Type.String({ description: ACTIONS.join(" | ") }),
       profile: Type.Optional(Type.String({ description: "fire_task: a launch profile" })),
-      teamTemplate: Type.Optional(Type.String({ description: "fire_task: a team template instead of a profile" })),
+      teamTemplate: Type.Optional(
+        Type.String({ description: "fire_task: a team template instead of a profile; workspace_plan, launch_workspace: the template" }),
+      ),
       team: Type.Optional(Type.String({ description: "alias of teamTemplate" })),
       agents: Type.Optional(
         Type.Array(
@@ -341,7 +399,9 @@ export function installMaster(pi: any, delivery: Delivery): void {
           { description: "fire_task: ad-hoc agents without a profile file, instead of profile or teamTemplate" },
         ),
       ),
-      task: Type.Optional(Type.String({ description: "fire_task: the task text, passed verbatim" })),
+      task: Type.Optional(
+        Type.String({ description: "fire_task: the task text, passed verbatim; workspace_plan, launch_workspace: optional first prompt" }),
+      ),
       body: Type.Optional(
         Type.String({ description: "fire_task: the task, when task is not given; send_followup: the text; notify: after title" }),
       ),
@@ -354,7 +414,9 @@ export function installMaster(pi: any, delivery: Delivery): void {
       deadline: Type.Optional(Type.Number({ description: "alias of deadlineSeconds" })),
       launchKey: Type.Optional(Type.String({ description: "fire_task: a stable job id of your own (4-80 chars)" })),
       force: Type.Optional(Type.Boolean({ description: "fire_task: archive an earlier job of launchKey first" })),
-      workspaceName: Type.Optional(Type.String({ description: "fire_task: a fresh tmux session for the agents" })),
+      workspaceName: Type.Optional(
+        Type.String({ description: "fire_task, workspace_plan, launch_workspace: a fresh tmux session for the agents" }),
+      ),
       dryRun: Type.Optional(Type.Boolean({ description: "fire_task: show what would run" })),
       dry_run: Type.Optional(Type.Boolean({ description: "alias of dryRun" })),
       jobId: Type.Optional(Type.String({ description: "the job (job-…, or a launchKey)" })),

@@ -30,7 +30,8 @@ VERB_MODULES: Final = {
     "stop": "owner", "tree": "tree", "fire": "dispatch", "jobs": "dispatch", "job": "dispatch",
     "followup": "dispatch", "dismiss": "dispatch", "resume": "dispatch", "profiles": "dispatch",
     "var": "teamwork", "stop-session": "teamwork", "notify": "teamwork", "set-status": "teamwork",
-    "templates": "teamwork", "lanes": "lanes", "status": "status", "setup-help": "status",
+    "templates": "teamwork", "workspace": "teamwork", "lanes": "lanes", "status": "status",
+    "setup-help": "status",
     "guard": "status", "fork": "runs", "runs": "runs", "demo": "demo", "doctor": "doctor",
     "complete-names": "completion", "top": "top_screen", "watch": "watch",
     # completion walks the whole parser: not here, so it gets every verb.

@@ -253,7 +253,8 @@ def _remaining_deadline(store: MatrixStore, key: str) -> float | None:
     for job in jobs:
         for agent in job.agents:
             if agent.key == key and job.stopped_at is None and job.dismissed_at is None:
-                return max(1.0, (agent.deadline_at - now_ms()) / 1000)
+                # A workspace's agent has no deadline, before or after its host's crash.
+                return max(1.0, (agent.deadline_at - now_ms()) / 1000) if job.watched else None
     return None
 
 

@@ -1,10 +1,11 @@
 """The job verbs a person uses beside ``fire`` (issue 22's parity with the origin's tool): a job's
-variables (``var``), the team templates (``templates``) and a whole tmux session's stop
-(``stop-session``)."""
+variables (``var``), the team templates (``templates``), a template's agents as the panes of a
+fresh tmux session (``workspace``) and a whole tmux session's stop (``stop-session``)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EXIT_FAILED, EXIT_OK, ContractError, NoSuch, NotConfirmed, PiMatrixError
@@ -21,8 +22,9 @@ __all__ = ["register"]
 
 
 def register(sub: Any, epilog: str) -> None:
-    """Add ``var``, ``templates`` and ``stop-session``."""
+    """Add ``var``, ``templates``, ``workspace``, ``stop-session``, ``notify`` and ``set-status``."""
     common = {"epilog": epilog, "formatter_class": argparse.RawDescriptionHelpFormatter}
+    _register_workspace(sub, common)
     var = sub.add_parser(
         "var", help="a job's variables: list, read or set one (its workers read them when told to)",
         usage="pi-matrix var ID [NAME [VALUE]] [--json]", **common,
@@ -186,4 +188,70 @@ def cmd_set_status(args: argparse.Namespace, io: Io) -> int:
     io.out.write(
         f"{'set' if args.value is not None else 'cleared'} @pi_{args.key} on session {args.session}\n"
     )
+    return EXIT_OK
+
+
+def _register_workspace(sub: Any, common: dict[str, Any]) -> None:
+    ws = sub.add_parser(
+        "workspace",
+        help="a team template's agents, interactive, as the tiled panes of a fresh tmux session "
+        "(launch_workspace; no watcher, no deadline)",
+        usage="pi-matrix workspace TEMPLATE --name SESSION [--path DIR] [--lane L] [--goal-id G] "
+        "[--socket S] "
+        "[--launch-key K [--force]] [--dry-run] [--json] [-- TASK...]",
+        **common,
+    )  # fmt: skip
+    ws.add_argument("template", metavar="TEMPLATE", help="a team template ('pi-matrix templates' lists them)")
+    ws.add_argument("--name", metavar="SESSION", help="the tmux session to open (it must not exist yet)")
+    ws.add_argument("--path", metavar="DIR", help="the agents' working directory (default: here)")
+    ws.add_argument("--lane", metavar="L", help="run in the git worktree of lane L (created or reused)")
+    ws.add_argument("--goal-id", metavar="G", help="goal-bound launch: PI_TASK_REF is G")
+    ws.add_argument("--socket", metavar="S", help=f"tmux -L socket (default: ${ENV_SOCKET} or pi-matrix)")
+    ws.add_argument(
+        "--launch-key", metavar="KEY", help="a stable job id of your own (4-80 of A-Z a-z 0-9 _ . : -)"
+    )
+    ws.add_argument(
+        "--force", action="store_true", help="with --launch-key: archive an earlier job of that key"
+    )
+    ws.add_argument(
+        "--parent-pid", type=int, metavar="PID", help="the launching master (default: the caller's)"
+    )
+    ws.add_argument("--parent-session", metavar="ID", help="the launching master's session id")
+    ws.add_argument(
+        "--dry-run", action="store_true", help="show the panes, argv and cwd; start and write nothing"
+    )
+    ws.add_argument("--json", action="store_true")
+    ws.set_defaults(handler=cmd_workspace, takes_argv=True)
+
+
+def cmd_workspace(args: argparse.Namespace, io: Io) -> int:
+    """``pi-matrix workspace TEMPLATE --name SESSION [-- TASK]``: the origin's ``launch_workspace``
+    (``--dry-run``: its ``workspace_plan``). One job records the agents, so ``stop-session`` stops
+    them through their hosts; nothing watches them and no deadline runs."""
+    from ..dispatch.manager import FireRequest
+
+    if args.force and args.launch_key is None:
+        raise ContractError("--force", "given without --launch-key", "force replaces a job named by its key")
+    socket = args.socket or default_socket()
+    request = FireRequest(
+        task=" ".join(args.argv), team=validate_id(args.template, "TEMPLATE"), workspace=args.name,
+        watched=False, lane=args.lane, goal_id=args.goal_id, path=args.path, socket=socket,
+        dry_run=args.dry_run, parent_pid=args.parent_pid, parent_session=args.parent_session,
+        launch_key=args.launch_key, force=args.force,
+    )  # fmt: skip
+    result = dispatcher_of(args, args.path).fire(request)
+    attach = f"tmux -L {socket} attach -t {args.name}"
+    if args.json:
+        dump_json(io, {**result.to_json(), "socket": socket, "attach": attach})
+        return EXIT_OK
+    verb = "would open" if result.dry_run else "opened"
+    job = result.job
+    io.out.write(
+        f"workspace {args.name} (job {job.id}): {verb} {len(job.agents)} pane(s), interactive, unwatched\n"
+    )
+    for planned, agent in zip(result.planned, job.agents, strict=True):
+        io.out.write(f"  {agent.agent_id}  {agent.key}  {agent.profile}  lane {agent.lane or '-'}\n")
+        if result.dry_run:
+            io.out.write(f"    cwd  {planned.cwd}\n    argv {json.dumps(list(planned.argv))}\n")
+    io.out.write(f"{'attach with' if not result.dry_run else 'then attach with'}: {attach}\n")
     return EXIT_OK

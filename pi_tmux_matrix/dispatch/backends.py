@@ -23,9 +23,9 @@ from ..matrix.model import bounded
 from ..matrix.store import MatrixStore
 from ..matrix.tickets import LaunchTickets, Taken
 from ..programs import spawn_detached
-from .model import SUBPROCESS, TMUX, JobAgent, PlannedAgent
+from .model import OPEN, SPLIT, SUBPROCESS, TMUX, JobAgent, PlannedAgent
 from .tmux import DEFAULT_TIMEOUT_S, TmuxServer
-from .tmux_model import JOB_TAG, KEY_TAG, Pane
+from .tmux_model import AGENT_TAG, JOB_TAG, KEY_TAG, Pane
 
 __all__ = [
     "DEFAULT_SOCKET",
@@ -112,11 +112,19 @@ class TmuxBackend:
         server = TmuxServer(
             agent.socket or DEFAULT_SOCKET, scrub_env=sorted(NEVER_INHERITED), timeout=self.timeout
         )
-        pane = server.launch(
-            planned.argv, session=planned.session or TMUX_SESSION, window_name=planned.window,
-            cwd=planned.cwd,
-            env=planned.env, tags={KEY_TAG: agent.key, JOB_TAG: job_id},
-        )  # fmt: skip
+        tags = {KEY_TAG: agent.key, JOB_TAG: job_id}
+        if planned.layout is not None:
+            tags[AGENT_TAG] = agent.agent_id  # its pane's border label in the workspace
+        session = planned.session or TMUX_SESSION
+        if planned.layout == SPLIT:  # a workspace's next pane: beside the others, tiled
+            pane = server.split(
+                session, planned.argv, vertical=False, cwd=planned.cwd, env=planned.env, tags=tags, tiled=True
+            )
+        else:
+            pane = server.launch(
+                planned.argv, session=session, window_name=planned.window, cwd=planned.cwd,
+                env=planned.env, tags=tags, fresh=planned.layout == OPEN,
+            )  # fmt: skip
         return started_in(pane)
 
     def adopt(self, job_id: str, agent: JobAgent, host: ProcessIdentity) -> Started | None:

@@ -52,6 +52,7 @@ from .model import MAX_ROUND, TMUX, AgentLaunch, AgentResult, Job, JobAgent, Pla
 from .plan import LIVE, MAX_DEADLINE_S, MAX_TASK_BYTES, FireRequest, Planner, marker_instruction
 from .plugins import plugin_manager
 from .reconcile_tmux import PaneCache, reconcile, tmux_states, untracked
+from .request import workspace_field
 from .tmux import TmuxServer
 from .views import JobView, ListedJob, PaneInfo, TmuxState, UntrackedPane, job_view
 from .watch import stop_agents
@@ -105,8 +106,17 @@ class FireResult:
             if self.dry_run:
                 item["argv"] = list(planned.argv)
                 item["env"] = dict(planned.env)
+            if planned.layout is not None:
+                item["pane"] = planned.layout  # open: makes the workspace; split: a pane beside
             agents.append(item)
-        return {"jobId": self.job.id, "dryRun": self.dry_run, "taskRef": self.job.task_ref, "agents": agents}
+        shown: dict[str, object] = {
+            "jobId": self.job.id,
+            "dryRun": self.dry_run,
+            "taskRef": self.job.task_ref,
+        }
+        if not self.job.watched:
+            shown.update(workspace=self.planned[0].session, watched=False)
+        return {**shown, "agents": agents}
 
 
 # The one home of pi session files is pisession; these names stay for callers of 0.1.
@@ -186,9 +196,10 @@ class Dispatcher:
                     job.id,
                     lambda j: attrs.evolve(j, agents=tuple(by_id.get(a.agent_id, a) for a in j.agents)),
                 )
-                # Every agent that started is watched, even when a later one failed to start.
+                # Every agent that started is watched, even when a later one failed to start
+                # (a workspace's agents are never: they are a person's, with no end to watch for).
                 for agent in job.agents:
-                    if agent.agent_id in by_id:
+                    if agent.agent_id in by_id and job.watched:
                         self._start_watcher(job, agent)
         failed = confirm_starts(self.store, job.agents, request.confirm_s) if self.settings.enabled else []
         if self.settings.enabled:
@@ -239,8 +250,9 @@ class Dispatcher:
         if there:
             where = f"tmux session {request.workspace!r} already exists on socket {request.socket!r}"
             raise ContractError(
-                "--workspace", where,
-                "pick another name, or stop that session's jobs first",
+                workspace_field(request), where,
+                f"pick another name, or stop it first ('pi-matrix stop-session {request.workspace} --socket "
+                f"{request.socket} --confirm yes-tmux-stop' stops its jobs)",
             )  # fmt: skip
 
     def _close_unstarted(self, agent: JobAgent) -> None:
@@ -337,6 +349,13 @@ class Dispatcher:
         if not targets:
             raise AgentNotFound(job_id, agent_id or "-")
         live = [a for a in targets if procs.is_alive(a.host)]
+        if not job.watched and live:
+            # A workspace's agents take the text as it is: no marker round, no watcher, no deadline.
+            encode_message("prompt", text.strip(), "pi-matrix followup")
+            for agent in live:
+                to = addressee(self.store, agent.key, agent.host_pid)
+                Inbox(self.store, agent.key).post("prompt", text.strip(), sender="pi-matrix followup", to=to)
+            return job
         if any(a.round >= MAX_ROUND for a in live):
             raise DispatchError(f"followup: {job_id} has had {MAX_ROUND} rounds; fire a new job for more")
         if not live:

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "JOB_SCHEMA_VERSION",
+    "OPEN",
+    "SPLIT",
     "SUBPROCESS",
     "TMUX",
     "AgentLaunch",
@@ -138,6 +140,9 @@ class Job:
     stopped_at: int | None = None
     orphaned_at: int | None = None  # every pane vanished while the job was unfinished
     schema_version: int = JOB_SCHEMA_VERSION
+    # False: a workspace (launch_workspace): its agents run interactively with no watcher, no
+    # deadline and no marker rounds; it ends when its owner stops it.
+    watched: bool = True
 
     def agent(self, agent_id: str) -> JobAgent | None:
         return next((a for a in self.agents if a.agent_id == agent_id), None)
@@ -183,6 +188,8 @@ class AgentLaunch:
     # Taken by the host before it starts anything, or by the launcher when the start failed: a
     # pane a stalled tmux makes after the launcher gave up starts nothing (matrix.tickets).
     ticket: str = attrs.field(factory=new_ticket)
+    # False: a workspace agent (no watcher): neither its prompt nor its env asks for a marker.
+    watched: bool = True
 
 
 @attrs.frozen
@@ -195,6 +202,13 @@ class PlannedAgent:
     cwd: str
     window: str
     session: str | None = None  # the tmux session its window goes in (None: the shared one)
+    # A workspace's pane: OPEN makes the fresh session ``session`` (refused if it exists), SPLIT
+    # adds a pane to its window, tiled; None: a window of its own.
+    layout: str | None = None
+
+
+OPEN: Final = "open"
+SPLIT: Final = "split"
 
 
 @attrs.frozen

@@ -29,7 +29,7 @@ from ..contract import (
     PASS_ENV,
 )
 from ..errors import ContractError, DispatchError, LaneError
-from ..identity import AgentIdentityContract, ProcessIdentity, Role, validate_id, validate_task_ref
+from ..identity import AgentIdentityContract, Mode, ProcessIdentity, Role, validate_id, validate_task_ref
 from ..matrix.model import Entry, Status, bounded
 from ..matrix.owners import owning_master, require_master
 from ..matrix.store import MatrixStore, now_ms
@@ -37,18 +37,20 @@ from ..programs import host_argv, pi_command
 from ..settings import MatrixSettings, agent_dir
 from .backends import Backend, backend_named
 from .jobs import new_job_id, new_nonce
-from .model import AgentLaunch, Job, JobAgent, PlannedAgent
+from .model import OPEN, SPLIT, AgentLaunch, Job, JobAgent, PlannedAgent
 from .request import (
     MAX_DEADLINE_S,
     MAX_TASK_BYTES,
     FireRequest,
     agent_id_of,
     check_task,
+    check_workspace,
     cwd_of,
     deadline_of,
     job_id_of,
     marker_instruction,
     window_name,
+    workspace_field,
 )
 from .tmux_model import check_session
 from .variables import Variables, variables_instruction
@@ -251,11 +253,14 @@ class Planner:
     # -- compile -------------------------------------------------------------------------------------
     def plan(self, request: FireRequest) -> tuple[Job, list[PlannedAgent]]:
         """Compile everything about a launch; creates nothing except (not dry) the lane worktree."""
-        task = check_task(request.task)
+        # A workspace's task is optional: without one its agents start idle.
+        task = check_task(request.task) if request.watched or request.task.strip() else ""
         backend = backend_named(self.backends, request.backend)
         validate_id(request.socket, "--socket")
+        if not request.watched:
+            check_workspace(request)
         if request.workspace is not None:
-            check_session(request.workspace, "--workspace")
+            check_session(request.workspace, workspace_field(request))
         label, members = self._members(request)
         parent, parent_session = self._parent(request)
         cwd = cwd_of(request)
@@ -279,11 +284,17 @@ class Planner:
             )
             for m in members
         ]  # fmt: skip
+        if not request.watched:
+            # One window of tiled panes: the first makes the fresh session, the others split it.
+            compiled = [
+                (attrs.evolve(planned, layout=SPLIT if n else OPEN), agent)
+                for n, (planned, agent) in enumerate(compiled)
+            ]
         job = Job(
             id=job_id, created_at=now_ms(), parent_pid=parent.pid, parent_session_id=parent_session,
             task=bounded(task, 2000), profile=request.profile, team=request.team,
             agents=tuple(agent for _, agent in compiled), task_ref=place.task_ref, lane=lane,
-            backend=request.backend,
+            backend=request.backend, watched=request.watched,
         )  # fmt: skip
         return job, [planned for planned, _ in compiled]
 
@@ -298,26 +309,34 @@ class Planner:
         is_pi = profile.provider == "pi"
         session_id = str(uuid.uuid4()) if is_pi else secrets.token_hex(8)
         nonce = new_nonce()
-        deadline_s = deadline_of(request, profile.deadline_s)
         session_file = pisession.new_session_file(place.cwd, session_id, self.env) if is_pi else None
         told = variables_instruction(Variables(self.store).path(place.job_id))
-        text = "\n\n".join(
-            p for p in (instructions.strip(), place.task, told, marker_instruction(nonce)) if p
-        )
+        parts: tuple[str, ...]
+        if request.watched:
+            deadline_s = deadline_of(request, profile.deadline_s)
+            parts = (instructions.strip(), place.task, told, marker_instruction(nonce))
+        else:
+            # A workspace agent is a person's: interactive, no deadline, never asked for a marker,
+            # and with no task no first prompt at all (its instructions wait for one).
+            profile = attrs.evolve(profile, mode=Mode.INTERACTIVE)
+            deadline_s = 0.0
+            parts = (instructions.strip(), place.task, told) if place.task else ()
+        text = "\n\n".join(p for p in parts if p)
         allowed = resolve_write_paths(profile, cwd=place.cwd, worktree=place.worktree)
         launch = AgentLaunch(
             job_id=place.job_id, agent_id=agent_id, session_id=session_id, key=f"worker-{session_id}",
             profile=profile, task=text, cwd=place.cwd, parent=place.parent,
             parent_session=place.parent_session, allowed_paths=tuple(allowed), deadline_s=deadline_s,
             nonce=nonce, worktree=place.worktree, lane=place.lane, task_ref=place.task_ref,
-            session_file=session_file,
+            session_file=session_file, watched=request.watched,
         )  # fmt: skip
-        argv, env = self.compose(launch, task_summary=place.task)
+        argv, env = self.compose(launch, task_summary=place.task or "(no task: waiting for you)")
         planned = PlannedAgent(launch, argv, env, place.cwd, window_name(agent_id), request.workspace)
         agent = JobAgent(
             agent_id=agent_id, key=launch.key, session_id=session_id, profile=profile.name,
             provider=profile.provider, mode=profile.mode.value, cwd=place.cwd, backend=place.backend,
-            nonce=nonce, round=1, deadline_at=now_ms() + int(deadline_s * 1000), deadline_s=deadline_s,
+            nonce=nonce, round=1, deadline_s=deadline_s,
+            deadline_at=now_ms() + int(deadline_s * 1000) if request.watched else 0,
             worktree=place.worktree, lane=place.lane, session_file=session_file, socket=place.socket,
         )  # fmt: skip
         return planned, agent
@@ -336,8 +355,9 @@ class Planner:
 
         profile = launch.profile
         command = agent_command(
-            self.pi_located(profile), task=launch.task, session_file=launch.session_file, lane=launch.lane
-        )
+            self.pi_located(profile), task=launch.task or None, session_file=launch.session_file,
+            lane=launch.lane,
+        )  # fmt: skip
         agent_argv = list(command.argv)
         extra = [a for part in self.plugins.hook.launch_argv(launch=launch) if part for a in part]
         if extra:
@@ -368,8 +388,9 @@ class Planner:
         env: dict[str, str] = {k: self.env[k] for k in PASS_ENV if self.env.get(k)}
         env[ENV_STATE_DIR] = str(self.store.root)
         env.update(dict(profile.env))
-        env[ENV_DONE_MARKER] = f"DONE:{launch.nonce}"
-        env[ENV_BLOCKED_MARKER] = f"BLOCKED:{launch.nonce}"
+        if launch.watched:  # a workspace agent is never asked for a marker
+            env[ENV_DONE_MARKER] = f"DONE:{launch.nonce}"
+            env[ENV_BLOCKED_MARKER] = f"BLOCKED:{launch.nonce}"
         # The bridge names the worker's profile in its appended system prompt (its identity).
         env[ENV_PROFILE] = profile.name
         env.update(self._plugin_env(launch))

@@ -28,12 +28,14 @@ __all__ = [
     "FireRequest",
     "agent_id_of",
     "check_task",
+    "check_workspace",
     "cwd_of",
     "deadline_of",
     "job_id_of",
     "launch_job_id",
     "marker_instruction",
     "window_name",
+    "workspace_field",
 ]
 
 
@@ -68,6 +70,10 @@ class FireRequest:
     force: bool = False
     # The tmux session the agents' windows go in (the origin's workspaceName); a fresh one.
     workspace: str | None = None
+    # False: a workspace (launch_workspace): the agents are the tiled panes of one window of the
+    # fresh session ``workspace``, run interactively, with no watcher, deadline or marker; the task
+    # is optional (without one they start idle).
+    watched: bool = True
     # How long fire waits for every host to report its agent started (or failed to): bounded,
     # so a slow machine costs a warning in the record, never a hang.
     confirm_s: float = 5.0
@@ -98,6 +104,21 @@ def agent_id_of(job_id: str, agent_id: str) -> str:
 
 def window_name(agent_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "-", agent_id)[:40]
+
+
+def workspace_field(request: FireRequest) -> str:
+    """The flag that names the workspace session: ``workspace``'s ``--name``, ``fire``'s ``--workspace``."""
+    return "--workspace" if request.watched else "--name"
+
+
+def check_workspace(request: FireRequest) -> None:
+    """A workspace is one fresh tmux session: it needs its name and the tmux backend."""
+    if request.workspace is None:
+        raise ContractError("--name", "missing", "name the tmux session the workspace opens")
+    if request.backend != TMUX:
+        raise ContractError(
+            "--backend", f"{request.backend!r} has no panes", "a workspace runs in tmux: drop --backend"
+        )
 
 
 def check_task(task: str) -> str:

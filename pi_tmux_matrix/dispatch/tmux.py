@@ -18,7 +18,6 @@ import contextlib
 import os
 import shlex
 import shutil
-import socket as socket_module
 import stat
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -29,6 +28,7 @@ import attrs
 from ..errors import ContractError, DispatchError, TmuxUnavailable
 from ..identity import ID_PATTERN
 from .tmux_model import (
+    AGENT_TAG,
     ENV_NAME,
     FORMAT,
     TAG_INDEX,
@@ -42,8 +42,10 @@ from .tmux_model import (
     check_tags,
     check_window_name,
     env_args,
+    listening,
     literal,
     parse_row,
+    socket_file,
     status_option,
     word,
 )
@@ -230,8 +232,10 @@ class TmuxServer:
         cwd: str,
         env: Mapping[str, str],
         tags: Mapping[str, str],
+        fresh: bool = False,
     ) -> Pane:
-        """Run ``argv`` as the command of a new detached window (the session is made if missing).
+        """Run ``argv`` as the command of a new detached window (the session is made if missing;
+        with ``fresh`` it must be missing: a session already there is refused by tmux itself).
 
         The pane's process *is* ``argv`` (tmux execs it: no shell, nothing typed). Every ``env`` item
         is set with ``-e``; ``remain-on-exit`` is turned off for the window (a tmux.conf may turn it
@@ -247,17 +251,24 @@ class TmuxServer:
         self._scrub(env, session)
         spec = ["-d", "-n", literal(window_name), "-c", literal(cwd), *env_words, "-P", "-F", FORMAT]
         tail = ["--", *words]
-        result = self._run("new-window", "-t", f"={session}:", *spec, *tail)
-        if result.returncode != 0 and not self._has_session_quiet(session):
-            result = self._run("new-session", "-s", session, *spec, *tail)
-            if result.returncode != 0 and self._has_session_quiet(session):
+        result = None if fresh else self._run("new-window", "-t", f"={session}:", *spec, *tail)
+        if result is None or (result.returncode != 0 and not self._has_session_quiet(session)):
+            # A fresh session's window names each pane's agent on its border (its AGENT_TAG).
+            window = ["set-option", "-w", "-t", f"={session}:"]
+            labels: list[str | _Then] = [
+                THEN, *window, "pane-border-status", "top",
+                THEN, *window, "pane-border-format", f" #{{{AGENT_TAG}}} ",
+            ] if fresh else []  # fmt: skip
+            result = self._run("new-session", "-s", session, *spec, *tail, *labels)
+            if result.returncode != 0 and not fresh and self._has_session_quiet(session):
                 # Another launch made the session between our check and our new-session.
                 result = self._run("new-window", "-t", f"={session}:", *spec, *tail)
             if result.returncode != 0 and not self.reachable():
                 raise TmuxUnavailable(self.socket, f"cannot start a tmux server: {result.error}")
             # A server this call started copied our (scrubbed) environment; a racing starter's
-            # may not have, so scrub again for the next launch.
-            self._scrub(env, session)
+            # may not have, so scrub again for the next launch. new-session's -e items went into
+            # the session's environment too: no later window or pane of it may inherit them.
+            self._scrub({}, session, forget=list(env) if result.returncode == 0 else ())
         if result.returncode != 0:
             raise self._failed(result, f"new-window in session {session!r}")
         return self._new_pane(result.stdout, "a new window", tag_items, window=True)
@@ -271,18 +282,20 @@ class TmuxServer:
         cwd: str,
         env: Mapping[str, str],
         tags: Mapping[str, str],
+        tiled: bool = False,
     ) -> Pane:
-        """Run ``argv`` in a new pane split off ``target`` (half of it; beside it, or below it
-        when ``vertical``), without selecting it. The window's options are left alone: it is
-        usually the caller's own window."""
+        """Run ``argv`` in a new pane split off ``target`` (a pane id, or a session's name for its
+        current pane; half of it, beside it or below it when ``vertical``), without selecting it;
+        with ``tiled`` the window's panes are then laid out evenly. The window's options are left
+        alone: it is usually the caller's own window."""
         words = check_argv(argv)
         check_cwd(cwd)
         env_words = env_args(env)
         tag_items = check_tags(tags)
+        where = check_pane_id(target) if target.startswith("%") else f"={check_session(target)}:"
         spec = ["-d", "-v" if vertical else "-h", "-l", "50%", "-c", literal(cwd), *env_words]
-        result = self._run(
-            "split-window", "-t", check_pane_id(target), *spec, "-P", "-F", FORMAT, "--", *words
-        )
+        layout: list[str | _Then] = [THEN, "select-layout", "-t", where, "tiled"] if tiled else []
+        result = self._run("split-window", "-t", where, *spec, "-P", "-F", FORMAT, "--", *words, *layout)
         if result.returncode != 0:
             raise self._failed(result, f"split-window of {target}")
         return self._new_pane(result.stdout, "a new pane", tag_items, window=False)
@@ -331,16 +344,17 @@ class TmuxServer:
         if still_there:
             raise self._failed(result, f"set-option on {pane.pane_id}")
 
-    def _scrub(self, env: Mapping[str, str], session: str) -> None:
-        """Remove the scrubbed names from a running server's global and session environments.
+    def _scrub(self, env: Mapping[str, str], session: str, forget: Sequence[str] = ()) -> None:
+        """Remove the scrubbed names from a running server's global and session environments (and
+        ``forget`` from the session's).
 
         With no server yet this does nothing: the one the launch starts inherits our environment,
         which :meth:`_run` already scrubbed. The session's own unsets go last: when the session
         does not exist they fail, and tmux skips the rest of the call."""
         names = [name for name in self.scrub_env if name not in env]
         args: list[str | _Then] = []
-        for scope in (["-g"], ["-t", f"={session}"]):
-            for name in names:
+        for scope, unset in ((["-g"], names), (["-t", f"={session}"], [*names, *forget])):
+            for name in unset:
                 args += [*([THEN] if args else []), "set-environment", *scope, "-u", name]
         if args:
             self._run(*args)
@@ -417,30 +431,14 @@ class TmuxServer:
             self._run("kill-server")
         self._remove_stale_socket()
 
-    def _socket_file(self) -> str:
-        folder = os.path.join(os.environ.get("TMUX_TMPDIR") or "/tmp", f"tmux-{os.geteuid()}")
-        return self.socket_path or os.path.join(folder, self.socket)
-
     def server_present(self) -> bool:
-        """Whether a server listens on the socket at all, answering or not: False when the socket
-        file is missing or nobody accepts on it (the server is gone), True for a server that is
-        there but hung (its kernel backlog still takes the connection)."""
-        probe = socket_module.socket(socket_module.AF_UNIX, socket_module.SOCK_STREAM)
-        probe.settimeout(1.0)
-        try:
-            probe.connect(self._socket_file())
-        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
-            return False
-        except OSError:
-            return True  # a full backlog or a timeout: something is there, it does not answer
-        finally:
-            probe.close()
-        return True
+        """Whether a server listens on the socket at all, answering or not (see :func:`listening`)."""
+        return listening(socket_file(self.socket, self.socket_path))
 
     def _remove_stale_socket(self) -> None:
         # tmux leaves its socket file behind after kill-server; a dispatcher that starts a private
         # server per run (the demo, tests) would litter /tmp/tmux-UID/ with them.
-        path = self._socket_file()
+        path = socket_file(self.socket, self.socket_path)
         try:
             info = os.lstat(path)
         except OSError:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -29,6 +30,7 @@ import attrs
 from ..errors import ContractError, DispatchError
 
 __all__ = [
+    "AGENT_TAG",
     "ENV_NAME",
     "FORMAT",
     "JOB_TAG",
@@ -43,8 +45,10 @@ __all__ = [
     "check_tags",
     "check_window_name",
     "env_args",
+    "listening",
     "literal",
     "parse_row",
+    "socket_file",
     "word",
 ]
 
@@ -53,6 +57,8 @@ TAG_PREFIX: Final = "@pi_matrix_"
 # before its pane was written is rebuilt from them, and a pane is closed only while they name it.
 KEY_TAG: Final = "@pi_matrix_key"
 JOB_TAG: Final = "@pi_matrix_job"
+# A workspace pane's agent id, shown on its border (programs in the pane cannot change it).
+AGENT_TAG: Final = "@pi_matrix_agent"
 # Lists the tag names a launch set (space separated, each with its "@"); not itself a tag.
 TAG_INDEX: Final = "@pi_matrix_tags"
 _TAG_NAME: Final = re.compile(r"@pi_matrix_[A-Za-z0-9_]{1,64}")
@@ -234,3 +240,26 @@ def check_notice(text: str) -> str:
             "TEXT", "empty, over 1024 characters, or holds control characters", "give one printable line"
         )
     return text
+
+
+def socket_file(name: str, path: str | None = None) -> str:
+    """Where the server of ``tmux -L name`` listens (``path``: a ``tmux -S`` socket as given)."""
+    folder = os.path.join(os.environ.get("TMUX_TMPDIR") or "/tmp", f"tmux-{os.geteuid()}")
+    return path or os.path.join(folder, name)
+
+
+def listening(path: str) -> bool:
+    """Whether a server listens on the socket file at all, answering or not: False when the file is
+    missing or nobody accepts on it (the server is gone), True for a server that is there but hung
+    (its kernel backlog still takes the connection). Runs no tmux: a connect only."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+        return False
+    except OSError:
+        return True  # a full backlog or a timeout: something is there, it does not answer
+    finally:
+        probe.close()
+    return True

@@ -112,7 +112,7 @@ class AgentView(_Subscriptable):
             "tmux": self.tmux,
             "result": None if self.result is None else result_json(self.result),
             "results": [result_json(r) for r in self.results],
-            "deadlineAt": agent.deadline_at,
+            "deadlineAt": agent.deadline_at or None,  # 0: a workspace agent has none
         }
 
 
@@ -135,6 +135,7 @@ class JobView(_Subscriptable):
             "parentPid": self.job.parent_pid,
             "parentSession": self.job.parent_session_id,
             "backend": self.job.backend,
+            "watched": self.job.watched,  # false: a workspace (no watcher, no deadline, no marker)
             "agents": [agent.to_json() for agent in self.agents],
         }
 
