@@ -347,7 +347,9 @@ def test_a_background_forks_result_is_sent_to_its_parent_agent_through_its_host(
         events = EventLog(caller.store, "master-boss")
 
         def delivered() -> dict[str, object] | None:
-            found = [e for e in events.tail(50) if e.get("event") == "message" and e.get("kind") == "prompt"]
+            found = [
+                e for e in events.tail(50) if e.get("event") == "message" and e.get("kind") == "fork_result"
+            ]
             return found[0] if found else None
 
         message = wait_for("the finisher's report to reach the master's host", delivered)

@@ -84,8 +84,6 @@ def _watched(value: str | None) -> ProcessIdentity | None:
     return ProcessIdentity(int(pid), int(ticks), procs.boot_id())
 
 
-
-
 def _print_run(io: Io, run: ForkRun) -> None:
     cost = f"${run.usage.cost:.4f} {run.usage.total_tokens} tok" if run.usage else "-"
     where = f"{run.socket_path or run.socket}:{run.pane_id}" if run.pane_id else "-"
@@ -295,7 +293,7 @@ def _wait_for(args: argparse.Namespace, io: Io, store: MatrixStore) -> int:
             stop=stop,
         )
     if args.notify and run.parent_key:
-        _notify(store, run.parent_key, summary(run))
+        _notify(store, run.parent_key, run, summary(run))
     return _report(io, run, args.json)
 
 
@@ -310,12 +308,21 @@ def _total(total: ForkUsage) -> dict[str, Any]:
     }
 
 
-def _notify(store: MatrixStore, key: str, text: str) -> None:
-    """The finished fork's report, to the parent agent's session through its host (a prompt)."""
+def _notify(store: MatrixStore, key: str, run: ForkRun, text: str) -> None:
+    """The finished fork's report, to the parent agent's session through its host: a
+    ``fork_result`` notice, which the bridge injects once (as a handoff) with the run's id, status
+    and usage (the parent's ``forks +$…`` footer counts it)."""
     from .. import procs
     from ..matrix.mailbox import Inbox
 
     entry = store.find(key)
     if entry is None or not procs.is_alive(entry.process):
         return
-    Inbox(store, key).post("prompt", text, sender="pi-matrix fork", to=entry.registration)
+    payload = {
+        "runId": run.id,
+        "status": run.status.value,
+        "text": text,
+        "model": run.model,
+        "usage": _total(run.usage) if run.usage is not None else None,
+    }
+    Inbox(store, key).post("fork_result", json.dumps(payload), sender="pi-matrix fork", to=entry.registration)

@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 # Owner commands, plus what the pi bridge reports from inside the session (identity, result, bridge).
 MESSAGE_KINDS: Final = frozenset(
-    {"steer", "prompt", "abort", "stop", "wake", "switch", "identity", "result", "bridge"}
+    {"steer", "prompt", "abort", "stop", "wake", "switch", "identity", "result", "bridge", "fork_result"}
 )
 MAX_MESSAGE_BYTES: Final = 64 * 1024
 _O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)

@@ -287,6 +287,9 @@ class AgentHost:
                 self.agent.steer(message.text)
             elif message.kind in ("prompt", "abort"):
                 self.agent.tell("prompt" if message.kind == "prompt" else "abort", message.text)
+            elif message.kind == "fork_result":
+                # A background fork's result (its finisher posts it): into the session once.
+                self.agent.tell("fork_result", message.text)
             elif message.kind == "switch":
                 self._switch_from_message(message.text)
             elif message.kind in BRIDGE_KINDS:

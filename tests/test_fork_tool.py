@@ -1,0 +1,216 @@
+"""The `fork` tool inside pi (seed 003, issue 23): registered by the bridge in a master's pi (not
+in a fork child), waited and background forks, the cap, the parent's shutdown, the cost footer.
+Real pi on both sides, against the fake LLM."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_llm import FakeLLM, Reply
+from test_dispatch import Lab, wait_for
+from test_master_tool import capture, master_window, mlab, run_print_master  # noqa: F401 - mlab is a fixture
+
+from pi_tmux_matrix.fork import PARENT_ABORTED, RunStatus, RunStore
+from pi_tmux_matrix.matrix.mailbox import EventLog
+
+FORK_RESULT_TYPE = "pi-matrix-fork-result"
+
+
+@pytest.fixture
+def flab(mlab: tuple[Lab, FakeLLM, Any]) -> tuple[Lab, FakeLLM]:  # noqa: F811
+    lab, llm, _script = mlab
+    return lab, llm
+
+
+def system_prompt(request: dict[str, Any]) -> str:
+    messages = request.get("messages") or []
+    return str(messages[0].get("content")) if messages and messages[0].get("role") == "system" else ""
+
+
+def is_fork(request: dict[str, Any]) -> bool:
+    return "You are a fork" in system_prompt(request)
+
+
+def tool_names(request: dict[str, Any]) -> set[str]:
+    return {t.get("function", {}).get("name") for t in request.get("tools") or [] if isinstance(t, dict)}
+
+
+def tool_results(request: dict[str, Any]) -> list[str]:
+    found = []
+    for message in request.get("messages") or []:
+        if message.get("role") == "tool":
+            content = message.get("content")
+            if isinstance(content, list):
+                content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+            found.append(str(content))
+    return found
+
+
+def last_user_text(request: dict[str, Any]) -> str:
+    users = [m for m in request.get("messages") or [] if m.get("role") == "user"]
+    return json.dumps(users[-1].get("content")) if users else ""
+
+
+def priced(lab: Lab) -> None:
+    """The fake model with a price: 10 input + 5 output tokens a request cost $0.01 + $0.01."""
+    path = lab.agent_dir / "models.json"
+    models = json.loads(path.read_text())
+    model = models["providers"]["fake"]["models"][0]
+    model["cost"] = {"input": 1000, "output": 2000, "cacheRead": 0, "cacheWrite": 0}
+    path.write_text(json.dumps(models))
+
+
+def custom_messages(session_file: Path, custom_type: str) -> list[dict[str, Any]]:
+    found = []
+    for line in session_file.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("type") == "custom_message" and record.get("customType") == custom_type:
+            found.append(record)
+    return found
+
+
+def test_the_model_forks_and_waits_the_answer_is_the_tool_result_and_the_child_has_no_fork_tool(
+    flab: tuple[Lab, FakeLLM],
+) -> None:
+    lab, llm = flab
+
+    def respond(request: dict[str, Any]) -> Reply:
+        if is_fork(request):
+            return Reply(text="The fork found 42.")
+        if tool_results(request):
+            return Reply(text="The fork said 42.")
+        return Reply(tool="fork", arguments={"task": "Find the answer."})
+
+    llm.responder = respond
+    done = run_print_master(lab, "Fork one to find the answer.")
+    assert done.returncode == 0, done.stdout + done.stderr
+    masters = [r for r in llm.requests if not is_fork(r)]
+    forks = [r for r in llm.requests if is_fork(r)]
+    assert len(forks) == 1 and len(masters) == 2
+    assert "fork" in tool_names(masters[0])  # the master's pi has the tool
+    assert "fork" not in tool_names(forks[0])  # a fork child (PI_FORK=1) does not
+    assert tool_results(masters[1]) == ["The fork found 42."]  # the answer is the tool result
+    (run,) = RunStore(lab.store).list()[0]
+    assert run.status is RunStatus.COMPLETED and run.parent_key == "master-boss"
+    assert run.text == "The fork found 42." and run.mode.value == "wait"
+
+
+def test_the_cap_refuses_a_fourth_fork_and_the_masters_end_fails_the_running_ones(
+    flab: tuple[Lab, FakeLLM],
+) -> None:
+    lab, llm = flab
+
+    def respond(request: dict[str, Any]) -> Reply:
+        if is_fork(request):
+            return Reply(text="too late", delay_s=120)  # still working when the master ends
+        results = tool_results(request)
+        if len(results) < 4:
+            return Reply(
+                tool="fork", arguments={"task": f"Look around, part {len(results) + 1}.", "background": True}
+            )
+        return Reply(text="Enough forks.")
+
+    llm.responder = respond
+    done = run_print_master(lab, "Fork four helpers.")
+    assert done.returncode == 0, done.stdout + done.stderr
+    final = [r for r in llm.requests if not is_fork(r)][-1]
+    results = tool_results(final)
+    assert all("started in the background" in r for r in results[:3]), results
+    assert "3 fork(s) already running" in results[3] and "maxConcurrentForks=3" in results[3]
+    runs = RunStore(lab.store).list()[0]
+    assert len(runs) == 3  # the fourth was never recorded
+    assert all(r.status is RunStatus.FAILED and r.error == PARENT_ABORTED for r in runs), runs
+
+
+def _master_session(lab: Lab) -> Path:
+    entry = wait_for(
+        "the master's pi",
+        lambda: (e := lab.store.find("master-boss")) and e.child_pid and e.identity.session_file and e,
+        timeout=30,
+    )
+    return Path(entry.identity.session_file)
+
+
+def test_a_background_forks_result_arrives_once_and_the_footer_sums_the_forks_cost(
+    flab: tuple[Lab, FakeLLM],
+) -> None:
+    lab, llm = flab
+    priced(lab)
+
+    def respond(request: dict[str, Any]) -> Reply:
+        if is_fork(request):
+            task = last_user_text(request)
+            return Reply(text="Background answer." if "part 2" in task else "Waited answer.")
+        results = tool_results(request)
+        texts = json.dumps(request.get("messages"))
+        if "Background answer." in texts:
+            return Reply(text="Got the background answer.")
+        if len(results) == 0:
+            return Reply(tool="fork", arguments={"task": "Look, part 1."})
+        if len(results) == 1:
+            return Reply(tool="fork", arguments={"task": "Look, part 2.", "background": True})
+        return Reply(text="Waiting for the background fork.")
+
+    llm.responder = respond
+    master_window(lab, "Fork twice.")
+    session = _master_session(lab)
+    wait_for(
+        "the background result in the master's session",
+        lambda: custom_messages(session, FORK_RESULT_TYPE),
+        timeout=120,
+        detail=lambda: capture(lab),
+    )
+    wait_for(
+        "the master's answer to it",
+        lambda: any(
+            "Background answer." in json.dumps(r.get("messages")) for r in llm.requests if not is_fork(r)
+        ),
+        timeout=60,
+    )
+    # Two forks of one request each: $0.02 apiece.
+    wait_for("the footer", lambda: "forks +$0.04" in capture(lab), timeout=30, detail=lambda: capture(lab))
+    events = EventLog(lab.store, "master-boss")
+    wait_for(
+        "the result acknowledged",
+        lambda: [
+            e for e in events.tail(200) if e.get("event") == "notice_taken" and e.get("kind") == "fork_result"
+        ],
+        timeout=30,
+    )
+    time.sleep(4)  # longer than the bridge's resend delay: a second copy would be there by now
+    (delivered,) = custom_messages(session, FORK_RESULT_TYPE)
+    assert "Background answer." in json.dumps(delivered["content"])
+    assert delivered["details"]["usage"]["cost"] == 0.02
+    runs = RunStore(lab.store).list()[0]
+    assert [r.status for r in runs] == [RunStatus.COMPLETED, RunStatus.COMPLETED]
+
+
+def test_cost_footer_false_shows_no_footer(flab: tuple[Lab, FakeLLM]) -> None:
+    lab, llm = flab
+    priced(lab)
+    (lab.work / ".pi").mkdir()
+    (lab.work / ".pi" / "settings.json").write_text(json.dumps({"pi-fork": {"costFooter": False}}))
+
+    def respond(request: dict[str, Any]) -> Reply:
+        if is_fork(request):
+            return Reply(text="Waited answer.")
+        if tool_results(request):
+            return Reply(text="All done here.")
+        return Reply(tool="fork", arguments={"task": "Look."})
+
+    llm.responder = respond
+    master_window(lab, "Fork once.")
+    wait_for(
+        "the master's last answer",
+        lambda: "All done here." in capture(lab),
+        timeout=120,
+        detail=lambda: capture(lab),
+    )
+    time.sleep(1)
+    assert "forks +$" not in capture(lab)
+    subprocess.run(["tmux", "-L", lab.socket, "kill-server"], check=False)
