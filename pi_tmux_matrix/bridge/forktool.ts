@@ -123,13 +123,14 @@ export function installForkTool(pi: any, delivery: Delivery): void {
   if (env.PI_FORK === "1") return; // forks do not fork (seed 003)
   let ctxRef: any = null;
   let footer = true;
+  let configured = false; // the footer shows only once "pi-fork".costFooter is known
   let forked = false; // this pi started a fork: its shutdown stops the running ones
   let delivered = new Set<string>();
   const waiters = new Set<ChildProcess>();
 
   function updateFooter(ctx: any): void {
     try {
-      if (!ctx?.hasUI || !ctx.ui?.setStatus) return;
+      if (!ctx?.hasUI || !ctx.ui?.setStatus || !configured) return;
       if (!footer) {
         ctx.ui.setStatus(STATUS_KEY, undefined);
         return;
@@ -141,14 +142,15 @@ export function installForkTool(pi: any, delivery: Delivery): void {
     }
   }
 
+  /** "pi-fork".costFooter, from the one settings reader (`pi-matrix runs --fork-settings`). */
   async function loadConfig(ctx: any): Promise<void> {
     const shown = await runCliAsync(["runs", "--fork-settings", "--json"], ctx?.cwd);
-    if (shown.code !== 0) return;
     try {
-      footer = JSON.parse(shown.out).costFooter !== false;
+      if (shown.code === 0) footer = JSON.parse(shown.out).costFooter !== false;
     } catch {
-      return;
+      // unreadable: the default (on)
     }
+    configured = true;
     updateFooter(ctxRef);
   }
 

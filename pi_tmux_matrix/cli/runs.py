@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, ContractError
 from ..identity import ProcessIdentity
 from ..matrix.store import MatrixStore
-from ..settings import load_settings
+from ..settings import FORK_FIELDS, load_settings
 from .base import age, require_matrix, store_of
 
 if TYPE_CHECKING:
@@ -61,6 +61,11 @@ def register(sub: Any, epilog: str) -> None:
     runs.add_argument("--notify", action="store_true", help="--wait: send the result to the parent agent")
     runs.add_argument("--abort", action="store_true", help="stop RUN (or --parent-session's forks)")
     runs.add_argument("--parent-session", metavar="FILE", help="only forks of this session file")
+    runs.add_argument(
+        "--fork-settings",
+        action="store_true",
+        help="the pi-fork settings in force in this folder (footer, defaults, extensions, variable names)",
+    )
     runs.add_argument("--json", action="store_true")
     # A waited fork's finisher watches its waiter (PID:START_TICKS): internal, not for people.
     runs.add_argument("--watch", metavar="PID:TICKS", help=argparse.SUPPRESS)
@@ -201,9 +206,33 @@ def cmd_fork(args: argparse.Namespace, io: Io) -> int:
         return _report(io, wait_run(store, run.id, timeout_s=timeout, stop=stop), args.json)
 
 
+def _fork_settings(io: Io, as_json: bool) -> int:
+    """``runs --fork-settings``: the ``pi-fork`` settings in force here (the bridge reads its
+    ``costFooter`` from this), the environment's names only (its values may be secrets)."""
+    fork = load_settings().fork
+    sources = {key: fork.sources.get(field, "default") for key, field in FORK_FIELDS.items()}
+    shown: dict[str, Any] = {
+        "costFooter": fork.cost_footer,
+        "defaultModel": fork.default_model,
+        "defaultThinking": fork.default_thinking,
+        "extensions": list(fork.extensions),
+        "environment": sorted(fork.environment),
+        "sources": sources,
+    }
+    if as_json:
+        io.out.write(json.dumps(shown, indent=2) + "\n")
+        return EXIT_OK
+    for key, value in shown.items():
+        if key != "sources":
+            io.out.write(f"pi-fork.{key} = {json.dumps(value)}  ({sources[key]})\n")
+    return EXIT_OK
+
+
 def cmd_runs(args: argparse.Namespace, io: Io) -> int:
     from ..fork import RunStore, abort_run, refresh
 
+    if args.fork_settings:
+        return _fork_settings(io, args.json)
     require_matrix("runs")
     store = store_of(args)
     runs = RunStore(store)

@@ -25,7 +25,7 @@ from ..matrix.store import MatrixStore, now_ms
 from ..settings import MatrixSettings
 from .model import ForkCapReached, ForkRequest, ForkRun, RunStatus, new_run_id
 from .panes import fork_server, open_pane, stop_pane, stop_run_process
-from .script import child_flags, fork_script, parent_argv_from_host
+from .script import child_flags, config_flags, fork_script, parent_argv_from_host
 from .store import RunStore
 from .wait import reap
 
@@ -171,7 +171,7 @@ def _start_in_pane(
     try:
         folder = runs.folder(run.id)
         body = fork_script(
-            run.id, run.argv, folder, parent_env=env, overrides=settings.fork_environment, task=request.task
+            run.id, run.argv, folder, parent_env=env, overrides=settings.fork.environment, task=request.task
         )
         path = runs.write_file(run.id, "fork.sh", body.encode())
         pane = open_pane(server, request, run, path)
@@ -219,7 +219,7 @@ def start_fork(
         parent_argv: list[str] = list(request.parent_argv)
     else:
         parent_argv = parent_argv_from_host(source) or []
-    flags = child_flags(parent_argv, request.flags, bridge)
+    flags = child_flags(parent_argv, request.flags, bridge, config=config_flags(settings.fork))
     runs = RunStore(store)
     run = _record_run(
         runs,
