@@ -5,8 +5,10 @@ whose first line is its header (``{"type": "session", "version": 3, "id": …, "
 "cwd": …}``); pi appends one entry per line after it and keeps the header's id as the session id.
 Everything the product knows about a session file comes through here: where a new one goes, its
 header (created with our id, so pi's session id and the matrix key agree from the first turn), its
-header read back strictly (bounded, no symlink games with FIFOs: opened non-blocking), and a
-snapshot of its whole lines (pi may be writing one right now).
+header read back strictly (bounded, no symlink games with FIFOs: opened non-blocking), a
+snapshot of its whole lines (pi may be writing one right now), and the outcome of the run pi
+appended to a file after a given offset (a fork's final output, usage and model, when its
+``result.json`` is missing).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
@@ -31,12 +33,15 @@ __all__ = [
     "header_cwd",
     "new_session_file",
     "read_header",
+    "run_outcome",
     "session_file_of",
     "whole_lines",
     "write_header",
 ]
 
 MAX_HEADER_BYTES: Final = 1024 * 1024
+MAX_RUN_BYTES: Final = 32 * 1024 * 1024  # of a run's entries read back (a longer run: its last part)
+_USAGE_KEYS: Final = ("input", "output", "cacheRead", "cacheWrite", "totalTokens")
 HEADER_VERSION: Final = 3
 _FIX: Final = "pass an existing pi session file (.jsonl) whose first line is its session header"
 
@@ -174,3 +179,93 @@ def whole_lines(session_file: str) -> bytes:
         data = handle.read()
     cut = data.rfind(b"\n")
     return data[: cut + 1] if cut >= 0 else b""
+
+
+def _assistant_messages(data: bytes) -> list[dict[str, Any]]:
+    """The assistant messages of the session entries in ``data`` (whole lines; bad ones skipped)."""
+    found: list[dict[str, Any]] = []
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            entry = strictjson.loads(line, max_bytes=MAX_RUN_BYTES)
+        except strictjson.StrictJSONError:
+            continue
+        message = entry.get("message") if isinstance(entry, dict) and entry.get("type") == "message" else None
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            found.append(message)
+    return found
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text"
+        )
+    return ""
+
+
+def _summed_usage(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """pi's usage summed over the messages (every tool-call round was paid for), or None."""
+    total: dict[str, Any] = dict.fromkeys(_USAGE_KEYS, 0)
+    cost = 0.0
+    seen = False
+    for message in messages:
+        usage = message.get("usage")
+        if not isinstance(usage, dict):
+            continue
+        seen = True
+        for key in _USAGE_KEYS:
+            value = usage.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                total[key] += value
+        spent = usage.get("cost")
+        spent = spent.get("total") if isinstance(spent, dict) else spent
+        if isinstance(spent, (int, float)) and not isinstance(spent, bool):
+            cost += spent
+    return {**total, "cost": {"total": cost}} if seen else None
+
+
+def run_outcome(session_file: str | os.PathLike[str], offset: int) -> dict[str, Any] | None:
+    """What the run pi appended to ``session_file`` after byte ``offset`` came to, in the shape
+    of the bridge's fork ``result.json`` (``text``, ``stopReason``, ``errorMessage``, ``usage``
+    summed over the run, ``model``, ``provider``); None when the run has no assistant message
+    (or the file cannot be read). Reads at most :data:`MAX_RUN_BYTES`, the last ones."""
+    try:
+        fd = os.open(session_file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        start = max(offset, size - MAX_RUN_BYTES)
+        data = os.pread(fd, size - start, start) if size > start else b""
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if start > offset:
+        data = data.split(b"\n", 1)[1] if b"\n" in data else b""  # cut into a line: skip its rest
+    data = data[: data.rfind(b"\n") + 1]  # whole lines only
+    messages = _assistant_messages(data)
+    if not messages:
+        return None
+    last = messages[-1]
+
+    def field(name: str) -> str | None:
+        value = last.get(name)
+        return value if isinstance(value, str) else None
+
+    return {
+        "text": _text(last),
+        "stopReason": field("stopReason"),
+        "errorMessage": field("errorMessage"),
+        "usage": _summed_usage(messages),
+        "model": field("model"),
+        "provider": field("provider"),
+        "source": "session.jsonl",
+    }

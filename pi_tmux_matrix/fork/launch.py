@@ -94,12 +94,14 @@ def _record_run(
                 "wait for one to finish ('pi-matrix runs'), abort one, or raise the setting"
             )
         snapshot = runs.folder(run_id) / "session.jsonl"
-        runs.write_file(run_id, "session.jsonl", pisession.whole_lines(session_file))
+        copied = pisession.whole_lines(session_file)
+        runs.write_file(run_id, "session.jsonl", copied)
         run = ForkRun(
             id=run_id,
             cwd=cwd,
             task=bounded(request.task, 2000),
             mode=request.mode,
+            snapshot_bytes=len(copied),
             parent_session_file=session_file,
             parent_key=parent_key,
             created_at_ms=now,

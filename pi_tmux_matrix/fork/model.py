@@ -108,6 +108,11 @@ class ForkRun:
     stop_reason: str | None = None
     model: str | None = None
     usage: ForkUsage | None = None
+    # The snapshot's size: the child's own entries are the ones after it (the session fallback).
+    snapshot_bytes: int | None = None
+    # Where the run's end came from: "result.json" (the bridge's artifact) or "session.jsonl"
+    # (no artifact: read back from the child's session file).
+    result_from: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         value: dict[str, Any] = converter.unstructure(self)
@@ -160,7 +165,8 @@ def usage_total(runs: Iterable[ForkRun]) -> ForkUsage:
 
 
 def finished(run: ForkRun, result: Mapping[str, Any] | None, exit_code: int | None, now: int) -> ForkRun:
-    """The run ended: completed from the bridge's result, else a synthetic failure."""
+    """The run ended: completed from the bridge's result (or the same read back from the child's
+    session file: its ``source``), else a synthetic failure."""
     if result is None:
         why = (
             f"fork exited with code {exit_code} without a result artifact"
@@ -185,8 +191,10 @@ def finished(run: ForkRun, result: Mapping[str, Any] | None, exit_code: int | No
         failed = True
         error = "the fork ended without a final answer (no assistant text in its result)"
     model = result.get("model")
+    source = result.get("source")
     return attrs.evolve(
         run,
+        result_from=source if isinstance(source, str) else "result.json",
         status=RunStatus.FAILED if failed else RunStatus.COMPLETED,
         exit_code=exit_code,
         error=error,

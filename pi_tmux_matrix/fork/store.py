@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Final
 
-from .. import strictjson
+from .. import pisession, strictjson
 from ..errors import DispatchError, PiMatrixError
 from ..errors import RunNotFound as NotFound
 from ..identity import validate_id
@@ -98,6 +98,14 @@ class RunStore:
         except strictjson.StrictJSONError:
             return None
         return value if isinstance(value, dict) else None
+
+    def session_result(self, run: ForkRun) -> dict[str, Any] | None:
+        """The run's outcome read back from the child's ``session.jsonl`` (its entries after the
+        snapshot), in ``result.json``'s shape; None when it has none (or the record predates
+        ``snapshot_bytes``). Seed 003's fallback for a child that ended without its artifact."""
+        if run.snapshot_bytes is None:
+            return None
+        return pisession.run_outcome(self.path(run.id, "session.jsonl"), run.snapshot_bytes)
 
     def exit_code(self, run_id: str) -> int | None:
         """The child's exit code: the script's exit file (a few bytes), else the marker in the
