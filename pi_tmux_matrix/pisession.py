@@ -8,7 +8,8 @@ header (created with our id, so pi's session id and the matrix key agree from th
 header read back strictly (bounded, no symlink games with FIFOs: opened non-blocking), a
 snapshot of its whole lines (pi may be writing one right now), and the outcome of the run pi
 appended to a file after a given offset (a fork's final output, usage and model, when its
-``result.json`` is missing).
+``result.json`` is missing), and its entries as a tree: each line with its parsed entry, the
+branch pi continues (root to the last entry), and pi's token estimate of a message.
 """
 
 from __future__ import annotations
@@ -30,11 +31,16 @@ from .settings import agent_dir
 __all__ = [
     "MAX_HEADER_BYTES",
     "SessionHeader",
+    "SessionLine",
+    "branch_of",
+    "encode_entry",
+    "estimate_tokens",
     "header_cwd",
     "new_session_file",
     "read_header",
     "run_outcome",
     "session_file_of",
+    "session_lines",
     "whole_lines",
     "write_header",
 ]
@@ -269,3 +275,76 @@ def run_outcome(session_file: str | os.PathLike[str], offset: int) -> dict[str, 
         "provider": field("provider"),
         "source": "session.jsonl",
     }
+
+
+@attrs.frozen
+class SessionLine:
+    """One line of a session file as written (``raw``, newline included) and its entry (None for
+    a line that is not a JSON object: kept as it is)."""
+
+    raw: bytes
+    entry: dict[str, Any] | None
+
+
+def session_lines(data: bytes) -> list[SessionLine]:
+    """The whole lines of ``data`` (a session file's bytes), each with its parsed entry."""
+    found: list[SessionLine] = []
+    for line in data.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break  # pi is still writing it
+        try:
+            entry = strictjson.loads(line, max_bytes=MAX_RUN_BYTES)
+        except strictjson.StrictJSONError:
+            entry = None
+        found.append(SessionLine(line, entry if isinstance(entry, dict) else None))
+    return found
+
+
+def branch_of(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The branch pi continues when it opens the file: from the root to the last entry (pi's
+    leaf), following ``parentId``; the header and entries without an id are not on it."""
+    by_id = {e["id"]: e for e in entries if isinstance(e.get("id"), str) and e.get("type") != "session"}
+    leaf = next((e for e in reversed(entries) if e.get("id") in by_id), None)
+    path: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    while leaf is not None and leaf["id"] not in seen:
+        seen.add(leaf["id"])
+        path.append(leaf)
+        parent = leaf.get("parentId")
+        leaf = by_id.get(parent) if isinstance(parent, str) else None
+    return path[::-1]
+
+
+def estimate_tokens(message: Any) -> int:
+    """pi's estimate of a message's tokens (characters / 4, rounded up), as its compaction cuts."""
+    if not isinstance(message, dict):
+        return 0
+    role = message.get("role")
+    content = message.get("content")
+    chars = 0
+    if role in ("branchSummary", "compactionSummary"):
+        chars = len(str(message.get("summary", "")))
+    elif role == "bashExecution":
+        chars = len(str(message.get("command", ""))) + len(str(message.get("output", "")))
+    elif isinstance(content, str):
+        chars = len(content)
+    elif isinstance(content, list):
+        for block in content:
+            if not isinstance(block, dict):
+                continue
+            kind = block.get("type")
+            if kind == "text":
+                chars += len(str(block.get("text", "")))
+            elif kind == "thinking" and role == "assistant":
+                chars += len(str(block.get("thinking", "")))
+            elif kind == "toolCall" and role == "assistant":
+                arguments = json.dumps(block.get("arguments"), separators=(",", ":"))
+                chars += len(str(block.get("name", ""))) + len(arguments)
+            elif kind == "image" and role != "assistant":
+                chars += 4800
+    return -(-chars // 4)
+
+
+def encode_entry(entry: dict[str, Any]) -> bytes:
+    """An entry as pi writes it: one line of compact JSON."""
+    return (json.dumps(entry, ensure_ascii=False, separators=(",", ":")) + "\n").encode()

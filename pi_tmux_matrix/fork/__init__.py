@@ -26,8 +26,9 @@ counted under a lock after reaping runs whose process is dead or that had no upd
 minutes. A parent's shutdown stops its running forks and marks them failed.
 
 The rooms: :mod:`.model` (the records), :mod:`.script` (the child's command line and
-``fork.sh``), :mod:`.store` (records and run folders), :mod:`.panes` (tmux), :mod:`.launch`
-(:func:`start_fork`) and :mod:`.wait` (a run's end, aborts, the waiter).
+``fork.sh``), :mod:`.compaction` (the snapshot compacted from observational memory; internal),
+:mod:`.store` (records and run folders), :mod:`.panes` (tmux), :mod:`.launch` (:func:`start_fork`)
+and :mod:`.wait` (a run's end, aborts, the waiter).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from ..identity import ProcessIdentity
 from ..matrix.model import bounded
 from ..matrix.store import MatrixStore, now_ms
 from ..settings import MatrixSettings
+from .compaction import compact_snapshot
 from .model import ForkCapReached, ForkRequest, ForkRun, RunStatus, new_run_id
 from .panes import fork_server, open_pane, stop_pane, stop_run_process
 from .script import child_flags, config_flags, fork_script, parent_argv_from_host
@@ -94,7 +95,8 @@ def _record_run(
                 "wait for one to finish ('pi-matrix runs'), abort one, or raise the setting"
             )
         snapshot = runs.folder(run_id) / "session.jsonl"
-        copied = pisession.whole_lines(session_file)
+        # Compacted from its observational memory if it has one (the copy only, never the file).
+        copied = compact_snapshot(pisession.whole_lines(session_file))
         runs.write_file(run_id, "session.jsonl", copied)
         run = ForkRun(
             id=run_id,

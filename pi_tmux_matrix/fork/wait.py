@@ -225,5 +225,3 @@ def wait_run(
     if close_pane and saw_running:
         stop_run_process(run)
     return run
-
-
