@@ -217,3 +217,26 @@ def test_cost_footer_false_shows_no_footer(flab: tuple[Lab, FakeLLM]) -> None:
     # The tool's own rows (renderCall, renderResult collapsed): the task, then one line of result.
     assert "fork Look." in shown
     assert re.search(r"✓ run-[0-9-]+-[0-9a-f]{6} completed · 15 tok · \$0\.0200 · fake-model", shown), shown
+
+
+def test_a_worker_never_has_the_fork_tool_even_without_a_tool_list(flab: tuple[Lab, FakeLLM]) -> None:
+    """Agent-launching tools are never a worker's (the envelope's ceiling): a full-scope worker
+    whose profile sets no --tools gets the bridge's fork tool registered but never active, and a
+    call of it anyway is blocked; nothing is forked."""
+    lab, llm = flab
+    folder = lab.agent_dir / "launch_profiles"
+    folder.mkdir(exist_ok=True)
+    (folder / "pi-open.toml").write_text(
+        '[profile]\nname = "pi-open"\nprovider = "pi"\ncommand = ["pi"]\nmode = "print"\ndeadline = 120\n'
+        "write_paths = []\n"
+    )
+    llm.script(Reply(tool="fork", arguments={"task": "Fork anyway."}), Reply(text="I could not fork."))
+    lab.start_master()
+    fired = lab.fire("Try to fork.", profile="pi-open")
+    (agent,) = fired.job.agents
+    wait_for("the result", lambda: lab.result(fired.job.id, agent.agent_id), timeout=60)
+    first, second = llm.requests
+    assert "fork" not in tool_names(first) and "read" in tool_names(first)
+    (blocked,) = tool_results(second)
+    assert blocked == "Tool fork not found"  # not active in a worker: pi has no such tool there
+    assert not (lab.state / "runs").exists() or not list((lab.state / "runs").glob("*.json"))
