@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,10 @@ from fake_llm import FakeLLM, Reply
 from test_dispatch import Lab, wait_for
 from test_master_tool import capture, master_window, mlab, run_print_master  # noqa: F401 - mlab is a fixture
 
-from pi_tmux_matrix.fork import PARENT_ABORTED, RunStatus, RunStore
+from pi_tmux_matrix import procs
+from pi_tmux_matrix.fork import INTERRUPTED, PARENT_ABORTED, RunStatus, RunStore
 from pi_tmux_matrix.matrix.mailbox import EventLog
+from pi_tmux_matrix.supervise.rpc import command_for
 
 FORK_RESULT_TYPE = "pi-matrix-fork-result"
 
@@ -240,3 +243,37 @@ def test_a_worker_never_has_the_fork_tool_even_without_a_tool_list(flab: tuple[L
     (blocked,) = tool_results(second)
     assert blocked == "Tool fork not found"  # not active in a worker: pi has no such tool there
     assert not (lab.state / "runs").exists() or not list((lab.state / "runs").glob("*.json"))
+
+
+def test_escape_during_a_waited_fork_stops_it(flab: tuple[Lab, FakeLLM]) -> None:
+    """The tool call aborted (Escape in pi) stops the waited fork: the CLI it runs gets SIGINT."""
+    lab, llm = flab
+
+    def respond(request: dict[str, Any]) -> Reply:
+        if is_fork(request):
+            return Reply(text="too late", delay_s=60)
+        return Reply(tool="fork", arguments={"task": "Take your time."})
+
+    llm.responder = respond
+    master_window(lab, "Fork a slow one.")
+    wait_for("the fork's request", lambda: any(is_fork(r) for r in list(llm.requests)), timeout=60)
+    (run,) = RunStore(lab.store).list()[0]
+    assert run.status is RunStatus.RUNNING
+    subprocess.run(["tmux", "-L", lab.socket, "send-keys", "-t", "=m:", "Escape"], check=True)
+    ended = wait_for(
+        "the fork stopped",
+        lambda: (r := RunStore(lab.store).get(run.id)).status is not RunStatus.RUNNING and r,
+        timeout=30,
+    )
+    assert ended.status is RunStatus.FAILED and ended.error == INTERRUPTED
+    assert ended.process is not None and procs.wait_for_exit(ended.process, 10)
+
+
+def test_an_rpc_agent_gets_a_background_result_as_a_follow_up_prompt() -> None:
+    text = "[pi-matrix fork run-1] completed\nok"
+    payload = json.dumps({"runId": "run-1", "status": "completed", "text": text})
+    assert command_for("fork_result", payload) == {
+        "type": "prompt",
+        "message": text,
+        "streamingBehavior": "followUp",
+    }
