@@ -48,6 +48,9 @@ __all__ = [
 MAX_HEADER_BYTES: Final = 1024 * 1024
 MAX_RUN_BYTES: Final = 32 * 1024 * 1024  # of a run's entries read back (a longer run: its last part)
 _USAGE_KEYS: Final = ("input", "output", "cacheRead", "cacheWrite", "totalTokens")
+MAX_ACTIVITY: Final = 20  # lines of a run's activity: its last tool calls (as bridge/fork.ts)
+ACTIVITY_CHARS: Final = 120
+_ACTIVITY_KEYS: Final = ("command", "path", "pattern", "query", "task")
 HEADER_VERSION: Final = 3
 _FIX: Final = "pass an existing pi session file (.jsonl) whose first line is its session header"
 
@@ -237,10 +240,27 @@ def _summed_usage(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {**total, "cost": {"total": cost}} if seen else None
 
 
+def _activity(messages: list[dict[str, Any]]) -> list[str]:
+    """One line per tool call ("bash: npm test"), the last :data:`MAX_ACTIVITY`: the same lines
+    the bridge writes into a fork's ``result.json``."""
+    lines: list[str] = []
+    for message in messages:
+        content = message.get("content")
+        for block in content if isinstance(content, list) else []:
+            if not (isinstance(block, dict) and block.get("type") == "toolCall"):
+                continue
+            raw = block.get("arguments")
+            args: dict[str, Any] = raw if isinstance(raw, dict) else {}
+            key = next((k for k in _ACTIVITY_KEYS if isinstance(args.get(k), str)), None)
+            what = str(args[key]) if key else json.dumps(args, separators=(",", ":"))
+            lines.append(f"{block.get('name') or '?'}: {' '.join(what.split())}"[:ACTIVITY_CHARS])
+    return lines[-MAX_ACTIVITY:]
+
+
 def run_outcome(session_file: str | os.PathLike[str], offset: int) -> dict[str, Any] | None:
     """What the run pi appended to ``session_file`` after byte ``offset`` came to, in the shape
     of the bridge's fork ``result.json`` (``text``, ``stopReason``, ``errorMessage``, ``usage``
-    summed over the run, ``model``, ``provider``); None when the run has no assistant message
+    summed over the run, ``model``, ``provider``, ``activity``); None when the run has no assistant message
     (or the file cannot be read). Reads at most :data:`MAX_RUN_BYTES`, the last ones."""
     try:
         fd = os.open(session_file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -273,6 +293,7 @@ def run_outcome(session_file: str | os.PathLike[str], offset: int) -> dict[str, 
         "usage": _summed_usage(messages),
         "model": field("model"),
         "provider": field("provider"),
+        "activity": _activity(messages),
         "source": "session.jsonl",
     }
 

@@ -50,6 +50,8 @@ def test_the_outcome_is_the_runs_own_entries_after_the_snapshot(tmp_path: Path) 
     session = tmp_path / "session.jsonl"
     parent = lines(HEADER, user("earlier"), assistant("the parent's answer", cost=9.0, model="parent-model"))
     tool_round = assistant("", cost=0.25, stop="toolUse")
+    call = {"type": "toolCall", "id": "c1", "name": "bash", "arguments": {"command": "npm   test\n"}}
+    tool_round["message"]["content"].append(call)
     session.write_bytes(
         parent + lines(user("the task"), tool_round, assistant("The fork's answer.", cost=0.5))
     )
@@ -61,6 +63,7 @@ def test_the_outcome_is_the_runs_own_entries_after_the_snapshot(tmp_path: Path) 
     assert outcome["usage"]["cost"] == {"total": 0.75}
     assert outcome["usage"]["input"] == 20 and outcome["usage"]["totalTokens"] == 32
     assert outcome["source"] == "session.jsonl"
+    assert outcome["activity"] == ["bash: npm test"]  # the same lines the bridge writes
 
 
 def test_no_assistant_message_a_torn_last_line_and_bad_lines(tmp_path: Path) -> None:

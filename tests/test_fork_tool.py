@@ -201,7 +201,9 @@ def test_cost_footer_false_shows_no_footer(flab: tuple[Lab, FakeLLM]) -> None:
 
     def respond(request: dict[str, Any]) -> Reply:
         if is_fork(request):
-            return Reply(text="Waited answer.")
+            if request["messages"][-1].get("role") == "tool":  # its bash call came back
+                return Reply(text="Waited answer.")
+            return Reply(tool="bash", arguments={"command": "echo looked"})
         if tool_results(request):
             return Reply(text="All done here.")
         return Reply(tool="fork", arguments={"task": "Look."})
@@ -219,7 +221,14 @@ def test_cost_footer_false_shows_no_footer(flab: tuple[Lab, FakeLLM]) -> None:
     assert "forks +$" not in shown
     # The tool's own rows (renderCall, renderResult collapsed): the task, then one line of result.
     assert "fork Look." in shown
-    assert re.search(r"✓ run-[0-9-]+-[0-9a-f]{6} completed · 15 tok · \$0\.0200 · fake-model", shown), shown
+    assert re.search(r"✓ run-[0-9-]+-[0-9a-f]{6} completed · 30 tok · \$0\.0400 · fake-model", shown), shown
+    assert "→ bash" not in shown  # collapsed: one line
+    # Expanded (Ctrl-O): the fork's activity, then its answer.
+    subprocess.run(["tmux", "-L", lab.socket, "send-keys", "-t", "=m:", "C-o"], check=True)
+    expanded = wait_for(
+        "the expanded row", lambda: "→ bash: echo looked" in (t := capture(lab)) and t, timeout=10
+    )
+    assert expanded.index("→ bash: echo looked") < expanded.index("Waited answer.")
 
 
 def test_a_worker_never_has_the_fork_tool_even_without_a_tool_list(flab: tuple[Lab, FakeLLM]) -> None:

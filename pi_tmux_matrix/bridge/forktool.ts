@@ -35,6 +35,7 @@ type Details = {
   error?: string | null;
   usage?: Usage | null;
   paneId?: string | null;
+  activity?: string[];
 };
 
 function costOf(details: any): number {
@@ -102,7 +103,17 @@ function detailsOf(run: any, mode: "wait" | "background"): Details {
   const usage = run.usage
     ? { input: run.usage.input, output: run.usage.output, totalTokens: run.usage.totalTokens, cost: run.usage.cost }
     : null;
-  return { runId: String(run.id), mode, status: String(run.status), model: run.model ?? null, error: run.error ?? null, usage, paneId: run.paneId ?? null };
+  const activity = Array.isArray(run.activity) ? run.activity.map(String) : [];
+  return {
+    runId: String(run.id),
+    mode,
+    status: String(run.status),
+    model: run.model ?? null,
+    error: run.error ?? null,
+    usage,
+    paneId: run.paneId ?? null,
+    activity,
+  };
 }
 
 /** The fork_result ids already in a session's conversation (a previous pi of it took them). */
@@ -216,7 +227,9 @@ export function installForkTool(pi: any, delivery: Delivery): void {
       const usage = usageLine(details);
       const head = `${mark} ${details.runId} ${details.status}${usage ? theme.fg("dim", ` · ${usage}`) : ""}`;
       if (!options?.expanded) return new Text(head, 0, 0);
-      return new Text(`${head}\n${body}`, 0, 0);
+      // Expanded: the fork's activity (its tool calls), then its answer.
+      const activity = (details.activity || []).map((line) => theme.fg("dim", `  → ${line}`));
+      return new Text([head, ...activity, body].join("\n"), 0, 0);
     },
   });
 

@@ -113,6 +113,8 @@ class ForkRun:
     # Where the run's end came from: "result.json" (the bridge's artifact) or "session.jsonl"
     # (no artifact: read back from the child's session file).
     result_from: str | None = None
+    # The run's last tool calls, one line each ("bash: npm test"): the fork tool's expanded view.
+    activity: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         value: dict[str, Any] = converter.unstructure(self)
@@ -192,9 +194,14 @@ def finished(run: ForkRun, result: Mapping[str, Any] | None, exit_code: int | No
         error = "the fork ended without a final answer (no assistant text in its result)"
     model = result.get("model")
     source = result.get("source")
+    listed = result.get("activity")
+    activity = (
+        tuple(bounded(a, 200) for a in listed if isinstance(a, str))[-20:] if isinstance(listed, list) else ()
+    )
     return attrs.evolve(
         run,
         result_from=source if isinstance(source, str) else "result.json",
+        activity=activity,
         status=RunStatus.FAILED if failed else RunStatus.COMPLETED,
         exit_code=exit_code,
         error=error,
