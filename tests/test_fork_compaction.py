@@ -8,6 +8,8 @@ import json
 from typing import Any
 
 from fake_llm import FakeLLM, Reply
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from test_fork import Caller
 from test_fork_real_pi import picaller  # noqa: F401 - a fixture
 
@@ -194,3 +196,54 @@ def test_a_real_pi_fork_reads_the_virtual_compaction_instead_of_the_discarded_tu
     assert caller.session.read_bytes() == before  # the parent's own file is never touched
     (run,) = RunStore(caller.store).list()[0]
     assert run.status.value == "completed"
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
+
+# A memory entry's data: covering a real entry of long_session() (so it is read), any contents.
+DATA = JSON | st.fixed_dictionaries(
+    {"coversUpToId": st.sampled_from([f"e{i:07d}" for i in range(1, 9)]), "observations": JSON,
+     "reflections": JSON, "observationIds": JSON}
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    junk=st.lists(
+        st.fixed_dictionaries(
+            {"type": st.sampled_from(["custom", "compaction", "message", "x"]),
+             "customType": st.sampled_from(["om.observations.recorded", "om.reflections.recorded",
+                                            "om.observations.dropped", "other"]),
+             "data": DATA, "details": JSON, "message": JSON}
+        ),
+        max_size=6,
+    )
+)  # fmt: skip
+@example(
+    junk=[
+        {"type": "custom", "customType": t, "data": {"coversUpToId": "e0000002", n: 5}}
+        for t, n in [
+            ("om.observations.recorded", "observations"),
+            ("om.reflections.recorded", "reflections"),
+            ("om.observations.dropped", "observationIds"),
+        ]
+    ]
+)
+def test_malformed_memory_entries_never_break_a_snapshot(junk: list[dict[str, Any]]) -> None:
+    """Whatever a session holds, the snapshot is its data unchanged, with one line rewritten, or
+    with one compaction appended: a launch never fails on it."""
+    session, ids = long_session()
+    session.observed(ids[1], "a real one")
+    for entry in junk:
+        session.add(dict(entry))
+    before = session.data()
+    after = compact_snapshot(before, keep_tokens=2000)
+    old, new = before.splitlines(), after.splitlines()
+    if len(new) == len(old):
+        assert sum(a != b for a, b in zip(old, new, strict=True)) <= 1
+    else:
+        assert len(new) == len(old) + 1 and new[:-1] == old and json.loads(new[-1])["type"] == "compaction"

@@ -85,6 +85,12 @@ def _data(entry: dict[str, Any], custom_type: str) -> dict[str, Any] | None:
     return data
 
 
+def _items(data: dict[str, Any], name: str) -> list[Any]:
+    """``data[name]`` when it is a list, else nothing: a malformed entry never breaks a launch."""
+    value = data.get(name)
+    return value if isinstance(value, list) else []
+
+
 def _folded(details: Any) -> bool:
     return isinstance(details, dict) and details.get("type") == OM_FOLDED and details.get("version") == 1
 
@@ -107,15 +113,15 @@ def _memory(branch: list[dict[str, Any]], boundary: int) -> Memory:
 
     for entry in branch:
         if (data := _data(entry, OM_OBSERVATIONS_RECORDED)) is not None and covered(data):
-            for item in data.get("observations") or []:
+            for item in _items(data, "observations"):
                 if _observation(item):
                     observations.setdefault(item["id"], item)
         elif (data := _data(entry, OM_REFLECTIONS_RECORDED)) is not None and covered(data):
-            for item in data.get("reflections") or []:
+            for item in _items(data, "reflections"):
                 if _reflection(item):
                     reflections.setdefault(item["id"], item)
         elif (data := _data(entry, OM_OBSERVATIONS_DROPPED)) is not None and covered(data):
-            dropped.update(i for i in data.get("observationIds") or [] if isinstance(i, str))
+            dropped.update(i for i in _items(data, "observationIds") if isinstance(i, str))
     kept = [o for o in observations.values() if o["id"] not in dropped]
     return kept, list(reflections.values())
 
