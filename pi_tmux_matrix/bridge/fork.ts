@@ -44,7 +44,7 @@ function runActivity(event: any): string[] {
       const args = block.arguments && typeof block.arguments === "object" ? block.arguments : {};
       const key = ["command", "path", "pattern", "query", "task"].find((k) => typeof args[k] === "string");
       const what = key ? String(args[key]) : JSON.stringify(args);
-      lines.push(`${String(block.name || "?")}: ${what.replace(/\s+/g, " ")}`.slice(0, ACTIVITY_CHARS));
+      lines.push(`${String(block.name || "?")}: ${what.replace(/\s+/g, " ").trim()}`.slice(0, ACTIVITY_CHARS));
     }
   }
   return lines.slice(-MAX_ACTIVITY);
