@@ -100,6 +100,7 @@ def test_a_child_without_its_artifact_is_completed_from_its_session_file(caller:
     assert done.returncode == 0, done.stdout + done.stderr
     assert run["status"] == "completed" and run["resultFrom"] == "session.jsonl"
     assert run["text"] == "Read back from the session." and run["model"] == "m-1"
+    assert run["answer"] == "Read back from the session."  # the whole text, from the same place
     assert run["usage"]["cost"] == 0.125 and run["exitCode"] == 0
     assert not (caller.state / "runs" / run["id"] / "result.json").exists()
 

@@ -24,7 +24,7 @@ import type { Delivery, Mode } from "./delivery.ts";
 export const FORK_TOOL = "fork";
 export const FORK_RESULT_TYPE = "pi-matrix-fork-result"; // the custom message of a background result
 export const STATUS_KEY = "fork-cost";
-const MAX_TEXT = 16000; // characters of a fork's answer returned to the model
+const MAX_TEXT = 32000; // characters of a fork's answer returned to the model
 
 type Usage = { input?: number; output?: number; totalTokens?: number; cost?: number };
 type Details = {
@@ -190,7 +190,9 @@ export function installForkTool(pi: any, delivery: Delivery): void {
           : `Fork ${run.id} ${run.status}${run.error ? `: ${run.error}` : ""}.`;
       return { content: [{ type: "text", text: body }], details };
     }
-    const answer = String(run.text || "").slice(0, MAX_TEXT);
+    // The whole answer (the run record keeps only an excerpt in `text`).
+    const whole = String(typeof run.answer === "string" ? run.answer : run.text || "");
+    const answer = whole.length <= MAX_TEXT ? whole : `${whole.slice(0, MAX_TEXT)}\n…[truncated: ${whole.length} characters]`;
     const body = run.status === "completed" ? answer : `Fork ${run.id} ${run.status}: ${run.error || "no answer"}${answer ? `\n${answer}` : ""}`;
     return { content: [{ type: "text", text: body }], details };
   }

@@ -100,11 +100,16 @@ def _print_run(io: Io, run: ForkRun) -> None:
         io.out.write(f"    error: {run.error}\n")
 
 
-def _report(io: Io, run: ForkRun, as_json: bool) -> int:
+def _report(io: Io, run: ForkRun, as_json: bool, answer: str | None = None) -> int:
+    """The run as it ended; ``answer``, the whole final text (the record keeps an excerpt), goes
+    into the JSON as ``answer``: what the fork tool returns to the model."""
     from ..fork import RunStatus
 
     if as_json:
-        io.out.write(json.dumps(run.to_json(), indent=2) + "\n")
+        shown = run.to_json()
+        if answer is not None:
+            shown["answer"] = answer
+        io.out.write(json.dumps(shown, indent=2) + "\n")
     elif run.status is RunStatus.RUNNING:
         io.out.write(f"fork {run.id} running in {run.socket_path or run.socket}:{run.pane_id}\n")
         io.out.write(f"  pi-matrix runs {run.id} --wait   # its result, when it ends\n")
@@ -203,7 +208,8 @@ def cmd_fork(args: argparse.Namespace, io: Io) -> int:
             if why is not None:  # told to stop while it was being launched
                 run = abort_run(RunStore(store), run.id, why)
             return _report(io, run, args.json)
-        return _report(io, wait_run(store, run.id, timeout_s=timeout, stop=stop), args.json)
+        ended = wait_run(store, run.id, timeout_s=timeout, stop=stop)
+        return _report(io, ended, args.json, RunStore(store).answer(ended) if args.json else None)
 
 
 def _fork_settings(io: Io, as_json: bool) -> int:
