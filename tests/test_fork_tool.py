@@ -22,6 +22,7 @@ from pi_tmux_matrix.matrix.mailbox import EventLog
 from pi_tmux_matrix.supervise.rpc import command_for
 
 FORK_RESULT_TYPE = "pi-matrix-fork-result"
+BACKGROUND_ANSWER = "Background answer." + " More." * 500  # past a run record's 2,000-char summary
 
 
 @pytest.fixture
@@ -66,6 +67,10 @@ def priced(lab: Lab) -> None:
     model = models["providers"]["fake"]["models"][0]
     model["cost"] = {"input": 1000, "output": 2000, "cacheRead": 0, "cacheWrite": 0}
     path.write_text(json.dumps(models))
+
+
+def runs_of(lab: Lab) -> list[Any]:
+    return RunStore(lab.store).list()[0]
 
 
 def custom_messages(session_file: Path, custom_type: str) -> list[dict[str, Any]]:
@@ -151,7 +156,7 @@ def test_a_background_forks_result_arrives_once_and_the_footer_sums_the_forks_co
     def respond(request: dict[str, Any]) -> Reply:
         if is_fork(request):
             task = last_user_text(request)
-            return Reply(text="Background answer." if "part 2" in task else "Waited answer.")
+            return Reply(text=BACKGROUND_ANSWER if "part 2" in task else "Waited answer.")
         results = tool_results(request)
         texts = json.dumps(request.get("messages"))
         if "Background answer." in texts:
@@ -190,7 +195,7 @@ def test_a_background_forks_result_arrives_once_and_the_footer_sums_the_forks_co
     )
     time.sleep(4)  # longer than the bridge's resend delay: a second copy would be there by now
     (delivered,) = custom_messages(session, FORK_RESULT_TYPE)
-    assert "Background answer." in json.dumps(delivered["content"])
+    assert delivered["content"] == f"[pi-matrix fork {runs_of(lab)[1].id}] completed\n{BACKGROUND_ANSWER}"
     assert delivered["details"]["usage"]["cost"] == 0.02
     runs = RunStore(lab.store).list()[0]
     assert [r.status for r in runs] == [RunStatus.COMPLETED, RunStatus.COMPLETED]

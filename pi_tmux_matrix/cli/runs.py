@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = ["register"]
 
+NOTIFY_CHARS = 6000  # of a background fork's answer sent to its parent: fits the mailbox's 64 KiB
+
 
 def register(sub: Any, epilog: str) -> None:
     common = {"epilog": epilog, "formatter_class": argparse.RawDescriptionHelpFormatter}
@@ -316,7 +318,7 @@ def _list_runs(args: argparse.Namespace, io: Io, store: MatrixStore, runs: RunSt
 def _wait_for(args: argparse.Namespace, io: Io, store: MatrixStore) -> int:
     """``runs RUN --wait`` (a person, or the run's finisher): wait for the end, record it, and
     with ``--notify`` tell the parent agent."""
-    from ..fork import summary, wait_run
+    from ..fork import RunStore, summary, wait_run
 
     with _stop_on_signals() as stop:
         run = wait_run(
@@ -328,7 +330,12 @@ def _wait_for(args: argparse.Namespace, io: Io, store: MatrixStore) -> int:
             stop=stop,
         )
     if args.notify and run.parent_key:
-        _notify(store, run.parent_key, run, summary(run))
+        # The whole answer, as far as the mailbox takes it (64 KiB, JSON-escaped twice).
+        answer = RunStore(store).answer(run)
+        try:
+            _notify(store, run.parent_key, run, summary(run, answer, limit=NOTIFY_CHARS))
+        except ContractError:  # over the mailbox's limit once escaped (wide characters): the excerpt
+            _notify(store, run.parent_key, run, summary(run))
     return _report(io, run, args.json)
 
 

@@ -214,10 +214,11 @@ def finished(run: ForkRun, result: Mapping[str, Any] | None, exit_code: int | No
     )
 
 
-def summary(run: ForkRun) -> str:
-    """A bounded, labelled report of a finished run for the parent session."""
+def summary(run: ForkRun, answer: str | None = None, limit: int = 2000) -> str:
+    """A bounded, labelled report of a finished run for the parent session: ``answer`` (the
+    whole final text) if given, else the record's excerpt."""
     head = f"[pi-matrix fork {run.id}] {run.status.value}"
     if run.error:
         head += f": {run.error}"
-    body = run.text or ""
-    return bounded(f"{head}\n{body}".rstrip(), 2000)
+    body = answer if answer is not None else run.text or ""
+    return bounded(f"{head}\n{body}".rstrip(), limit)
