@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -17,8 +18,9 @@ from test_dispatch import Lab, wait_for
 from test_master_tool import capture, master_window, mlab, run_print_master  # noqa: F401 - mlab is a fixture
 
 from pi_tmux_matrix import procs
-from pi_tmux_matrix.fork import INTERRUPTED, PARENT_ABORTED, RunStatus, RunStore
+from pi_tmux_matrix.fork import INTERRUPTED, PARENT_ABORTED, RunStatus, RunStore, mark_delivered
 from pi_tmux_matrix.matrix.mailbox import EventLog
+from pi_tmux_matrix.matrix.store import MatrixStore
 from pi_tmux_matrix.supervise.rpc import command_for
 
 FORK_RESULT_TYPE = "pi-matrix-fork-result"
@@ -294,3 +296,61 @@ def test_an_rpc_agent_gets_a_background_result_as_a_follow_up_prompt() -> None:
         "message": text,
         "streamingBehavior": "followUp",
     }
+
+
+def test_a_background_result_that_ends_while_its_master_is_gone_arrives_once_in_the_next_one(
+    flab: tuple[Lab, FakeLLM],
+) -> None:
+    """The acknowledged delivery survives a restart, as a handoff's does: the master dies while its
+    background fork works; the fork ends (nobody to tell); the next master of the same session is
+    told by its host until its bridge acknowledges, and the run is marked delivered."""
+    lab, llm = flab
+
+    def respond(request: dict[str, Any]) -> Reply:
+        if is_fork(request):
+            return Reply(text="Late background answer.", delay_s=3)
+        if "Late background answer." in json.dumps(request["messages"]):
+            return Reply(text="Got the late answer.")
+        if tool_results(request):
+            return Reply(text="Started it.")
+        return Reply(tool="fork", arguments={"task": "Look slowly.", "background": True})
+
+    llm.responder = respond
+    master_window(lab, "Fork one in the background.")
+    session = _master_session(lab)
+    wait_for("the fork's request", lambda: any(is_fork(r) for r in list(llm.requests)), timeout=60)
+    master = lab.store.get("master-boss")
+    assert master.process is not None and master.child_process is not None
+    for identity in (master.child_process, master.process):  # the master dies, fork still working
+        procs.send_signal(identity, signal.SIGKILL)
+        assert procs.wait_for_exit(identity, 10)
+    (run,) = runs_of(lab)
+    ended = wait_for(
+        "the fork to end", lambda: (r := RunStore(lab.store).get(run.id)).ended_at_ms and r, timeout=60
+    )
+    assert ended.status is RunStatus.COMPLETED and ended.delivered_at_ms is None
+    assert custom_messages(session, FORK_RESULT_TYPE) == []
+
+    master_window(lab, "--session", str(session))
+    back = wait_for(
+        "the new master",
+        lambda: (e := lab.store.find("master-boss")) and e.pid != master.pid and e,
+        timeout=30,
+    )
+    lab.started.extend(i for i in (back.process, back.child_process) if i is not None)
+    wait_for(
+        "the run marked delivered",
+        lambda: RunStore(lab.store).get(run.id).delivered_at_ms is not None,
+        timeout=60,
+        detail=lambda: capture(lab),
+    )
+    time.sleep(4)  # more beats of the host: it tells no more, and the bridge would not inject twice
+    (delivered,) = custom_messages(session, FORK_RESULT_TYPE)
+    assert "Late background answer." in delivered["content"]
+    assert delivered["details"]["runId"] == run.id
+
+
+def test_marking_delivered_takes_only_real_run_ids(tmp_path: Path) -> None:
+    store = MatrixStore(tmp_path / "state")
+    mark_delivered(store, ["../../etc/passwd", "run-nope", ""])  # what a bridge may say: nothing happens
+    assert not (tmp_path / "state" / "runs").exists() or not list((tmp_path / "state" / "runs").iterdir())

@@ -8,7 +8,8 @@
 //     tool's result; in the background the tool returns the run id at once, and the run's
 //     finisher sends the result to this session's host, which posts it as a "fork_result"
 //     notice: injected once as a custom message (delivery.ts, as handoffs are), acknowledged to
-//     the host once pi's conversation has it, and never again if the session already holds it.
+//     the host once pi's conversation has it (the host then marks the run delivered, and posts a
+//     result again until it is), and never again if the session already holds it.
 //   * The `forks +$…` footer: the cost of every fork result on the session's branch (the tool's
 //     results and the delivered background results), on session_start, turn_end and
 //     session_tree; off with "pi-fork": {"costFooter": false}; cleared on shutdown.
@@ -246,7 +247,7 @@ export function installForkTool(pi: any, delivery: Delivery): void {
     const runId = String(result?.runId || "");
     const noticeId = String(notice.id || runId);
     if (!runId || !ctxRef) return;
-    const taken = () => post("bridge", JSON.stringify({ event: "notice_taken", id: noticeId, kind: "fork_result" }));
+    const taken = () => post("bridge", JSON.stringify({ event: "notice_taken", id: noticeId, kind: "fork_result", runId }));
     if (delivered.has(runId)) {
       taken(); // in the conversation already
       return;

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ..fork import ForkRun, ForkUsage, RunStore, StopRequest
     from .base import Io
 
-__all__ = ["register"]
+__all__ = ["fork_result_payload", "register"]
 
 NOTIFY_CHARS = 6000  # of a background fork's answer sent to its parent: fits the mailbox's 64 KiB
 
@@ -318,7 +318,7 @@ def _list_runs(args: argparse.Namespace, io: Io, store: MatrixStore, runs: RunSt
 def _wait_for(args: argparse.Namespace, io: Io, store: MatrixStore) -> int:
     """``runs RUN --wait`` (a person, or the run's finisher): wait for the end, record it, and
     with ``--notify`` tell the parent agent."""
-    from ..fork import RunStore, summary, wait_run
+    from ..fork import wait_run
 
     with _stop_on_signals() as stop:
         run = wait_run(
@@ -330,12 +330,7 @@ def _wait_for(args: argparse.Namespace, io: Io, store: MatrixStore) -> int:
             stop=stop,
         )
     if args.notify and run.parent_key:
-        # The whole answer, as far as the mailbox takes it (64 KiB, JSON-escaped twice).
-        answer = RunStore(store).answer(run)
-        try:
-            _notify(store, run.parent_key, run, summary(run, answer, limit=NOTIFY_CHARS))
-        except ContractError:  # over the mailbox's limit once escaped (wide characters): the excerpt
-            _notify(store, run.parent_key, run, summary(run))
+        _notify(store, run.parent_key, run)
     return _report(io, run, args.json)
 
 
@@ -350,21 +345,43 @@ def _total(total: ForkUsage) -> dict[str, Any]:
     }
 
 
-def _notify(store: MatrixStore, key: str, run: ForkRun, text: str) -> None:
+def fork_result_payload(store: MatrixStore, run: ForkRun) -> str:
+    """A finished background run's ``fork_result`` notice for its parent's session: the run's id,
+    status, model, usage (the parent's ``forks +$…`` footer counts it) and its labelled answer,
+    whole up to :data:`NOTIFY_CHARS`, else the record's excerpt if the mailbox would not take it
+    (64 KiB once escaped twice; wide characters)."""
+    from ..fork import RunStore, summary
+    from ..matrix.mailbox import encode_message
+
+    answer = RunStore(store).answer(run)
+    payload = ""
+    for text in (summary(run, answer, limit=NOTIFY_CHARS), summary(run)):
+        payload = json.dumps(
+            {
+                "runId": run.id,
+                "status": run.status.value,
+                "text": text,
+                "model": run.model,
+                "usage": _total(run.usage) if run.usage is not None else None,
+            }
+        )
+        try:
+            encode_message("fork_result", payload, "pi-matrix fork", to="x" * 200)
+        except ContractError:
+            continue
+        break
+    return payload
+
+
+def _notify(store: MatrixStore, key: str, run: ForkRun) -> None:
     """The finished fork's report, to the parent agent's session through its host: a
-    ``fork_result`` notice, which the bridge injects once (as a handoff) with the run's id, status
-    and usage (the parent's ``forks +$…`` footer counts it)."""
+    ``fork_result`` notice, which the bridge injects once (as a handoff); the parent's host posts
+    it again until the bridge acknowledges it (:class:`pi_tmux_matrix.cli.host.ForkResults`)."""
     from .. import procs
     from ..matrix.mailbox import Inbox
 
     entry = store.find(key)
     if entry is None or not procs.is_alive(entry.process):
         return
-    payload = {
-        "runId": run.id,
-        "status": run.status.value,
-        "text": text,
-        "model": run.model,
-        "usage": _total(run.usage) if run.usage is not None else None,
-    }
-    Inbox(store, key).post("fork_result", json.dumps(payload), sender="pi-matrix fork", to=entry.registration)
+    payload = fork_result_payload(store, run)
+    Inbox(store, key).post("fork_result", payload, sender="pi-matrix fork", to=entry.registration)

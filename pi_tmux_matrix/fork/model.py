@@ -115,6 +115,8 @@ class ForkRun:
     result_from: str | None = None
     # The run's last tool calls, one line each ("bash: npm test"): the fork tool's expanded view.
     activity: tuple[str, ...] = ()
+    # A background run's result is in its parent's session (the bridge acknowledged it).
+    delivered_at_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         value: dict[str, Any] = converter.unstructure(self)
