@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["ForkResults", "abort_forks", "become", "cmd_host", "provider_of", "register"]
 
 MAX_FORK_RESULT_TELLS = 10  # a session that never acknowledges (no bridge) is not told forever
+FULL_LOOK_BEATS = 10  # beats between listings of the run records when nothing seemed to change
 
 
 def register(sub: Any, epilog: str) -> None:
@@ -279,9 +280,13 @@ class ForkResults:
     def __init__(self) -> None:
         self.marked: set[str] = set()
         self.told: dict[str, int] = {}
+        self.stamp: int | None = None  # the runs folder when nothing was pending (no new listing)
+        self.pending = True
+        self.beats = 0
 
     def __call__(self, host: AgentHost) -> None:
-        from ..fork import mark_delivered, undelivered
+        from ..fork import due, mark_delivered, runs_stamp, undelivered
+        from ..matrix.store import now_ms
         from .runs import fork_result_payload
 
         accepted = host.reports.fork_results_accepted - self.marked
@@ -291,12 +296,25 @@ class ForkResults:
                 self.marked |= accepted
             if host.agent.mode is Mode.RPC:
                 return
+            stamp = runs_stamp(host.store)
+            self.beats += 1
+            # Nothing pending and no run record changed since: no listing (but now and then anyway,
+            # as a coarse clock may give two changes one stamp).
+            if not self.pending and stamp == self.stamp and self.beats % FULL_LOOK_BEATS:
+                return
+            self.stamp = stamp
             entry = host.entry
             session_file = entry.identity.session_file if entry is not None else None
-            for run in undelivered(host.store, host.key, session_file):
-                if run.id in self.marked or self.told.get(run.id, 0) >= MAX_FORK_RESULT_TELLS:
-                    continue
-                self.told[run.id] = self.told.get(run.id, 0) + 1
-                host.agent.tell("fork_result", fork_result_payload(host.store, run))
+            pending = [
+                run
+                for run in undelivered(host.store, host.key, session_file)
+                if run.id not in self.marked and self.told.get(run.id, 0) < MAX_FORK_RESULT_TELLS
+            ]
+            self.pending = bool(pending)
+            now = now_ms()
+            for run in pending:
+                if due(run, now):
+                    self.told[run.id] = self.told.get(run.id, 0) + 1
+                    host.agent.tell("fork_result", fork_result_payload(host.store, run))
         except PiMatrixError as exc:
             host.events.write("fork_results_failed", error=str(exc)[:400])

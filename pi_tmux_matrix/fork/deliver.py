@@ -21,7 +21,7 @@ from ..matrix.store import MatrixStore, now_ms
 from .model import ForkRun, RunMode, RunStatus
 from .store import RunStore
 
-__all__ = ["mark_delivered", "undelivered"]
+__all__ = ["due", "mark_delivered", "runs_stamp", "undelivered"]
 
 RETRY_AFTER_MS: Final = 10_000  # after its end: the finisher's own post comes first
 MAX_AGE_MS: Final = 24 * 3600 * 1000  # an older result is no longer offered
@@ -43,11 +43,10 @@ def mark_delivered(store: MatrixStore, run_ids: Iterable[str]) -> None:
 
 def undelivered(store: MatrixStore, parent_key: str, session_file: str | None) -> list[ForkRun]:
     """The ended background runs of ``parent_key`` (forked from ``session_file``, its session
-    now) whose result its session has not taken, ended at least :data:`RETRY_AFTER_MS` and at
-    most :data:`MAX_AGE_MS` ago."""
+    now) whose result its session has not taken, ended at most :data:`MAX_AGE_MS` ago."""
     if not store.exists():
         return []
-    now = now_ms()
+    oldest = now_ms() - MAX_AGE_MS
     wanted = os.path.realpath(session_file) if session_file else None
     listed, _problems = RunStore(store).list()
     return [
@@ -58,6 +57,22 @@ def undelivered(store: MatrixStore, parent_key: str, session_file: str | None) -
         and run.status is not RunStatus.RUNNING
         and run.delivered_at_ms is None
         and run.ended_at_ms is not None
-        and now - MAX_AGE_MS <= run.ended_at_ms <= now - RETRY_AFTER_MS
+        and run.ended_at_ms >= oldest
         and (wanted is None or run.parent_session_file == wanted)
     ]
+
+
+def due(run: ForkRun, now: int) -> bool:
+    """Whether to tell the parent again: :data:`RETRY_AFTER_MS` after the run's end (the
+    finisher's own post comes first)."""
+    return run.ended_at_ms is not None and now - run.ended_at_ms >= RETRY_AFTER_MS
+
+
+def runs_stamp(store: MatrixStore) -> int | None:
+    """The run records' folder's change stamp: a record created or rewritten changes it (writes
+    are a rename into it), so a caller that found nothing pending need not list again until it
+    changes."""
+    try:
+        return os.stat(store.root / "runs").st_mtime_ns
+    except OSError:
+        return None
