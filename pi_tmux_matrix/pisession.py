@@ -5,8 +5,11 @@ whose first line is its header (``{"type": "session", "version": 3, "id": …, "
 "cwd": …}``); pi appends one entry per line after it and keeps the header's id as the session id.
 Everything the product knows about a session file comes through here: where a new one goes, its
 header (created with our id, so pi's session id and the matrix key agree from the first turn), its
-header read back strictly (bounded, no symlink games with FIFOs: opened non-blocking), and a
-snapshot of its whole lines (pi may be writing one right now).
+header read back strictly (bounded, no symlink games with FIFOs: opened non-blocking), a
+snapshot of its whole lines (pi may be writing one right now), and the outcome of the run pi
+appended to a file after a given offset (a fork's final output, usage and model, when its
+``result.json`` is missing), and its entries as a tree: each line with its parsed entry, the
+branch pi continues (root to the last entry), and pi's token estimate of a message.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import attrs
 
@@ -28,15 +31,26 @@ from .settings import agent_dir
 __all__ = [
     "MAX_HEADER_BYTES",
     "SessionHeader",
+    "SessionLine",
+    "branch_of",
+    "encode_entry",
+    "estimate_tokens",
     "header_cwd",
     "new_session_file",
     "read_header",
+    "run_outcome",
     "session_file_of",
+    "session_lines",
     "whole_lines",
     "write_header",
 ]
 
 MAX_HEADER_BYTES: Final = 1024 * 1024
+MAX_RUN_BYTES: Final = 32 * 1024 * 1024  # of a run's entries read back (a longer run: its last part)
+_USAGE_KEYS: Final = ("input", "output", "cacheRead", "cacheWrite", "totalTokens")
+MAX_ACTIVITY: Final = 20  # lines of a run's activity: its last tool calls (as bridge/fork.ts)
+ACTIVITY_CHARS: Final = 120
+_ACTIVITY_KEYS: Final = ("command", "path", "pattern", "query", "task")
 HEADER_VERSION: Final = 3
 _FIX: Final = "pass an existing pi session file (.jsonl) whose first line is its session header"
 
@@ -174,3 +188,184 @@ def whole_lines(session_file: str) -> bytes:
         data = handle.read()
     cut = data.rfind(b"\n")
     return data[: cut + 1] if cut >= 0 else b""
+
+
+def _assistant_messages(data: bytes) -> list[dict[str, Any]]:
+    """The assistant messages of the session entries in ``data`` (whole lines; bad ones skipped)."""
+    found: list[dict[str, Any]] = []
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            entry = strictjson.loads(line, max_bytes=MAX_RUN_BYTES)
+        except strictjson.StrictJSONError:
+            continue
+        message = entry.get("message") if isinstance(entry, dict) and entry.get("type") == "message" else None
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            found.append(message)
+    return found
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(part.get("text", ""))
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text"
+        )
+    return ""
+
+
+def _summed_usage(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """pi's usage summed over the messages (every tool-call round was paid for), or None."""
+    total: dict[str, Any] = dict.fromkeys(_USAGE_KEYS, 0)
+    cost = 0.0
+    seen = False
+    for message in messages:
+        usage = message.get("usage")
+        if not isinstance(usage, dict):
+            continue
+        seen = True
+        for key in _USAGE_KEYS:
+            value = usage.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                total[key] += value
+        spent = usage.get("cost")
+        spent = spent.get("total") if isinstance(spent, dict) else spent
+        if isinstance(spent, (int, float)) and not isinstance(spent, bool):
+            cost += spent
+    return {**total, "cost": {"total": cost}} if seen else None
+
+
+def _activity(messages: list[dict[str, Any]]) -> list[str]:
+    """One line per tool call ("bash: npm test"), the last :data:`MAX_ACTIVITY`: the same lines
+    the bridge writes into a fork's ``result.json``."""
+    lines: list[str] = []
+    for message in messages:
+        content = message.get("content")
+        for block in content if isinstance(content, list) else []:
+            if not (isinstance(block, dict) and block.get("type") == "toolCall"):
+                continue
+            raw = block.get("arguments")
+            args: dict[str, Any] = raw if isinstance(raw, dict) else {}
+            key = next((k for k in _ACTIVITY_KEYS if isinstance(args.get(k), str)), None)
+            what = str(args[key]) if key else json.dumps(args, separators=(",", ":"))
+            lines.append(f"{block.get('name') or '?'}: {' '.join(what.split())}"[:ACTIVITY_CHARS])
+    return lines[-MAX_ACTIVITY:]
+
+
+def run_outcome(session_file: str | os.PathLike[str], offset: int) -> dict[str, Any] | None:
+    """What the run pi appended to ``session_file`` after byte ``offset`` came to, in the shape
+    of the bridge's fork ``result.json`` (``text``, ``stopReason``, ``errorMessage``, ``usage``
+    summed over the run, ``model``, ``provider``, ``activity``); None when the run has no assistant message
+    (or the file cannot be read). Reads at most :data:`MAX_RUN_BYTES`, the last ones."""
+    try:
+        fd = os.open(session_file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        start = max(offset, size - MAX_RUN_BYTES)
+        data = os.pread(fd, size - start, start) if size > start else b""
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if start > offset:
+        data = data.split(b"\n", 1)[1] if b"\n" in data else b""  # cut into a line: skip its rest
+    data = data[: data.rfind(b"\n") + 1]  # whole lines only
+    messages = _assistant_messages(data)
+    if not messages:
+        return None
+    last = messages[-1]
+
+    def field(name: str) -> str | None:
+        value = last.get(name)
+        return value if isinstance(value, str) else None
+
+    return {
+        "text": _text(last),
+        "stopReason": field("stopReason"),
+        "errorMessage": field("errorMessage"),
+        "usage": _summed_usage(messages),
+        "model": field("model"),
+        "provider": field("provider"),
+        "activity": _activity(messages),
+        "source": "session.jsonl",
+    }
+
+
+@attrs.frozen
+class SessionLine:
+    """One line of a session file as written (``raw``, newline included) and its entry (None for
+    a line that is not a JSON object: kept as it is)."""
+
+    raw: bytes
+    entry: dict[str, Any] | None
+
+
+def session_lines(data: bytes) -> list[SessionLine]:
+    """The whole lines of ``data`` (a session file's bytes), each with its parsed entry."""
+    found: list[SessionLine] = []
+    for line in data.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break  # pi is still writing it
+        try:
+            entry = strictjson.loads(line, max_bytes=MAX_RUN_BYTES)
+        except strictjson.StrictJSONError:
+            entry = None
+        found.append(SessionLine(line, entry if isinstance(entry, dict) else None))
+    return found
+
+
+def branch_of(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The branch pi continues when it opens the file: from the root to the last entry (pi's
+    leaf), following ``parentId``; the header and entries without an id are not on it."""
+    by_id = {e["id"]: e for e in entries if isinstance(e.get("id"), str) and e.get("type") != "session"}
+    leaf = next((e for e in reversed(entries) if e.get("id") in by_id), None)
+    path: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    while leaf is not None and leaf["id"] not in seen:
+        seen.add(leaf["id"])
+        path.append(leaf)
+        parent = leaf.get("parentId")
+        leaf = by_id.get(parent) if isinstance(parent, str) else None
+    return path[::-1]
+
+
+def estimate_tokens(message: Any) -> int:
+    """pi's estimate of a message's tokens (characters / 4, rounded up), as its compaction cuts."""
+    if not isinstance(message, dict):
+        return 0
+    role = message.get("role")
+    content = message.get("content")
+    chars = 0
+    if role in ("branchSummary", "compactionSummary"):
+        chars = len(str(message.get("summary", "")))
+    elif role == "bashExecution":
+        chars = len(str(message.get("command", ""))) + len(str(message.get("output", "")))
+    elif isinstance(content, str):
+        chars = len(content)
+    elif isinstance(content, list):
+        for block in content:
+            if not isinstance(block, dict):
+                continue
+            kind = block.get("type")
+            if kind == "text":
+                chars += len(str(block.get("text", "")))
+            elif kind == "thinking" and role == "assistant":
+                chars += len(str(block.get("thinking", "")))
+            elif kind == "toolCall" and role == "assistant":
+                arguments = json.dumps(block.get("arguments"), separators=(",", ":"))
+                chars += len(str(block.get("name", ""))) + len(arguments)
+            elif kind == "image" and role != "assistant":
+                chars += 4800
+    return -(-chars // 4)
+
+
+def encode_entry(entry: dict[str, Any]) -> bytes:
+    """An entry as pi writes it: one line of compact JSON."""
+    return (json.dumps(entry, ensure_ascii=False, separators=(",", ":")) + "\n").encode()

@@ -13,6 +13,7 @@ import warnings
 from . import fork
 
 # Star imports of each room (their __all__ are literal lists, so a type checker sees the names too).
+from .fork.deliver import *  # noqa: F403
 from .fork.launch import *  # noqa: F403
 from .fork.model import *  # noqa: F403
 from .fork.panes import *  # noqa: F403

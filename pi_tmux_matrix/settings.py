@@ -1,4 +1,8 @@
-"""``processMatrix`` settings, the agent dir and the state dir.
+"""``processMatrix`` and ``pi-fork`` settings, the agent dir and the state dir.
+
+``pi-fork`` is seed 003's fork configuration (``extensions``, ``environment``, ``costFooter``,
+``defaultModel``, ``defaultThinking``), read from the same two files; ``processMatrix.forkEnvironment``
+is kept as an alias of ``pi-fork.environment``.
 
 Settings never crash anything: an out-of-bounds number is clamped, a wrong type or an
 unreadable file falls back to the default, and each of those says so once as a warning.
@@ -24,6 +28,8 @@ __all__ = [
     "BOUNDS",
     "DEFAULTS",
     "FIELDS",
+    "FORK_FIELDS",
+    "ForkSettings",
     "MatrixSettings",
     "agent_dir",
     "load_settings",
@@ -54,6 +60,30 @@ DEFAULTS: Final[dict[str, Any]] = {
     **{k: v[0] for k, v in BOUNDS.items()},
 }
 _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+FORK_SECTION: Final = "pi-fork"
+THINKING_LEVELS: Final = ("off", "minimal", "low", "medium", "high", "xhigh")  # pi's --thinking
+
+
+@attrs.frozen(kw_only=True)
+class ForkSettings:
+    """Seed 003's ``pi-fork`` settings in force, and where each came from."""
+
+    extensions: tuple[str, ...] = ()  # loaded in every fork child, after the inherited ones
+    environment: Mapping[str, str] = attrs.field(factory=dict)  # set in every fork child
+    cost_footer: bool = True  # the parent's ``forks +$…`` footer
+    default_model: str | None = None  # a fork's model unless the call names one
+    default_thinking: str | None = None
+    sources: Mapping[str, str] = attrs.field(factory=dict, eq=False)
+
+
+# camelCase key of pi-fork -> ForkSettings field.
+FORK_FIELDS: Final = {
+    "extensions": "extensions",
+    "environment": "environment",
+    "costFooter": "cost_footer",
+    "defaultModel": "default_model",
+    "defaultThinking": "default_thinking",
+}
 
 
 @attrs.frozen(kw_only=True)
@@ -66,7 +96,8 @@ class MatrixSettings:
     watcher_poll_ms: int = 25_000
     max_concurrent_agents: int = 3
     max_concurrent_forks: int = 3
-    fork_environment: Mapping[str, str] = attrs.field(factory=dict)
+    fork_environment: Mapping[str, str] = attrs.field(factory=dict)  # the alias's own value
+    fork: ForkSettings = attrs.field(factory=ForkSettings)
     sources: Mapping[str, str] = attrs.field(factory=dict, eq=False)
 
 
@@ -105,8 +136,8 @@ def resolve_state_dir(cli_value: str | None = None, env: Mapping[str, str] | Non
     return agent_dir(source) / "state" / "process-matrix"
 
 
-def _read_section(path: Path) -> dict[str, Any] | None:
-    """The ``processMatrix`` object of one settings file, or None (warned) if unusable."""
+def _read_document(path: Path) -> dict[str, Any] | None:
+    """One settings file's top-level object, or None (warned) if unusable."""
     try:
         # O_NONBLOCK + a regular-file check: a FIFO named settings.json must not hang startup.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -133,17 +164,79 @@ def _read_section(path: Path) -> dict[str, Any] | None:
     if not isinstance(document, dict):
         log.warning("%s: settings must be a JSON object; using defaults for its values", path)
         return None
-    section = document.get("processMatrix")
+    return document
+
+
+def _section(document: dict[str, Any] | None, name: str, path: Path) -> dict[str, Any] | None:
+    """The ``name`` object of a settings document, or None (warned if it is not an object)."""
+    section = None if document is None else document.get(name)
     if section is None:
         return None
     if not isinstance(section, dict):
-        log.warning(
-            "%s: processMatrix must be an object, not %s; using defaults",
-            path,
-            type(section).__name__,
-        )
+        log.warning("%s: %s must be an object, not %s; using defaults", path, name, type(section).__name__)
         return None
     return section
+
+
+def _environment(value: Any, path: Path, key: str) -> dict[str, str] | None:
+    good = isinstance(value, dict) and all(
+        isinstance(k, str) and _ENV_NAME.fullmatch(k) and isinstance(v, str) and "\0" not in v
+        for k, v in value.items()
+    )
+    if good:
+        return dict(value)
+    log.warning('%s: %s must map variable names to strings, like {"MY_VAR": "1"}; using none', path, key)
+    return None
+
+
+def _fork_value(key: str, value: Any, path: Path) -> Any:
+    """A valid value for ``pi-fork.<key>``, or None to keep what was there (warned)."""
+    where = f"{FORK_SECTION}.{key}"
+    if key == "environment":
+        return _environment(value, path, where)
+    if key == "costFooter":
+        if isinstance(value, bool):
+            return value
+        log.warning("%s: %s must be true or false, not %r; using the default", path, where, value)
+        return None
+    if key == "extensions":
+        if isinstance(value, list) and all(isinstance(v, str) and v.strip() and "\0" not in v for v in value):
+            return tuple(os.path.expanduser(v) for v in value)
+        log.warning('%s: %s must be a list of extension paths, like ["~/ext/x.ts"]; using none', path, where)
+        return None
+    if key == "defaultThinking":
+        if value in THINKING_LEVELS:
+            return value
+        log.warning(
+            "%s: %s must be one of %s, not %r; ignored", path, where, ", ".join(THINKING_LEVELS), value
+        )
+        return None
+    # defaultModel: pi's --model value ("provider/model" or a pattern); never read as a flag.
+    if isinstance(value, str) and value.strip() and not value.startswith("-") and "\0" not in value:
+        return value
+    log.warning('%s: %s must be a model name like "provider/model", not %r; ignored', path, where, value)
+    return None
+
+
+def _fork_section(
+    document: dict[str, Any] | None, matrix: dict[str, Any] | None, path: Path
+) -> dict[str, Any]:
+    """The ``pi-fork`` values one file sets (camelCase keys), with the alias
+    ``processMatrix.forkEnvironment`` merged under ``pi-fork.environment`` (which wins per name)."""
+    found: dict[str, Any] = {}
+    if matrix is not None and "forkEnvironment" in matrix:
+        alias = _environment(matrix["forkEnvironment"], path, "processMatrix.forkEnvironment")
+        if alias is not None:
+            found["environment"] = alias
+    for key, value in (_section(document, FORK_SECTION, path) or {}).items():
+        if key not in FORK_FIELDS:
+            log.warning("%s: unknown setting %s.%s ignored", path, FORK_SECTION, str(key)[:60])
+            continue
+        coerced = _fork_value(key, value, path)
+        if coerced is None:
+            continue
+        found[key] = {**found.get(key, {}), **coerced} if key == "environment" else coerced
+    return found
 
 
 def _coerce(key: str, value: Any, path: Path) -> Any:
@@ -154,18 +247,7 @@ def _coerce(key: str, value: Any, path: Path) -> Any:
         log.warning("%s: processMatrix.enabled must be true or false, not %r; using default", path, value)
         return None
     if key == "forkEnvironment":
-        good = isinstance(value, dict) and all(
-            isinstance(k, str) and _ENV_NAME.fullmatch(k) and isinstance(v, str) and "\0" not in v
-            for k, v in value.items()
-        )
-        if good:
-            return dict(value)
-        log.warning(
-            "%s: processMatrix.forkEnvironment must map variable names to strings, like "
-            '{"MY_VAR": "1"}; using none',
-            path,
-        )
-        return None
+        return _environment(value, path, "processMatrix.forkEnvironment")
     default, low, high = BOUNDS[key]
     # bool is an int subclass: `true` is a type error, not 1 ms. A fractional (or infinite,
     # from 1e400) float is a type error too: milliseconds are whole numbers.
@@ -199,7 +281,8 @@ def _coerce(key: str, value: Any, path: Path) -> Any:
 def load_settings(
     cwd: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
 ) -> MatrixSettings:
-    """Defaults, overridden by ``<agent dir>/settings.json``, overridden by ``<cwd>/.pi/settings.json``."""
+    """Defaults, overridden by ``<agent dir>/settings.json``, overridden by ``<cwd>/.pi/settings.json``,
+    key by key (``pi-fork`` too: a project's ``environment`` replaces the global one whole)."""
     source = os.environ if env is None else env
     values: dict[str, Any] = dict(DEFAULTS)
     sources: dict[str, str] = dict.fromkeys(DEFAULTS, "default")
@@ -207,8 +290,14 @@ def load_settings(
     project = Path(cwd if cwd is not None else os.getcwd()) / ".pi" / "settings.json"
     if project != files[0]:
         files.append(project)
+    fork: dict[str, Any] = {}
+    fork_sources: dict[str, str] = dict.fromkeys(FORK_FIELDS.values(), "default")
     for path in files:
-        section = _read_section(path)
+        document = _read_document(path)
+        section = _section(document, "processMatrix", path)
+        for key, value in _fork_section(document, section, path).items():
+            fork[key] = value
+            fork_sources[FORK_FIELDS[key]] = str(path)
         if not section:
             continue
         for key, value in section.items():
@@ -221,5 +310,6 @@ def load_settings(
                 sources[key] = str(path)
     return MatrixSettings(
         **{FIELDS[key]: value for key, value in values.items()},
+        fork=ForkSettings(**{FORK_FIELDS[k]: v for k, v in fork.items()}, sources=fork_sources),
         sources={FIELDS[key]: src for key, src in sources.items()},
     )

@@ -91,7 +91,7 @@ def test_the_bridges_inbox_message_is_what_inbox_writes_and_reads(tmp_path: Path
     ``{kind, text, at, sender}``: the shape of ``Inbox.post``, which ``Inbox.take`` reads."""
     common = source("common.ts")
     assert 'path.join(STATE, "mailbox", KEY)' in common
-    assert "padStart(15, \"0\")" in common
+    assert 'padStart(15, "0")' in common
     stringified = re.search(r"JSON\.stringify\(\{ kind, text, at: now, sender: \"bridge\" \}\)", common)
     assert stringified is not None, "common.ts post() writes another shape"
     store = MatrixStore(tmp_path / "state")
@@ -115,3 +115,19 @@ def test_the_tools_workspace_name_checks_are_the_id_and_tmux_session_patterns() 
 
     assert const("ID", "master.ts") == f"/^{ID_PATTERN.pattern}$/"
     assert const("SESSION_NAME", "master.ts") == f"/^{tmux_model._SESSION.pattern}$/"
+
+
+def test_the_fork_result_notice_and_its_acknowledgement_are_what_the_host_reads(tmp_path: Path) -> None:
+    """A ``fork_result`` notice (the host tells it) is delivered by bridge.ts to forktool.ts,
+    whose ``notice_taken`` names the run: what BridgeReports marks delivered."""
+    from pi_tmux_matrix.matrix.mailbox import EventLog
+    from pi_tmux_matrix.supervise.bridge_reports import BridgeReports
+
+    assert "fork_result" in MESSAGE_KINDS
+    assert 'kind === "fork_result"' in source("bridge.ts")
+    assert 'event: "notice_taken", id: noticeId, kind: "fork_result", runId' in source("forktool.ts")
+    reports = BridgeReports()
+    events = EventLog(MatrixStore(tmp_path / "state"), "master-boss")
+    report = {"event": "notice_taken", "id": "n1", "kind": "fork_result", "runId": "run-1"}
+    reports.receive("bridge", json.dumps(report), events)
+    assert reports.fork_results_accepted == {"run-1"}

@@ -26,6 +26,8 @@ from pi_tmux_matrix.fork import (
     RunStatus,
     RunStore,
     child_env,
+    child_flags,
+    config_flags,
     find_exit_code,
     inherited_flags,
     launch_script,
@@ -34,6 +36,7 @@ from pi_tmux_matrix.fork import (
 )
 from pi_tmux_matrix.matrix.mailbox import EventLog
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
+from pi_tmux_matrix.settings import ForkSettings
 
 
 class Caller:
@@ -166,13 +169,64 @@ def test_inherited_flags_keep_only_the_seed_flags_in_order_canonically() -> None
     ]  # fmt: skip
     assert inherited_flags(argv) == [
         "--model", "a/b", "--extension", "/x.ts", "--thinking", "high", "--skill", "s1", "--provider", "fake",
+        "--no-extensions",
     ]  # fmt: skip
     merged = merge_flags(
         inherited_flags(argv), ["--model", "c/d", "--extension", "/x.ts", "--extension", "/y.ts"]
     )
     assert merged == [
         "--extension", "/x.ts", "--thinking", "high", "--skill", "s1", "--provider", "fake",
-        "--model", "c/d", "--extension", "/y.ts",
+        "--no-extensions", "--model", "c/d", "--extension", "/y.ts",
+    ]  # fmt: skip
+
+
+def test_the_inherited_flag_list_is_the_seeds() -> None:
+    """Seed 003's runner-cli forwards "--extension, --skill, --model, --thinking, --provider, etc.":
+    those five (with -e), and what else keeps the fork a copy of its parent's pi (its discovery
+    switches, prompt templates, model cycle); never a secret, the tools, the session or the mode."""
+    inherited = [
+        "--extension", "/e1.ts", "-e", "/e2.ts", "--extension=/e3.ts", "--skill", "/s", "--skill=/s2",
+        "--model", "p/m", "--thinking", "low", "--provider", "p", "--prompt-template", "/t",
+        "--models", "p/*", "--no-extensions", "-ne", "--no-skills", "-ns", "--no-prompt-templates", "-np",
+        "--no-context-files", "-nc",
+    ]  # fmt: skip
+    dropped = [
+        "--api-key", "sk-secret", "--tools", "read", "-t", "bash", "--no-tools", "-nt", "--no-builtin-tools",
+        "--session", "/s.jsonl", "--fork", "/f.jsonl", "--session-dir", "/d", "--continue", "-c", "--resume",
+        "-r", "--no-session", "--system-prompt", "be", "--append-system-prompt", "more", "--mode", "rpc",
+        "--print", "-p", "--theme", "/th", "--no-themes", "--verbose", "--offline", "@file.md", "a task",
+    ]  # fmt: skip
+    assert inherited_flags([*dropped, *inherited]) == [
+        "--extension", "/e1.ts", "--extension", "/e2.ts", "--extension", "/e3.ts", "--skill", "/s",
+        "--skill", "/s2", "--model", "p/m", "--thinking", "low", "--provider", "p", "--prompt-template", "/t",
+        "--models", "p/*", "--no-extensions", "--no-extensions", "--no-skills", "--no-skills",
+        "--no-prompt-templates", "--no-prompt-templates", "--no-context-files", "--no-context-files",
+    ]  # fmt: skip
+    assert "sk-secret" not in child_flags(["--api-key", "sk-secret"], [], None)
+    # A switch is given once, whatever the parent repeated.
+    assert child_flags(["-ne", "--no-extensions", "-e", "/a.ts"], [], "/bridge.ts") == [
+        "--no-extensions", "--extension", "/a.ts", "--extension", "/bridge.ts",
+    ]  # fmt: skip
+
+
+def test_pi_fork_settings_sit_between_the_parents_flags_and_the_callers() -> None:
+    parent = ["--model", "parent/m", "--thinking", "low", "-e", "/p.ts"]
+    config = config_flags(
+        ForkSettings(default_model="cfg/m", default_thinking="high", extensions=("/cfg.ts",))
+    )
+    assert config == ["--model", "cfg/m", "--thinking", "high", "--extension", "/cfg.ts"]
+    # defaultModel and defaultThinking win over the parent's; the extensions are added.
+    assert child_flags(parent, [], "/bridge.ts", config=config) == [
+        "--extension", "/p.ts", "--model", "cfg/m", "--thinking", "high", "--extension", "/cfg.ts",
+        "--extension", "/bridge.ts",
+    ]  # fmt: skip
+    # The call's own model and thinking win over both.
+    flags = child_flags(parent, ["--model", "call/m", "--thinking", "off"], None, config=config)
+    assert flags[flags.index("--model") + 1] == "call/m" and flags.count("--model") == 1
+    assert flags[flags.index("--thinking") + 1] == "off" and flags.count("--thinking") == 1
+    # No settings: the parent's stand.
+    assert child_flags(parent, [], None, config=config_flags(ForkSettings())) == [
+        "--model", "parent/m", "--thinking", "low", "--extension", "/p.ts",
     ]  # fmt: skip
 
 
@@ -305,6 +359,30 @@ def test_the_child_gets_the_forced_env_over_the_settings_and_the_parents(caller:
     assert "PI_MATRIX_KEY" not in got
 
 
+def test_pi_fork_settings_reach_the_child_and_its_command_line(caller: Caller) -> None:
+    """``pi-fork`` from the project's .pi/settings.json: environment, defaultModel, defaultThinking,
+    extensions (seed 003's config), applied by the one fork launcher the CLI and the tool share."""
+    (caller.work / ".pi").mkdir()
+    pi_fork = {
+        "environment": {"FROM_PI_FORK": "yes", "PI_FORK": "0"},
+        "defaultModel": "cfg/model",
+        "defaultThinking": "high",
+        "extensions": ["/cfg/ext.ts"],
+    }
+    (caller.work / ".pi" / "settings.json").write_text(json.dumps({"pi-fork": pi_fork}))
+    dump = 'env > "$PI_FORK_RESULT_PATH.env"'
+    env = dict(caller.env, PI_MATRIX_PI_COMMAND=json.dumps(["/bin/sh", "-c", dump, "pi"]))
+    done = caller.fork("--json", "--thinking", "low", "--", "show me", env=env)
+    run = json.loads(done.stdout)
+    seen = (caller.state / "runs" / run["id"] / "result.json.env").read_text().splitlines()
+    got = dict(line.split("=", 1) for line in seen if "=" in line)
+    assert got["FROM_PI_FORK"] == "yes" and got["PI_FORK"] == "1"  # the forced ones still win
+    argv = run["argv"]
+    assert argv[argv.index("--model") + 1] == "cfg/model"
+    assert argv[argv.index("--thinking") + 1] == "low"  # the caller's own choice wins
+    assert argv[argv.index("/cfg/ext.ts") - 1] == "--extension"
+
+
 def test_a_fork_child_cannot_fork_and_bad_input_writes_nothing(caller: Caller) -> None:
     nested = caller.fork("--", "again", env=dict(caller.env, PI_FORK="1"))
     assert nested.returncode == 2 and "PI_FORK" in nested.stderr
@@ -347,7 +425,9 @@ def test_a_background_forks_result_is_sent_to_its_parent_agent_through_its_host(
         events = EventLog(caller.store, "master-boss")
 
         def delivered() -> dict[str, object] | None:
-            found = [e for e in events.tail(50) if e.get("event") == "message" and e.get("kind") == "prompt"]
+            found = [
+                e for e in events.tail(50) if e.get("event") == "message" and e.get("kind") == "fork_result"
+            ]
             return found[0] if found else None
 
         message = wait_for("the finisher's report to reach the master's host", delivered)

@@ -106,6 +106,7 @@ def test_a_real_pi_forks_usage_counts_every_assistant_message_of_its_run(
     run = json.loads(done.stdout)
     assert run["text"] == "Checked twice." and len(llm.requests) == 2
     assert run["usage"]["input"] == 20 and run["usage"]["output"] == 10 and run["usage"]["totalTokens"] == 30
+    assert run["activity"] == ["bash: echo checked"]  # the run's tool calls, one line each (issue 23)
 
 
 def test_a_real_pi_masters_end_stops_the_fork_its_bash_tool_started(picaller: tuple[Caller, FakeLLM]) -> None:

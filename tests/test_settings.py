@@ -24,6 +24,7 @@ from pi_tmux_matrix.errors import StateDirError
 from pi_tmux_matrix.settings import (
     BOUNDS,
     DEFAULTS,
+    ForkSettings,
     MatrixSettings,
     agent_dir,
     load_settings,
@@ -570,3 +571,91 @@ def test_resolving_creates_nothing(isolated_env: Path) -> None:
     resolve_state_dir()
     load_settings(cwd=isolated_env)
     assert sorted(p.name for p in isolated_env.iterdir()) == before
+
+
+# --- pi-fork (seed 003's fork config; issue 23) ---------------------------------------------------------
+def test_pi_fork_defaults(project: Path) -> None:
+    fork = load_settings(cwd=project).fork
+    assert fork == ForkSettings()
+    assert (fork.cost_footer, fork.extensions, dict(fork.environment)) == (True, (), {})
+    assert (fork.default_model, fork.default_thinking) == (None, None)
+
+
+def test_pi_fork_project_overrides_global_field_by_field(agent_file: Path, project: Path) -> None:
+    write(
+        agent_file,
+        {
+            "pi-fork": {
+                "costFooter": False,
+                "defaultModel": "global/m",
+                "defaultThinking": "low",
+                "extensions": ["~/ext/a.ts"],
+                "environment": {"FROM_GLOBAL": "1", "BOTH": "global"},
+            }
+        },
+    )
+    project_file = write(
+        project / ".pi" / "settings.json",
+        {"pi-fork": {"defaultModel": "project/m", "environment": {"BOTH": "project"}}},
+    )
+    fork = load_settings(cwd=project).fork
+    assert fork.default_model == "project/m"  # the project's wins
+    assert fork.default_thinking == "low" and fork.cost_footer is False  # the global's stand
+    assert fork.extensions == (str(Path.home() / "ext" / "a.ts"),)
+    assert dict(fork.environment) == {"BOTH": "project"}  # a project's environment replaces the global one
+    assert fork.sources == {
+        "extensions": str(agent_file),
+        "environment": str(project_file),
+        "cost_footer": str(agent_file),
+        "default_model": str(project_file),
+        "default_thinking": str(agent_file),
+    }
+
+
+def test_fork_environment_is_an_alias_of_pi_fork_environment(agent_file: Path, project: Path) -> None:
+    write(agent_file, section(forkEnvironment={"OLD": "1", "BOTH": "alias"}))
+    assert dict(load_settings(cwd=project).fork.environment) == {"OLD": "1", "BOTH": "alias"}
+    # Both in one file: merged, pi-fork.environment winning per name.
+    alias = section(forkEnvironment={"OLD": "1", "BOTH": "alias"})
+    both = {**alias, "pi-fork": {"environment": {"BOTH": "new"}}}
+    write(agent_file, both)
+    result = load_settings(cwd=project)
+    assert dict(result.fork.environment) == {"OLD": "1", "BOTH": "new"}
+    assert dict(result.fork_environment) == {"OLD": "1", "BOTH": "alias"}  # the alias's own value, as before
+    # A project's alias replaces a global pi-fork.environment like a project's pi-fork.environment would.
+    write(project / ".pi" / "settings.json", section(forkEnvironment={"PROJECT": "1"}))
+    assert dict(load_settings(cwd=project).fork.environment) == {"PROJECT": "1"}
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("costFooter", "no"),
+        ("extensions", "a.ts"),
+        ("extensions", ["", "b.ts"]),
+        ("environment", {"BAD NAME": "1"}),
+        ("defaultModel", "--api-key"),
+        ("defaultModel", 3),
+        ("defaultThinking", "extreme"),
+        ("surprise", 1),
+    ],
+)
+def test_pi_fork_bad_values_are_warned_and_ignored(
+    agent_file: Path, project: Path, caplog: pytest.LogCaptureFixture, key: str, value: Any
+) -> None:
+    write(agent_file, {"pi-fork": {key: value}})
+    assert load_settings(cwd=project).fork == ForkSettings()
+    (warning,) = warnings_of(caplog)
+    assert f"pi-fork.{key}" in warning.getMessage()
+
+
+def test_runs_fork_settings_shows_what_is_in_force(agent_file: Path, project: Path) -> None:
+    write(agent_file, {"pi-fork": {"costFooter": False, "environment": {"SECRET_TOKEN": "s3cr3t"}}})
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "runs", "--fork-settings", "--json"],
+        cwd=project, capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert shown["costFooter"] is False and shown["environment"] == ["SECRET_TOKEN"]
+    assert "s3cr3t" not in done.stdout  # names only: values may be secrets

@@ -18,6 +18,7 @@ import { KEY, MAILBOX, STATE, atomicWrite, lastAssistant, post, textOf, underHos
 import { Delivery, type Item, type Mode } from "./delivery.ts";
 import { installEnvelope } from "./envelope.ts";
 import { installFork } from "./fork.ts";
+import { forkResultDelivery, installForkTool } from "./forktool.ts";
 import { handoffDelivery, installMaster } from "./master.ts";
 
 export default function (pi: any) {
@@ -39,6 +40,8 @@ export default function (pi: any) {
     }
   });
   installMaster(pi, delivery);
+  // The fork tool (not in a fork child; a worker's envelope takes it away again).
+  installForkTool(pi, delivery);
 
   /** An owner's steer or prompt: a user message (the owner's own words), acknowledged to the
    * host once pi's conversation has it. */
@@ -69,6 +72,8 @@ export default function (pi: any) {
         if (typeof ctx.abort === "function") ctx.abort();
       } else if (kind === "handoff") {
         if (handoffDelivery.deliver !== null) handoffDelivery.deliver(notice);
+      } else if (kind === "fork_result") {
+        if (forkResultDelivery.deliver !== null) forkResultDelivery.deliver(notice);
       } else if (kind === "steer" || kind === "prompt") {
         // The host's id for the notice; a host without ids: the notice's place in the file.
         delivery.add(userMessage(kind, text, String(notice.id || `${kind}@${at}`)));

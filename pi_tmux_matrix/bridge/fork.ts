@@ -30,6 +30,26 @@ function runUsage(event: any): any {
   return seen ? total : null;
 }
 
+const MAX_ACTIVITY = 20; // lines: the run's last tool calls
+const ACTIVITY_CHARS = 120;
+
+/** One line per tool call of the run ("bash: npm test"), its last MAX_ACTIVITY: what the parent's
+ * fork tool shows expanded. pisession.run_outcome reads the same from a session file. */
+function runActivity(event: any): string[] {
+  const lines: string[] = [];
+  for (const m of (event && event.messages) || []) {
+    if (!m || m.role !== "assistant" || !Array.isArray(m.content)) continue;
+    for (const block of m.content) {
+      if (!block || block.type !== "toolCall") continue;
+      const args = block.arguments && typeof block.arguments === "object" ? block.arguments : {};
+      const key = ["command", "path", "pattern", "query", "task"].find((k) => typeof args[k] === "string");
+      const what = key ? String(args[key]) : JSON.stringify(args);
+      lines.push(`${String(block.name || "?")}: ${what.replace(/\s+/g, " ").trim()}`.slice(0, ACTIVITY_CHARS));
+    }
+  }
+  return lines.slice(-MAX_ACTIVITY);
+}
+
 export function installFork(pi: any): void {
   const resultPath = env.PI_FORK_RESULT_PATH || "";
   if (env.PI_FORK !== "1" || !resultPath) return;
@@ -50,6 +70,7 @@ export function installFork(pi: any): void {
       stopReason: last ? last.stopReason || null : null,
       errorMessage: last ? last.errorMessage || null : null,
       usage: runUsage(event),
+      activity: runActivity(event),
       model: last ? last.model || null : null,
       provider: last ? last.provider || null : null,
       sessionId: ctx.sessionManager.getSessionId(),

@@ -16,13 +16,12 @@
 //   * at session start in interactive pi, the foreign orphans of seed 000 are asked about in pi's
 //     own UI (resume / adopt / clean up / leave) and the answer is carried out through the CLI;
 //     without a UI (print, rpc) they are only reported.
-import { spawnSync } from "node:child_process";
 import { Type } from "typebox";
-import { STATE, env, post, role } from "./common.ts";
+import { type Cli, cliError, runCli } from "./cli.ts";
+import { env, post, role } from "./common.ts";
 import type { Delivery, Mode } from "./delivery.ts";
 
 const MAX_RESULT = 6000; // characters of CLI output returned to the model
-const CLI_TIMEOUT_MS = 120_000;
 const STOP_WORD = "yes-tmux-stop";
 export const HANDOFF_TYPE = "pi-matrix-handoff"; // the custom message type of a worker's handoff
 const ACTIONS = [
@@ -48,42 +47,8 @@ const ACTIONS = [
   "launch_workspace",
 ] as const;
 
-type Cli = { code: number; out: string; err: string };
-
-function cliPrefix(): string[] {
-  try {
-    const value = JSON.parse(env.PI_MATRIX_CLI || "");
-    if (Array.isArray(value) && value.length > 0 && value.every((v) => typeof v === "string" && v)) return value;
-  } catch {
-    // fall through to the installed command
-  }
-  return ["pi-matrix"];
-}
-
-/** Run `pi-matrix --state-dir <state> ARGS…` (an argv list: no shell ever sees the words). */
-export function runCli(args: string[], cwd?: string): Cli {
-  const [command, ...rest] = cliPrefix();
-  const done = spawnSync(command, [...rest, "--state-dir", STATE, ...args], {
-    encoding: "utf8",
-    timeout: CLI_TIMEOUT_MS,
-    maxBuffer: 16 * 1024 * 1024,
-    cwd,
-    env: process.env,
-    stdio: ["ignore", "pipe", "pipe"],
-  });
-  if (done.error) return { code: 127, out: "", err: `pi-matrix: error: cannot run ${command}: ${done.error.message}` };
-  return { code: done.status === null ? 128 : done.status, out: done.stdout || "", err: done.stderr || "" };
-}
-
 function bounded(text: string, limit: number = MAX_RESULT): string {
   return text.length <= limit ? text : `${text.slice(0, limit - 40)}\n…[truncated: ${text.length} characters]`;
-}
-
-/** The CLI's own one-line error (its last "pi-matrix: error:" line), for a tool error. */
-function cliError(result: Cli): Error {
-  const lines = result.err.split("\n").map((l) => l.trim()).filter(Boolean);
-  const line = [...lines].reverse().find((l) => l.startsWith("pi-matrix: error:")) || lines[lines.length - 1];
-  return new Error(line || `pi-matrix exited with code ${result.code}`);
 }
 
 function compact(out: string): string {

@@ -1,8 +1,9 @@
 """The ``host`` verb: one agent run as the host's only child, supervised and recorded.
 
 Also owns what the ``master`` verb shares with it: the off switch that just becomes the agent
-(:func:`become`), the provider named by an argv (:func:`provider_of`) and the end-of-session
-hook that stops the agent's forks (:func:`abort_forks`).
+(:func:`become`), the provider named by an argv (:func:`provider_of`), the end-of-session
+hook that stops the agent's forks (:func:`abort_forks`) and the tick that offers the agent's
+session its background fork results until it has taken them (:class:`ForkResults`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,10 @@ if TYPE_CHECKING:
     from ..matrix.store import MatrixStore
     from .base import Io
 
-__all__ = ["abort_forks", "become", "cmd_host", "provider_of", "register"]
+__all__ = ["ForkResults", "abort_forks", "become", "cmd_host", "provider_of", "register"]
+
+MAX_FORK_RESULT_TELLS = 10  # a session that never acknowledges (no bridge) is not told forever
+FULL_LOOK_BEATS = 10  # beats between listings of the run records when nothing seemed to change
 
 
 def register(sub: Any, epilog: str) -> None:
@@ -200,7 +204,7 @@ def cmd_host(args: argparse.Namespace, io: Io) -> int:
             )
             io.err.write(f"pi-matrix host: {why}; nothing started\n")
             return 1
-    hooks = HostHooks(on_agent_end=abort_forks)
+    hooks = HostHooks(on_agent_end=abort_forks, on_tick=ForkResults())
     return AgentHost(spec, store, settings, hooks=hooks, out=io.out).run()
 
 
@@ -237,7 +241,7 @@ def _rehost(args: argparse.Namespace, io: Io) -> int:
 
         follow_job(store, host.key, host.me, log_file=log_file)
 
-    hooks = HostHooks(on_agent_end=abort_forks, on_registered=follow)
+    hooks = HostHooks(on_agent_end=abort_forks, on_registered=follow, on_tick=ForkResults())
     return AgentHost(spec, store, settings, hooks=hooks, out=io.out).run()
 
 
@@ -271,3 +275,53 @@ def abort_forks(host: AgentHost) -> None:
         return
     for run in stopped:
         host.events.write("fork_aborted", run=run.id, status=run.status.value)
+
+
+class ForkResults:
+    """On the host's beat: background fork results the agent's session has not taken yet are told
+    to it again (the finisher told it once; a pi that was restarting, or started after, reads only
+    newer notices), and the runs whose result the bridge acknowledged are marked delivered. The
+    bridge never injects one run's result twice. Not for an rpc agent: nothing acknowledges
+    there, so the finisher's one prompt is all it gets."""
+
+    def __init__(self) -> None:
+        self.marked: set[str] = set()
+        self.told: dict[str, int] = {}
+        self.stamp: int | None = None  # the runs folder when nothing was pending (no new listing)
+        self.pending = True
+        self.beats = 0
+
+    def __call__(self, host: AgentHost) -> None:
+        from ..fork import due, mark_delivered, runs_stamp, undelivered
+        from ..matrix.store import now_ms
+        from .runs import fork_result_payload
+
+        accepted = host.reports.fork_results_accepted - self.marked
+        try:
+            if accepted:
+                mark_delivered(host.store, accepted)
+                self.marked |= accepted
+            if host.agent.mode is Mode.RPC:
+                return
+            stamp = runs_stamp(host.store)
+            self.beats += 1
+            # Nothing pending and no run record changed since: no listing (but now and then anyway,
+            # as a coarse clock may give two changes one stamp).
+            if not self.pending and stamp == self.stamp and self.beats % FULL_LOOK_BEATS:
+                return
+            self.stamp = stamp
+            entry = host.entry
+            session_file = entry.identity.session_file if entry is not None else None
+            pending = [
+                run
+                for run in undelivered(host.store, host.key, session_file)
+                if run.id not in self.marked and self.told.get(run.id, 0) < MAX_FORK_RESULT_TELLS
+            ]
+            self.pending = bool(pending)
+            now = now_ms()
+            for run in pending:
+                if due(run, now):
+                    self.told[run.id] = self.told.get(run.id, 0) + 1
+                    host.agent.tell("fork_result", fork_result_payload(host.store, run))
+        except PiMatrixError as exc:
+            host.events.write("fork_results_failed", error=str(exc)[:400])

@@ -34,7 +34,7 @@ from ..supervise.master import TASK_STATES, ActivationReport, Decision, Master, 
 from ..supervise.relaunch import Relauncher
 from .base import add_verb, store_of
 from .handoffs import handoff_message, print_handoff
-from .host import abort_forks, become, provider_of
+from .host import ForkResults, abort_forks, become, provider_of
 
 if TYPE_CHECKING:
     from ..contract import LaunchContract
@@ -407,9 +407,15 @@ def cmd_master(args: argparse.Namespace, io: Io) -> int:
     if args.once:
         return session.once(identity)
     spec = HostSpec(argv=tuple(argv), identity=identity, contract=contract, mode=mode, role=Role.MASTER)
+    fork_results = ForkResults()
+
+    def on_tick(host: AgentHost) -> None:
+        session.on_tick(host)
+        fork_results(host)
+
     hooks = HostHooks(
         session.on_registered,
-        session.on_tick,
+        on_tick,
         session.on_switch,
         abort_forks,
         may_register=session.claim,

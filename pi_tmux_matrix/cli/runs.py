@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import EXIT_FAILED, EXIT_OK, ContractError
 from ..identity import ProcessIdentity
 from ..matrix.store import MatrixStore
-from ..settings import load_settings
+from ..settings import FORK_FIELDS, load_settings
 from .base import age, require_matrix, store_of
 from .names import Kind, resolve
 
@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from ..fork import ForkRun, ForkUsage, RunStore, StopRequest
     from .base import Io
 
-__all__ = ["register"]
+__all__ = ["fork_result_payload", "register"]
+
+NOTIFY_CHARS = 6000  # of a background fork's answer sent to its parent: fits the mailbox's 64 KiB
 
 
 def register(sub: Any, epilog: str) -> None:
@@ -62,6 +64,11 @@ def register(sub: Any, epilog: str) -> None:
     runs.add_argument("--notify", action="store_true", help="--wait: send the result to the parent agent")
     runs.add_argument("--abort", action="store_true", help="stop RUN (or --parent-session's forks)")
     runs.add_argument("--parent-session", metavar="FILE", help="only forks of this session file")
+    runs.add_argument(
+        "--fork-settings",
+        action="store_true",
+        help="the pi-fork settings in force in this folder (footer, defaults, extensions, variable names)",
+    )
     runs.add_argument("--json", action="store_true")
     # A waited fork's finisher watches its waiter (PID:START_TICKS): internal, not for people.
     runs.add_argument("--watch", metavar="PID:TICKS", help=argparse.SUPPRESS)
@@ -96,11 +103,16 @@ def _print_run(io: Io, run: ForkRun) -> None:
         io.out.write(f"    error: {run.error}\n")
 
 
-def _report(io: Io, run: ForkRun, as_json: bool) -> int:
+def _report(io: Io, run: ForkRun, as_json: bool, answer: str | None = None) -> int:
+    """The run as it ended; ``answer``, the whole final text (the record keeps an excerpt), goes
+    into the JSON as ``answer``: what the fork tool returns to the model."""
     from ..fork import RunStatus
 
     if as_json:
-        io.out.write(json.dumps(run.to_json(), indent=2) + "\n")
+        shown = run.to_json()
+        if answer is not None:
+            shown["answer"] = answer
+        io.out.write(json.dumps(shown, indent=2) + "\n")
     elif run.status is RunStatus.RUNNING:
         io.out.write(f"fork {run.id} running in {run.socket_path or run.socket}:{run.pane_id}\n")
         io.out.write(f"  pi-matrix runs {run.id} --wait   # its result, when it ends\n")
@@ -199,12 +211,37 @@ def cmd_fork(args: argparse.Namespace, io: Io) -> int:
             if why is not None:  # told to stop while it was being launched
                 run = abort_run(RunStore(store), run.id, why)
             return _report(io, run, args.json)
-        return _report(io, wait_run(store, run.id, timeout_s=timeout, stop=stop), args.json)
+        ended = wait_run(store, run.id, timeout_s=timeout, stop=stop)
+        return _report(io, ended, args.json, RunStore(store).answer(ended) if args.json else None)
+
+
+def _fork_settings(io: Io, as_json: bool) -> int:
+    """``runs --fork-settings``: the ``pi-fork`` settings in force here (the bridge reads its
+    ``costFooter`` from this), the environment's names only (its values may be secrets)."""
+    fork = load_settings().fork
+    sources = {key: fork.sources.get(field, "default") for key, field in FORK_FIELDS.items()}
+    shown: dict[str, Any] = {
+        "costFooter": fork.cost_footer,
+        "defaultModel": fork.default_model,
+        "defaultThinking": fork.default_thinking,
+        "extensions": list(fork.extensions),
+        "environment": sorted(fork.environment),
+        "sources": sources,
+    }
+    if as_json:
+        io.out.write(json.dumps(shown, indent=2) + "\n")
+        return EXIT_OK
+    for key, value in shown.items():
+        if key != "sources":
+            io.out.write(f"pi-fork.{key} = {json.dumps(value)}  ({sources[key]})\n")
+    return EXIT_OK
 
 
 def cmd_runs(args: argparse.Namespace, io: Io) -> int:
     from ..fork import RunStore, abort_run, refresh
 
+    if args.fork_settings:
+        return _fork_settings(io, args.json)
     require_matrix("runs")
     store = store_of(args)
     runs = RunStore(store)
@@ -284,7 +321,7 @@ def _list_runs(args: argparse.Namespace, io: Io, store: MatrixStore, runs: RunSt
 def _wait_for(args: argparse.Namespace, io: Io, store: MatrixStore) -> int:
     """``runs RUN --wait`` (a person, or the run's finisher): wait for the end, record it, and
     with ``--notify`` tell the parent agent."""
-    from ..fork import summary, wait_run
+    from ..fork import wait_run
 
     with _stop_on_signals() as stop:
         run = wait_run(
@@ -296,7 +333,7 @@ def _wait_for(args: argparse.Namespace, io: Io, store: MatrixStore) -> int:
             stop=stop,
         )
     if args.notify and run.parent_key:
-        _notify(store, run.parent_key, summary(run))
+        _notify(store, run.parent_key, run)
     return _report(io, run, args.json)
 
 
@@ -311,12 +348,43 @@ def _total(total: ForkUsage) -> dict[str, Any]:
     }
 
 
-def _notify(store: MatrixStore, key: str, text: str) -> None:
-    """The finished fork's report, to the parent agent's session through its host (a prompt)."""
+def fork_result_payload(store: MatrixStore, run: ForkRun) -> str:
+    """A finished background run's ``fork_result`` notice for its parent's session: the run's id,
+    status, model, usage (the parent's ``forks +$…`` footer counts it) and its labelled answer,
+    whole up to :data:`NOTIFY_CHARS`, else the record's excerpt if the mailbox would not take it
+    (64 KiB once escaped twice; wide characters)."""
+    from ..fork import RunStore, summary
+    from ..matrix.mailbox import encode_message
+
+    answer = RunStore(store).answer(run)
+    payload = ""
+    for text in (summary(run, answer, limit=NOTIFY_CHARS), summary(run)):
+        payload = json.dumps(
+            {
+                "runId": run.id,
+                "status": run.status.value,
+                "text": text,
+                "model": run.model,
+                "usage": _total(run.usage) if run.usage is not None else None,
+            }
+        )
+        try:
+            encode_message("fork_result", payload, "pi-matrix fork", to="x" * 200)
+        except ContractError:
+            continue
+        break
+    return payload
+
+
+def _notify(store: MatrixStore, key: str, run: ForkRun) -> None:
+    """The finished fork's report, to the parent agent's session through its host: a
+    ``fork_result`` notice, which the bridge injects once (as a handoff); the parent's host posts
+    it again until the bridge acknowledges it (:class:`pi_tmux_matrix.cli.host.ForkResults`)."""
     from .. import procs
     from ..matrix.mailbox import Inbox
 
     entry = store.find(key)
     if entry is None or not procs.is_alive(entry.process):
         return
-    Inbox(store, key).post("prompt", text, sender="pi-matrix fork", to=entry.registration)
+    payload = fork_result_payload(store, run)
+    Inbox(store, key).post("fork_result", payload, sender="pi-matrix fork", to=entry.registration)

@@ -26,14 +26,17 @@ counted under a lock after reaping runs whose process is dead or that had no upd
 minutes. A parent's shutdown stops its running forks and marks them failed.
 
 The rooms: :mod:`.model` (the records), :mod:`.script` (the child's command line and
-``fork.sh``), :mod:`.store` (records and run folders), :mod:`.panes` (tmux), :mod:`.launch`
-(:func:`start_fork`) and :mod:`.wait` (a run's end, aborts, the waiter).
+``fork.sh``), :mod:`.compaction` (the snapshot compacted from observational memory; internal),
+:mod:`.store` (records and run folders), :mod:`.panes` (tmux), :mod:`.launch` (:func:`start_fork`),
+:mod:`.wait` (a run's end, aborts, the waiter) and :mod:`.deliver` (background results into the
+parent's session).
 """
 
 from __future__ import annotations
 
 # Each room's __all__ is what it offers outside the package: the package's public names are theirs.
-from . import launch, model, panes, script, store, wait
+from . import deliver, launch, model, panes, script, store, wait
+from .deliver import *  # noqa: F403
 from .launch import *  # noqa: F403
 from .model import *  # noqa: F403
 from .panes import *  # noqa: F403
@@ -41,4 +44,12 @@ from .script import *  # noqa: F403
 from .store import *  # noqa: F403
 from .wait import *  # noqa: F403
 
-__all__ = model.__all__ + script.__all__ + store.__all__ + panes.__all__ + launch.__all__ + wait.__all__
+__all__ = (
+    model.__all__
+    + script.__all__
+    + store.__all__
+    + panes.__all__
+    + launch.__all__
+    + wait.__all__
+    + deliver.__all__
+)

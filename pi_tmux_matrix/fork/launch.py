@@ -23,9 +23,10 @@ from ..identity import ProcessIdentity
 from ..matrix.model import bounded
 from ..matrix.store import MatrixStore, now_ms
 from ..settings import MatrixSettings
+from .compaction import compact_snapshot
 from .model import ForkCapReached, ForkRequest, ForkRun, RunStatus, new_run_id
 from .panes import fork_server, open_pane, stop_pane, stop_run_process
-from .script import child_flags, fork_script, parent_argv_from_host
+from .script import child_flags, config_flags, fork_script, parent_argv_from_host
 from .store import RunStore
 from .wait import reap
 
@@ -94,12 +95,15 @@ def _record_run(
                 "wait for one to finish ('pi-matrix runs'), abort one, or raise the setting"
             )
         snapshot = runs.folder(run_id) / "session.jsonl"
-        runs.write_file(run_id, "session.jsonl", pisession.whole_lines(session_file))
+        # Compacted from its observational memory if it has one (the copy only, never the file).
+        copied = compact_snapshot(pisession.whole_lines(session_file))
+        runs.write_file(run_id, "session.jsonl", copied)
         run = ForkRun(
             id=run_id,
             cwd=cwd,
             task=bounded(request.task, 2000),
             mode=request.mode,
+            snapshot_bytes=len(copied),
             parent_session_file=session_file,
             parent_key=parent_key,
             created_at_ms=now,
@@ -171,7 +175,7 @@ def _start_in_pane(
     try:
         folder = runs.folder(run.id)
         body = fork_script(
-            run.id, run.argv, folder, parent_env=env, overrides=settings.fork_environment, task=request.task
+            run.id, run.argv, folder, parent_env=env, overrides=settings.fork.environment, task=request.task
         )
         path = runs.write_file(run.id, "fork.sh", body.encode())
         pane = open_pane(server, request, run, path)
@@ -219,7 +223,7 @@ def start_fork(
         parent_argv: list[str] = list(request.parent_argv)
     else:
         parent_argv = parent_argv_from_host(source) or []
-    flags = child_flags(parent_argv, request.flags, bridge)
+    flags = child_flags(parent_argv, request.flags, bridge, config=config_flags(settings.fork))
     runs = RunStore(store)
     run = _record_run(
         runs,

@@ -108,6 +108,15 @@ class ForkRun:
     stop_reason: str | None = None
     model: str | None = None
     usage: ForkUsage | None = None
+    # The snapshot's size: the child's own entries are the ones after it (the session fallback).
+    snapshot_bytes: int | None = None
+    # Where the run's end came from: "result.json" (the bridge's artifact) or "session.jsonl"
+    # (no artifact: read back from the child's session file).
+    result_from: str | None = None
+    # The run's last tool calls, one line each ("bash: npm test"): the fork tool's expanded view.
+    activity: tuple[str, ...] = ()
+    # A background run's result is in its parent's session (the bridge acknowledged it).
+    delivered_at_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         value: dict[str, Any] = converter.unstructure(self)
@@ -160,7 +169,8 @@ def usage_total(runs: Iterable[ForkRun]) -> ForkUsage:
 
 
 def finished(run: ForkRun, result: Mapping[str, Any] | None, exit_code: int | None, now: int) -> ForkRun:
-    """The run ended: completed from the bridge's result, else a synthetic failure."""
+    """The run ended: completed from the bridge's result (or the same read back from the child's
+    session file: its ``source``), else a synthetic failure."""
     if result is None:
         why = (
             f"fork exited with code {exit_code} without a result artifact"
@@ -185,8 +195,15 @@ def finished(run: ForkRun, result: Mapping[str, Any] | None, exit_code: int | No
         failed = True
         error = "the fork ended without a final answer (no assistant text in its result)"
     model = result.get("model")
+    source = result.get("source")
+    listed = result.get("activity")
+    activity = (
+        tuple(bounded(a, 200) for a in listed if isinstance(a, str))[-20:] if isinstance(listed, list) else ()
+    )
     return attrs.evolve(
         run,
+        result_from=source if isinstance(source, str) else "result.json",
+        activity=activity,
         status=RunStatus.FAILED if failed else RunStatus.COMPLETED,
         exit_code=exit_code,
         error=error,
@@ -199,10 +216,11 @@ def finished(run: ForkRun, result: Mapping[str, Any] | None, exit_code: int | No
     )
 
 
-def summary(run: ForkRun) -> str:
-    """A bounded, labelled report of a finished run for the parent session."""
+def summary(run: ForkRun, answer: str | None = None, limit: int = 2000) -> str:
+    """A bounded, labelled report of a finished run for the parent session: ``answer`` (the
+    whole final text) if given, else the record's excerpt."""
     head = f"[pi-matrix fork {run.id}] {run.status.value}"
     if run.error:
         head += f": {run.error}"
-    body = run.text or ""
-    return bounded(f"{head}\n{body}".rstrip(), 2000)
+    body = answer if answer is not None else run.text or ""
+    return bounded(f"{head}\n{body}".rstrip(), limit)

@@ -16,11 +16,14 @@ from typing import Final
 from .. import procs
 from ..contract import FORK_FORCED_ENV, FORK_NOT_INHERITED
 from ..matrix.model import bounded
+from ..settings import ForkSettings
 
 __all__ = [
     "EXIT_MARKER",
     "FORCED_ENV",
     "child_env",
+    "child_flags",
+    "config_flags",
     "find_exit_code",
     "inherited_flags",
     "launch_script",
@@ -29,11 +32,16 @@ __all__ = [
 ]
 
 EXIT_MARKER: Final = "__PI_FORK_EXIT_{run_id}__:"
-# Set last in every child, over the parent's env and processMatrix.forkEnvironment (seed 003).
+# Set last in every child, over the parent's env and pi-fork.environment (seed 003).
 FORCED_ENV: Final[Mapping[str, str]] = FORK_FORCED_ENV
 # Never inherited: they would make the child speak for its parent (its host, its contract).
 NOT_INHERITED: Final = FORK_NOT_INHERITED
-# The parent's pi flags a child inherits (seed 003's runner-cli): flag -> canonical spelling.
+# The parent's pi flags a child inherits (seed 003's runner-cli: "--extension, --skill, --model,
+# --thinking, --provider, etc."): flag -> canonical spelling. The "etc." is what else keeps the
+# fork a copy of its parent's pi: the same discovery switches, prompt templates and model cycle.
+# Never inherited: --api-key (a secret would land in the run's argv and record), --tools and
+# --no-tools (the fork's tools are its own), --session/--fork/--continue/--resume (the snapshot is
+# its session), --system-prompt/--append-system-prompt (the fork gets its own), the output mode.
 _INHERITED: Final[Mapping[str, str]] = {
     "--extension": "--extension",
     "-e": "--extension",
@@ -41,7 +49,20 @@ _INHERITED: Final[Mapping[str, str]] = {
     "--model": "--model",
     "--thinking": "--thinking",
     "--provider": "--provider",
+    "--prompt-template": "--prompt-template",
+    "--models": "--models",
 }
+_INHERITED_SWITCHES: Final[Mapping[str, str]] = {
+    "--no-extensions": "--no-extensions",
+    "-ne": "--no-extensions",
+    "--no-skills": "--no-skills",
+    "-ns": "--no-skills",
+    "--no-prompt-templates": "--no-prompt-templates",
+    "-np": "--no-prompt-templates",
+    "--no-context-files": "--no-context-files",
+    "-nc": "--no-context-files",
+}
+_MANY: Final = frozenset({"--extension", "--skill", "--prompt-template"})  # may be given many times
 GO_WAIT_S: Final = 10  # how long a fork pane waits for its launcher's go before giving up
 # Left to the pane's own tmux (the caller's may describe another terminal).
 _PANE_OWN: Final = frozenset({"TERM", "COLUMNS", "LINES"})
@@ -49,8 +70,9 @@ _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def inherited_flags(argv: Sequence[str]) -> list[str]:
-    """The parent's ``--extension/-e``, ``--skill``, ``--model``, ``--thinking``, ``--provider``
-    (``--flag value`` or ``--flag=value``) in order, spelled canonically; the rest is dropped."""
+    """The parent's inheritable flags (:data:`_INHERITED` with their values, ``--flag value`` or
+    ``--flag=value``, and the switches of :data:`_INHERITED_SWITCHES`) in order, spelled
+    canonically; the rest is dropped."""
     found: list[str] = []
     words = list(argv)
     index = 0
@@ -62,27 +84,60 @@ def inherited_flags(argv: Sequence[str]) -> list[str]:
         elif word in _INHERITED and index + 1 < len(words):
             found += [_INHERITED[word], words[index + 1]]
             index += 1
+        elif word in _INHERITED_SWITCHES:
+            found.append(_INHERITED_SWITCHES[word])
         index += 1
     return found
 
 
+def _items(flags: Sequence[str]) -> list[tuple[str, str | None]]:
+    """Canonical flags as (flag, value) items; a switch has no value."""
+    items: list[tuple[str, str | None]] = []
+    words = list(flags)
+    index = 0
+    while index < len(words):
+        if words[index] in _INHERITED_SWITCHES.values():
+            items.append((words[index], None))
+            index += 1
+        else:
+            items.append((words[index], words[index + 1] if index + 1 < len(words) else ""))
+            index += 2
+    return items
+
+
 def merge_flags(inherited: Sequence[str], extra: Sequence[str]) -> list[str]:
     """``inherited`` then ``extra``; a single-valued flag given in ``extra`` replaces the
-    inherited one, and the same extension is never loaded twice."""
-    pairs = list(zip(inherited[::2], inherited[1::2], strict=False))
-    extra_pairs = list(zip(extra[::2], extra[1::2], strict=False))
-    overridden = {flag for flag, _ in extra_pairs if flag not in ("--extension", "--skill")}
-    merged: list[tuple[str, str]] = []
-    for flag, value in [*(p for p in pairs if p[0] not in overridden), *extra_pairs]:
-        if (flag, value) not in merged:
-            merged.append((flag, value))
-    return [word for pair in merged for word in pair]
+    inherited one, and the same extension (skill, switch) is never given twice."""
+    extra_items = _items(extra)
+    overridden = {flag for flag, value in extra_items if value is not None and flag not in _MANY}
+    merged: list[tuple[str, str | None]] = []
+    for item in [*(i for i in _items(inherited) if i[0] not in overridden), *extra_items]:
+        if item not in merged:
+            merged.append(item)
+    return [word for flag, value in merged for word in ((flag,) if value is None else (flag, value))]
 
 
-def child_flags(parent_argv: Sequence[str], extra: Sequence[str], bridge: str | None) -> list[str]:
-    """The child's pi flags: the ones it inherits from ``parent_argv``, then the inheritable ones
-    of ``extra`` (the caller's own choice wins), then the bridge extension that writes the result."""
-    flags = merge_flags(inherited_flags(parent_argv), inherited_flags(extra))
+def config_flags(fork: ForkSettings) -> list[str]:
+    """The flags ``pi-fork`` settings give every child: ``defaultModel``, ``defaultThinking``,
+    ``extensions``."""
+    flags: list[str] = []
+    if fork.default_model:
+        flags += ["--model", fork.default_model]
+    if fork.default_thinking:
+        flags += ["--thinking", fork.default_thinking]
+    for extension in fork.extensions:
+        flags += ["--extension", extension]
+    return flags
+
+
+def child_flags(
+    parent_argv: Sequence[str], extra: Sequence[str], bridge: str | None, *, config: Sequence[str] = ()
+) -> list[str]:
+    """The child's pi flags: the ones it inherits from ``parent_argv``, then the ``pi-fork``
+    settings' ``config`` (:func:`config_flags`), then the inheritable ones of ``extra`` (the
+    caller's own choice wins over both), then the bridge extension that writes the result."""
+    flags = merge_flags(inherited_flags(parent_argv), inherited_flags(config))
+    flags = merge_flags(flags, inherited_flags(extra))
     if bridge is not None:
         flags = merge_flags(flags, ["--extension", bridge])
     return flags
@@ -92,7 +147,8 @@ def child_env(
     parent: Mapping[str, str], overrides: Mapping[str, str], run: Mapping[str, str]
 ) -> dict[str, str]:
     """The child's environment: the parent's (minus what would make the child speak for the
-    parent), then ``processMatrix.forkEnvironment``, then the run's, then :data:`FORCED_ENV`."""
+    parent), then ``pi-fork.environment`` (its alias ``processMatrix.forkEnvironment`` included),
+    then the run's, then :data:`FORCED_ENV`."""
     env = {k: v for k, v in parent.items() if k not in NOT_INHERITED and "\0" not in v}
     env.update({k: v for k, v in overrides.items() if k not in NOT_INHERITED})
     env.update(run)

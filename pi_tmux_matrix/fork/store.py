@@ -15,13 +15,13 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Final
 
-from .. import strictjson
+from .. import pisession, strictjson
 from ..errors import DispatchError, PiMatrixError
 from ..errors import RunNotFound as NotFound
 from ..identity import validate_id
 from ..matrix.records import Records
 from ..matrix.store import MatrixStore, Problem, durable_write, read_bounded, read_tail
-from .model import RUN_SCHEMA_VERSION, ForkRun
+from .model import RUN_SCHEMA_VERSION, ForkRun, RunStatus
 from .script import find_exit_code
 
 __all__ = ["RunStore"]
@@ -98,6 +98,23 @@ class RunStore:
         except strictjson.StrictJSONError:
             return None
         return value if isinstance(value, dict) else None
+
+    def session_result(self, run: ForkRun) -> dict[str, Any] | None:
+        """The run's outcome read back from the child's ``session.jsonl`` (its entries after the
+        snapshot), in ``result.json``'s shape; None when it has none (or the record predates
+        ``snapshot_bytes``). Seed 003's fallback for a child that ended without its artifact."""
+        if run.snapshot_bytes is None:
+            return None
+        return pisession.run_outcome(self.path(run.id, "session.jsonl"), run.snapshot_bytes)
+
+    def answer(self, run: ForkRun) -> str | None:
+        """A completed run's whole final text (its record keeps an excerpt), from where its end
+        came from: ``result.json`` or the session file; None for any other run."""
+        if run.status is not RunStatus.COMPLETED:
+            return None
+        result = self.session_result(run) if run.result_from == "session.jsonl" else self.result(run.id)
+        text = result.get("text") if result is not None else None
+        return text if isinstance(text, str) else None
 
     def exit_code(self, run_id: str) -> int | None:
         """The child's exit code: the script's exit file (a few bytes), else the marker in the

@@ -64,6 +64,10 @@ def _refresh(runs: RunStore, run: ForkRun, now: int, *, settle: bool) -> ForkRun
             while result is None and time.monotonic() < deadline:
                 time.sleep(0.1)
                 result = runs.result(run.id)
+        if result is None:
+            # No artifact (the bridge never wrote it): what the child's session file says, before
+            # a synthetic failure (seed 003's session-result fallback).
+            result = runs.session_result(run)
         return finished(run, result, code, now_ms())
     if now - run.updated_at_ms > STALE_MS:
         return attrs.evolve(
@@ -221,5 +225,3 @@ def wait_run(
     if close_pane and saw_running:
         stop_run_process(run)
     return run
-
-

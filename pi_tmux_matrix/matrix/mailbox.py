@@ -46,9 +46,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # Owner commands, what the pi bridge reports from inside the session (identity, result, bridge),
-# and the job watcher's word that a round ended with the agent's marker (round).
+# the job watcher's word that a round ended with the agent's marker (round), and a background
+# fork's result for the session (fork_result).
 MESSAGE_KINDS: Final = frozenset(
-    {"steer", "prompt", "abort", "stop", "wake", "switch", "identity", "result", "bridge", "round"}
+    {"steer", "prompt", "abort", "stop", "wake", "switch", "identity", "result", "bridge", "round",
+     "fork_result"}
 )
 MAX_MESSAGE_BYTES: Final = 64 * 1024
 ROUND_TEXT_CHARS: Final = MAX_TEXT  # of a round's own output a watcher sends its host

@@ -73,6 +73,7 @@ class BridgeReports:
     seen: bool = False  # the bridge has reported at least once
     result_pointer: str | None = None  # the bridge's latest result artifact
     handoffs_accepted: set[str] = attrs.field(factory=set)  # handoff ids pi took into the session
+    fork_results_accepted: set[str] = attrs.field(factory=set)  # runs whose result pi took
 
     def expect(self, argv: tuple[str, ...], now: float) -> None:
         # A pi child loaded with the bridge reports in within seconds; one that does not is still
@@ -132,6 +133,9 @@ class BridgeReports:
         elif report.get("event") == "notice_taken" and isinstance(report.get("id"), str):
             # An owner's prompt or steer is in pi's conversation: delivered, not only posted.
             taken_kind = report.get("kind")
+            if taken_kind == "fork_result" and isinstance(report.get("runId"), str):
+                # A background fork's result is in the session: the run is marked delivered.
+                self.fork_results_accepted.add(report["runId"][:200])
             events.write(
                 "notice_taken",
                 id=report["id"][:64],

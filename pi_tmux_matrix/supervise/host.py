@@ -133,12 +133,10 @@ class AgentHost:
         self._watches: list[tuple[int, Callable[[], None]]] = []  # the program's own fds
 
     def add_watch(self, fd: int, on_ready: Callable[[], None]) -> None:
-        """Run ``on_ready`` whenever ``fd`` turns readable (from the loop's start; the caller
-        owns the fd): e.g. a master following the state dir for handoffs."""
+        """Run ``on_ready`` whenever ``fd`` (the caller's) is readable: e.g. a master's state dir."""
         self._watches.append((fd, on_ready))
 
-    # What the program reads of its host (cli/master.py: the master's hooks; handoff delivery
-    # reads ``reports``, what the bridge told).
+    # What the program reads of its host (cli/master.py: its hooks, and ``reports`` for delivery).
     @property
     def key(self) -> str:
         return self.record.key
@@ -297,6 +295,9 @@ class AgentHost:
                 self.agent.tell("prompt" if message.kind == "prompt" else "abort", message.text)
             elif message.kind == "round":
                 self.rounds.ended(message.text, time.monotonic())
+            elif message.kind == "fork_result":
+                # A background fork's result (its finisher posts it): into the session once.
+                self.agent.tell("fork_result", message.text)
             elif message.kind == "switch":
                 self._switch_from_message(message.text)
             elif message.kind in BRIDGE_KINDS:

@@ -23,7 +23,7 @@ LAST_MESSAGE_CHARS: Final = 2000  # of the assistant's latest text, kept as the 
 RAW_LINE_CHARS: Final = 2000  # of a line that is not JSON, recorded as it came
 
 # What the host tells its agent; a bridged interactive pi gets the same as a mailbox notice.
-Tell = Literal["steer", "prompt", "abort", "shutdown"]
+Tell = Literal["steer", "prompt", "abort", "shutdown", "fork_result"]
 
 
 def command_for(kind: Tell, text: str) -> dict[str, Any]:
@@ -33,7 +33,20 @@ def command_for(kind: Tell, text: str) -> dict[str, Any]:
     if kind == "prompt":
         # A prompt to an agent mid-run waits for its run to end instead of interrupting it.
         return {"type": "prompt", "message": text, "streamingBehavior": "followUp"}
+    if kind == "fork_result":
+        # rpc has no custom messages: the result's labelled text, as a follow-up prompt.
+        return {"type": "prompt", "message": fork_result_text(text), "streamingBehavior": "followUp"}
     return {"type": "abort"}  # abort and shutdown alike: pi's rpc stops the run it is in
+
+
+def fork_result_text(payload: str) -> str:
+    """The labelled text of a ``fork_result`` notice (its JSON payload's ``text``)."""
+    try:
+        value = json.loads(payload)
+    except ValueError:
+        return payload
+    text = value.get("text") if isinstance(value, dict) else None
+    return text if isinstance(text, str) else payload
 
 
 class RpcPipe:
