@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 
 from helpers import make_entry, make_identity
-from test_dispatch import Lab, lab, lose_and_plan_resume, wait_for  # noqa: F401 - lab is a fixture
+from test_dispatch import Lab, lab, wait_for  # noqa: F401 - lab is a fixture
 
 from pi_tmux_matrix import procs
+from pi_tmux_matrix.matrix.model import Status
 from pi_tmux_matrix.matrix.reconcile import ActionKind, Facts, reconcile
 from pi_tmux_matrix.matrix.store import now_ms
 
@@ -34,10 +35,22 @@ def test_a_worker_whose_session_file_is_gone_is_relaunched_as_the_same_agent_int
     entry = lab.worker(agent.key)
     session_file = Path(entry.identity.session_file or "")
     wait_for("the session file", session_file.exists)
-    # pi never got to write its session: the file is gone when the worker is lost.
+    # The worker is lost (its master, then itself), and only then is its file gone: as when pi
+    # never got to write its session (a live agent would write it again).
     procs.send_signal(master.process, signal.SIGKILL)  # type: ignore[arg-type]
+    resumable = wait_for(
+        "resumable", lambda: e if (e := lab.store.find(agent.key)) and e.status is Status.RESUMABLE else None
+    )
+    for ident in (resumable.process, resumable.child_process):
+        procs.send_signal(ident, signal.SIGKILL)  # type: ignore[arg-type]
+        procs.wait_for_exit(ident, 5)  # type: ignore[arg-type]
     session_file.unlink()
-    _resumable, new_master, dry = lose_and_plan_resume(lab, master, agent.key)
+    new_master = lab.start_master(session="boss2")
+    dry = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "resume", agent.key, "--dry-run", "--json",
+         "--parent-pid", str(new_master.pid), "--parent-session", "boss2", "--socket", lab.socket],
+        capture_output=True, text=True, env=lab.env, timeout=30, check=False,
+    )  # fmt: skip
     assert dry.returncode == 0, dry.stderr
     plan = json.loads(dry.stdout)
     agent_argv = plan["argv"][plan["argv"].index("--") + 1 :]
