@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -764,3 +766,31 @@ def test_the_first_stop_request_is_the_reason() -> None:
     other = StopRequest()
     other.interrupt()
     assert other.reason() == INTERRUPTED
+
+
+def test_a_waited_fork_shows_its_progress_on_a_terminal_and_nothing_on_a_pipe(caller: Caller) -> None:
+    """Issue 20: ``fork --wait`` says it is still running (an elapsed line on a terminal, erased
+    at the end); on a pipe its stderr stays clean."""
+    import pty
+
+    piped = caller.fork("--", "say hi")
+    assert piped.returncode == 0, piped.stderr
+    assert "running" not in piped.stderr and "\r" not in piped.stderr
+    argv = [sys.executable, "-m", "pi_tmux_matrix", "fork", "--session", str(caller.session), "--", "HANG on"]
+    leader, follower = pty.openpty()
+    try:
+        with caller.process(argv, stderr=follower, start_new_session=False) as waiter:
+            seen = b""
+            deadline = time.monotonic() + 30
+            while b"s (Ctrl-C stops it)" not in seen or seen.count(b"\r\x1b[2K") < 2:
+                assert time.monotonic() < deadline, seen
+                ready, _, _ = select.select([leader], [], [], 0.5)
+                if ready:
+                    seen += os.read(leader, 4096)
+            (run,) = [r for r in caller.runs() if r.status is RunStatus.RUNNING]
+            assert f"fork {run.id} running in {run.pane_id}: ".encode() in seen
+            waiter.send_signal(signal.SIGTERM)
+            assert waiter.wait(timeout=30) == 1
+    finally:
+        os.close(leader)
+        os.close(follower)

@@ -8,7 +8,7 @@ import math
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -211,8 +211,34 @@ def cmd_fork(args: argparse.Namespace, io: Io) -> int:
             if why is not None:  # told to stop while it was being launched
                 run = abort_run(RunStore(store), run.id, why)
             return _report(io, run, args.json)
-        ended = wait_run(store, run.id, timeout_s=timeout, stop=stop)
+        with _progress(io) as progress:
+            ended = wait_run(store, run.id, timeout_s=timeout, stop=stop, on_poll=progress)
         return _report(io, ended, args.json, RunStore(store).answer(ended) if args.json else None)
+
+
+@contextmanager
+def _progress(io: Io) -> Iterator[Callable[[ForkRun, float], None] | None]:
+    """A waited fork's one progress line on a terminal (its run, where it runs, the seconds
+    waited), rewritten in place and erased at the end; nothing at all on a pipe."""
+    if not io.err.isatty():
+        yield None
+        return
+    shown = [-1]
+
+    def line(run: ForkRun, waited: float) -> None:
+        if int(waited) == shown[0]:
+            return
+        shown[0] = int(waited)
+        where = f" in {run.pane_id}" if run.pane_id else ""
+        io.err.write(f"\r\x1b[2Kfork {run.id} running{where}: {int(waited)}s (Ctrl-C stops it)")
+        io.err.flush()
+
+    try:
+        yield line
+    finally:
+        if shown[0] >= 0:
+            io.err.write("\r\x1b[2K")
+            io.err.flush()
 
 
 def _fork_settings(io: Io, as_json: bool) -> int:
@@ -323,7 +349,7 @@ def _wait_for(args: argparse.Namespace, io: Io, store: MatrixStore) -> int:
     with ``--notify`` tell the parent agent."""
     from ..fork import wait_run
 
-    with _stop_on_signals() as stop:
+    with _stop_on_signals() as stop, _progress(io) as progress:
         run = wait_run(
             store,
             args.run_id,
@@ -331,6 +357,7 @@ def _wait_for(args: argparse.Namespace, io: Io, store: MatrixStore) -> int:
             close_pane=not args.keep_pane,
             watch=_watched(args.watch),
             stop=stop,
+            on_poll=progress,
         )
     if args.notify and run.parent_key:
         _notify(store, run.parent_key, run)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from contextlib import suppress
 from typing import Final
 
@@ -196,12 +197,14 @@ def wait_run(
     poll_s: float = 0.2,
     watch: ProcessIdentity | None = None,
     stop: StopRequest | None = None,
+    on_poll: Callable[[ForkRun, float], None] | None = None,
 ) -> ForkRun:
     """Wait until the run ends and record how; close its pane (``close_pane``) if this wait saw
     it end. A ``stop`` request (its parent shutting down, a Ctrl-C) stops the fork and fails it
     with the request's reason, and the death of ``watch`` (the ``fork --wait`` process a finisher
     watches: pi's bash tool kills a tool's whole process group with SIGKILL, which no handler
-    sees) fails it with :data:`PARENT_ABORTED`; a ``timeout_s`` that passes stops and fails it too."""
+    sees) fails it with :data:`PARENT_ABORTED`; a ``timeout_s`` that passes stops and fails it too.
+    ``on_poll`` sees the running run and the seconds waited at each look (a progress line)."""
     runs = RunStore(store)
     started = time.monotonic()
     beat = started
@@ -221,6 +224,8 @@ def wait_run(
         if time.monotonic() - beat > HEARTBEAT_S:
             beat = time.monotonic()
             _heartbeat(runs, run_id)
+        if on_poll is not None:
+            on_poll(run, time.monotonic() - started)
         time.sleep(poll_s)
     if close_pane and saw_running:
         stop_run_process(run)
