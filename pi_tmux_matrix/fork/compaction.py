@@ -54,18 +54,6 @@ _CUTTABLE_ROLES: Final = frozenset(
 Memory = tuple[list[dict[str, Any]], list[dict[str, Any]]]  # (observations, reflections)
 
 
-def _observation(value: Any) -> bool:
-    return (
-        isinstance(value, dict)
-        and isinstance(value.get("id"), str)
-        and _MEMORY_ID.fullmatch(value["id"]) is not None
-        and isinstance(value.get("content"), str)
-        and bool(value["content"])
-        and isinstance(value.get("timestamp"), str)
-        and value.get("relevance") in ("low", "medium", "high", "critical")
-    )
-
-
 def _reflection(value: Any) -> bool:
     return (
         isinstance(value, dict)
@@ -73,6 +61,15 @@ def _reflection(value: Any) -> bool:
         and _MEMORY_ID.fullmatch(value["id"]) is not None
         and isinstance(value.get("content"), str)
         and bool(value["content"])
+    )
+
+
+def _observation(value: Any) -> bool:
+    """A reflection's fields, and the time and relevance an observation adds."""
+    return (
+        _reflection(value)
+        and isinstance(value.get("timestamp"), str)
+        and value.get("relevance") in ("low", "medium", "high", "critical")
     )
 
 
