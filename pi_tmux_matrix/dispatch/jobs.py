@@ -23,6 +23,7 @@ from ..matrix.records import Records
 from ..matrix.statedir import Problem
 from ..matrix.store import MatrixStore
 from .model import JOB_SCHEMA_VERSION, AgentResult, Job, JobAgent, ResultKind
+from .usage import CLAIM_SUFFIX, read_claim
 
 __all__ = ["JobStore", "new_job_id", "new_nonce"]
 
@@ -107,10 +108,18 @@ class JobStore:
 
     # -- results ----------------------------------------------------------------------------------
     def put_result(self, result: AgentResult) -> bool:
-        """Write ``result`` unless this agent's round already has one (False then)."""
+        """Write ``result`` unless this agent's round already has one (False then). The round's
+        usage claim, if the worker left one, is read now and kept in it (advisory, .usage)."""
         name = f"{result.job_id}.{result.agent_id}.{result.round}"
-        result = attrs.evolve(result, detail=bounded(result.detail, 2000))
+        usage = read_claim(self.claim_path(name))
+        if usage is not None and usage.claimed is None:
+            log.warning("%s: usage: invalid claim (%s)", self.claim_path(name), usage.invalid)
+        result = attrs.evolve(result, detail=bounded(result.detail, 2000), usage=usage)
         return self.results.put(name, result, exclusive=True)
+
+    def claim_path(self, name: str) -> str:
+        """Where the worker of result ``name`` (``<job>.<agent>.<round>``) may claim its usage."""
+        return self.results.path(name)[: -len(".json")] + CLAIM_SUFFIX
 
     def result(self, job_id: str, agent_id: str, round_: int) -> AgentResult | None:
         return self.results.find(f"{job_id}.{agent_id}.{round_}")

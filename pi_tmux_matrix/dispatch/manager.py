@@ -345,7 +345,8 @@ class Dispatcher:
         rearmed: dict[str, JobAgent] = {}
         # The message as it will be posted (its nonce's length is fixed): checked before the round
         # moves on, so a refused follow-up changes nothing.
-        encode_message("prompt", _followup(text, new_nonce()), "pi-matrix followup")
+        longest = max((self.jobs.claim_path(a.result_name(job_id, a.round + 1)) for a in live), key=len)
+        encode_message("prompt", _followup(text, new_nonce(), longest), "pi-matrix followup")
 
         def rearm(current: Job) -> Job:
             # Computed under the job's lock from the record as it stands: two follow-ups at once
@@ -368,7 +369,7 @@ class Dispatcher:
             if agent.agent_id not in rearmed:
                 continue
             self._start_watcher(job, agent)
-            message = _followup(text, agent.nonce)
+            message = _followup(text, agent.nonce, self.jobs.claim_path(agent.result_name(job.id)))
             to = addressee(self.store, agent.key, agent.host_pid)
             Inbox(self.store, agent.key).post("prompt", message, sender="pi-matrix followup", to=to)
         return job
@@ -408,10 +409,11 @@ class Dispatcher:
         return job, written
 
 
-def _followup(text: str, nonce: str) -> str:
-    """A follow-up's prompt: the text, then how to end this round (its own marker nonce)."""
+def _followup(text: str, nonce: str, usage_file: str) -> str:
+    """A follow-up's prompt: the text, then how to end this round (its own marker nonce) and
+    where it may claim the round's usage."""
     marker = f"[pi-matrix] marker code {nonce}"
-    return f"{text.strip()}\n\n{marker_instruction(nonce)}\n{marker}"
+    return f"{text.strip()}\n\n{marker_instruction(nonce, usage_file)}\n{marker}"
 
 
 def _survived(verb: str, job_id: str, survivors: Sequence[JobAgent]) -> str:

@@ -26,6 +26,7 @@ from ..contract import (
     ENV_PI_COMMAND,
     ENV_PROFILE,
     ENV_STATE_DIR,
+    ENV_USAGE_FILE,
     PASS_ENV,
 )
 from ..errors import ContractError, DispatchError, LaneError
@@ -36,7 +37,7 @@ from ..matrix.store import MatrixStore, now_ms
 from ..programs import host_argv, pi_command
 from ..settings import MatrixSettings, agent_dir
 from .backends import Backend, backend_named
-from .jobs import new_job_id, new_nonce
+from .jobs import JobStore, new_job_id, new_nonce
 from .model import AgentLaunch, Job, JobAgent, PlannedAgent
 from .request import (
     MAX_DEADLINE_S,
@@ -301,8 +302,9 @@ class Planner:
         deadline_s = deadline_of(request, profile.deadline_s)
         session_file = pisession.new_session_file(place.cwd, session_id, self.env) if is_pi else None
         told = variables_instruction(Variables(self.store).path(place.job_id))
+        claim = JobStore(self.store).claim_path(f"{place.job_id}.{agent_id}.1")
         text = "\n\n".join(
-            p for p in (instructions.strip(), place.task, told, marker_instruction(nonce)) if p
+            p for p in (instructions.strip(), place.task, told, marker_instruction(nonce, claim)) if p
         )
         allowed = resolve_write_paths(profile, cwd=place.cwd, worktree=place.worktree)
         launch = AgentLaunch(
@@ -372,6 +374,7 @@ class Planner:
         env[ENV_BLOCKED_MARKER] = f"BLOCKED:{launch.nonce}"
         # The bridge names the worker's profile in its appended system prompt (its identity).
         env[ENV_PROFILE] = profile.name
+        env[ENV_USAGE_FILE] = JobStore(self.store).claim_path(f"{launch.job_id}.{launch.agent_id}.1")
         env.update(self._plugin_env(launch))
         return env
 
