@@ -55,6 +55,8 @@ class JobStore:
         validate_id(job.id, "job id")
         if not self.jobs.put(job.id, job, exclusive=True):
             raise CorruptEntry(self.jobs.path(job.id), "a job with this id already exists")
+        # Before any agent starts: its usage claim goes beside its results (claim_path).
+        self.store.side_dir("results")
         return job
 
     def get(self, job_id: str) -> Job:
@@ -107,15 +109,16 @@ class JobStore:
         return moved
 
     # -- results ----------------------------------------------------------------------------------
-    def put_result(self, result: AgentResult) -> bool:
-        """Write ``result`` unless this agent's round already has one (False then). The round's
-        usage claim, if the worker left one, is read now and kept in it (advisory, .usage)."""
+    def put_result(self, result: AgentResult) -> AgentResult | None:
+        """Write ``result`` unless this agent's round already has one (None then); returns it as
+        written: the round's usage claim, if the worker left one, is read now and kept in it
+        (advisory, ``usage``)."""
         name = f"{result.job_id}.{result.agent_id}.{result.round}"
         usage = read_claim(self.claim_path(name))
         if usage is not None and usage.claimed is None:
             log.warning("%s: usage: invalid claim (%s)", self.claim_path(name), usage.invalid)
         result = attrs.evolve(result, detail=bounded(result.detail, 2000), usage=usage)
-        return self.results.put(name, result, exclusive=True)
+        return result if self.results.put(name, result, exclusive=True) else None
 
     def claim_path(self, name: str) -> str:
         """Where the worker of result ``name`` (``<job>.<agent>.<round>``) may claim its usage."""

@@ -398,8 +398,8 @@ class Dispatcher:
             result = result_now(
                 job, agent.agent_id, agent.key, agent.round, ResultKind.STOPPED, detail="stopped by its owner"
             )
-            if self.jobs.put_result(result):
-                written.append(result)
+            if (stored := self.jobs.put_result(result)) is not None:
+                written.append(stored)
         survivors = stop_agents(self.store, job.agents, reason="stop")
         job = self.jobs.update(job_id, lambda j: attrs.evolve(j, stopped_at=now_ms()))
         for result in written:

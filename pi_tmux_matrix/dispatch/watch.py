@@ -86,8 +86,10 @@ class Watcher:
             self.job, self.agent.agent_id, self.agent.key, self.round, kind, detail=detail,
             exit_code=exit_code, exit_kind=exit_kind,
         )  # fmt: skip
-        if not self.jobs.put_result(result):
+        written = self.jobs.put_result(result)
+        if written is None:
             return None  # someone saw the end first (a stop, another watcher): theirs stands
+        result = written
         self.events.write("result", job=self.job.id, round=self.round, kind=kind.value, detail=detail[:200])
         if kind in (ResultKind.DONE, ResultKind.BLOCKED):
             self._tell_host(kind, detail, "" if result.usage is None else result.usage.line())
