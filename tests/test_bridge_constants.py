@@ -108,3 +108,18 @@ def test_the_agents_notices_are_read_with_the_fields_the_host_writes(tmp_path: P
     for file in ("bridge.ts", "master.ts"):
         assert "notice.message" in source(file)
     assert "notice.type" in source("bridge.ts")
+
+
+def test_the_bridges_usage_claim_is_the_dispatchers_format() -> None:
+    """usage.ts reads the round's claim file from the line the marker instruction writes, and
+    writes only the fields a claim may hold (pi's usage record, model, provider)."""
+    from pi_tmux_matrix.dispatch.request import USAGE_LINE
+    from pi_tmux_matrix.dispatch.usage import _COSTS, _LABELS, _TOKENS, CLAIM_SUFFIX
+
+    assert json.loads(const("LINE", "usage.ts")) == USAGE_LINE
+    assert const("NAME", "usage.ts").endswith(CLAIM_SUFFIX.replace(".", "\\.") + "$/")
+    counts = re.search(r"COUNTS = (\[.*?\]) as const", source("usage.ts"))
+    costs = re.search(r"COSTS = (\[.*?\]) as const", source("usage.ts"))
+    assert counts is not None and costs is not None
+    assert json.loads(counts.group(1)) == list(_TOKENS) and json.loads(costs.group(1)) == list(_COSTS)
+    assert all(f"claim.{label} = " in source("usage.ts") for label in _LABELS)
