@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM
+from fake_llm import FakeLLM, Reply
 from test_dispatch import Lab, wait_for
+from test_master_tool import Scripted, job_of, last_tool_result, mlab, run_print_master, tool  # noqa: F401
 from test_real_pi import pilab  # noqa: F401  (the fixture)
 
 from pi_tmux_matrix.cli.handoffs import handoff_line, handoff_message
@@ -229,3 +230,28 @@ def test_a_pi_workers_bridge_claims_pis_own_usage_for_the_round(
     assert claimed.cost is not None and claimed.cost.total == pis["cost"]["total"]
     assert claimed.model == artifact.get("model", claimed.model) and claimed.provider
     assert handoff.usage is not None and f"{pis['totalTokens']} tokens" in handoff.usage
+
+
+# --- the master's tool ------------------------------------------------------------------------------
+def test_the_master_tools_list_jobs_with_usage_gives_the_claimed_totals(
+    mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
+) -> None:
+    lab, llm, script = mlab
+    (lab.agent_dir / "launch_profiles" / "claims.toml").write_text(_profile("claims", CLAIM))
+
+    def when_done(previous: str) -> Reply:
+        job_id = job_of(previous)
+        store = JobStore(lab.store)
+        wait_for("the worker's result", lambda: store.results_of(store.get(job_id)).get(next(
+            a.agent_id for a in store.get(job_id).agents), []), timeout=60)  # fmt: skip
+        return Reply(tool="tmux_agent_manager", arguments={"action": "list_jobs", "usage": True})
+
+    script.steps = [tool(action="fire_task", profile="claims", task="Say hello."), when_done]
+    done = run_print_master(lab, "Launch one worker, then tell me what it used.")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(last_tool_result(llm.requests[2]))
+    assert report["advisory"] is True
+    (per_job,) = report["jobs"]
+    assert per_job["totalTokens"] == 1234 and per_job["cost"] == 0.05 and per_job["claimedBy"] == 1
+    assert report["masters"] == [{"parentSession": "boss", "jobs": 1, **{k: per_job[k] for k in per_job
+                                  if k not in ("jobId", "parentSession")}}]  # fmt: skip
