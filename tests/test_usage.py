@@ -255,3 +255,27 @@ def test_the_master_tools_list_jobs_with_usage_gives_the_claimed_totals(
     assert per_job["totalTokens"] == 1234 and per_job["cost"] == 0.05 and per_job["claimedBy"] == 1
     assert report["masters"] == [{"parentSession": "boss", "jobs": 1, **{k: per_job[k] for k in per_job
                                   if k not in ("jobId", "parentSession")}}]  # fmt: skip
+
+
+def test_a_forced_relaunch_of_a_launch_key_never_shows_the_old_jobs_claim(tmp_path: Path) -> None:
+    """``fire --launch-key K --force`` archives the old job; the new one has the same result
+    names, so the old claims go with the archive (each archived result keeps its own usage)."""
+    from test_names import plant_job
+
+    from pi_tmux_matrix.dispatch.jobs import result_now
+    from pi_tmux_matrix.dispatch.model import ResultKind
+    from pi_tmux_matrix.matrix.store import MatrixStore
+
+    store = MatrixStore(tmp_path / "state")
+    jobs = JobStore(store)
+    job = plant_job(store, "my-launch-key", tmp_path)
+    (agent,) = job.agents
+    claim = Path(jobs.claim_path(agent.result_name(job.id, 1)))
+    claim.write_text(CLAIM)
+    written = jobs.put_result(result_now(job, agent.agent_id, agent.key, 1, ResultKind.DONE))
+    assert written is not None and written.usage is not None and written.usage.claimed is not None
+    jobs.archive(job)
+    assert not claim.exists()
+    again = plant_job(store, "my-launch-key", tmp_path)
+    fresh = jobs.put_result(result_now(again, agent.agent_id, agent.key, 1, ResultKind.DONE))
+    assert fresh is not None and fresh.usage is None

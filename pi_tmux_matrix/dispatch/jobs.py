@@ -8,7 +8,9 @@ writer learns it lost.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import secrets
 import time
 from collections.abc import Callable
@@ -84,6 +86,12 @@ class JobStore:
         jobs.put(name, job, exclusive=True)
         for result in kept:
             self.results.delete(f"{result.job_id}.{result.agent_id}.{result.round}")
+        # The claims go too (each kept result holds its own): the next job of this launch key has
+        # the same result names, and must never be shown the old job's usage as its own.
+        for agent in job.agents:
+            for round_ in range(1, agent.round + 1):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.claim_path(agent.result_name(job.id, round_)))
         self.jobs.delete(job.id)
         return name
 
