@@ -279,3 +279,43 @@ def test_a_forced_relaunch_of_a_launch_key_never_shows_the_old_jobs_claim(tmp_pa
     again = plant_job(store, "my-launch-key", tmp_path)
     fresh = jobs.put_result(result_now(again, agent.agent_id, agent.key, 1, ResultKind.DONE))
     assert fresh is not None and fresh.usage is None
+
+
+def test_a_pi_rounds_result_waits_for_the_claim_of_the_run_that_printed_the_marker(tmp_path: Path) -> None:
+    """A round of two pi runs: the first run's claim is already there when the marker shows; the
+    result waits for the bridge's claim of the marker's run (written just before its artifact)."""
+    import threading
+    import time
+
+    from test_names import plant_job
+
+    from pi_tmux_matrix.dispatch.model import ResultKind
+    from pi_tmux_matrix.dispatch.watch import Watcher
+    from pi_tmux_matrix.matrix.store import MatrixStore
+
+    store = MatrixStore(tmp_path / "state")
+    job = plant_job(store, "job-20261205-080000-abcdef", tmp_path)
+    (agent,) = job.agents
+    claim = Path(JobStore(store).claim_path(agent.result_name(job.id, 1)))
+    artifacts = store.root / "artifacts" / agent.key
+    artifacts.mkdir(parents=True)
+    claim.write_text('{"totalTokens": 10}')  # the round's first run (a steer while pi was idle)
+    (artifacts / "run-0001.json").write_text(json.dumps({"text": "looking"}))
+
+    def marker_run_ends() -> None:
+        time.sleep(0.5)
+        claim.write_text('{"totalTokens": 25}')
+        (artifacts / "run-0002.json").write_text(json.dumps({"text": f"done\nDONE:{agent.nonce}"}))
+
+    watcher = Watcher(store, job, agent, 1)
+    watcher.scanner.feed(f"done\nDONE:{agent.nonce}\n".encode())
+    watcher._found = (ResultKind.DONE, "")
+    ending = threading.Thread(target=marker_run_ends)
+    ending.start()
+    try:
+        assert watcher._marker_found()
+    finally:
+        ending.join()
+    result = JobStore(store).result(job.id, agent.agent_id, 1)
+    assert result is not None and result.usage is not None and result.usage.claimed is not None
+    assert result.usage.claimed.total_tokens == 25

@@ -24,12 +24,13 @@ import selectors
 import signal
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Final
 
 import attrs
 import pluggy
 
-from .. import procs
+from .. import procs, strictjson
 from ..errors import PiMatrixError, TmuxUnavailable
 from ..inotify import DirWatch
 from ..inotify import available as inotify_available
@@ -49,6 +50,7 @@ STRAY_GRACE_S: Final = 5.0  # an agent without its host: SIGTERM, this long, the
 # How long a marker's result waits for the pi bridge's usage claim (written at pi's agent_end,
 # a moment after the marker showed in the pane); as long as a handoff waits for its artifact.
 CLAIM_WAIT_S: Final = 5.0
+ARTIFACT_BYTES: Final = 256 * 1024  # of a bridge artifact read for its text (it keeps 16,000 chars)
 
 
 @attrs.define
@@ -235,13 +237,31 @@ class Watcher:
         """A pi worker's bridge claims the round's usage at pi's ``agent_end``, which comes just
         after the marker showed: its result (which reads the claim) waits for it, bounded. Only
         where the bridge runs (it makes ``artifacts/<key>/`` when its session starts): another
-        agent's claim is written before its marker, or never."""
-        if not (self.store.root / "artifacts" / self.agent.key).is_dir():
+        agent's claim is written before its marker, or never. The claim is complete once the
+        run that printed the marker ended: the bridge writes it just before that run's artifact,
+        so the wait is for an artifact holding the marker (a claim of an earlier run of the same
+        round is not the round's)."""
+        folder = self.store.root / "artifacts" / self.agent.key
+        if not folder.is_dir():
             return
         claim = self.jobs.claim_path(self.agent.result_name(self.job.id, self.round))
         until = time.monotonic() + CLAIM_WAIT_S
-        while not os.path.lexists(claim) and time.monotonic() < until and not self.superseded():
+        while time.monotonic() < until and not self.superseded():
+            if os.path.lexists(claim) and self._marker_run_ended(folder):
+                return
             time.sleep(0.05)
+
+    def _marker_run_ended(self, folder: Path) -> bool:
+        """The bridge's newest run artifact holds this round's marker."""
+        runs = sorted(folder.glob("run-*.json"))
+        if not runs or not self.scanner.marker:
+            return False
+        try:
+            with open(runs[-1], "rb") as handle:
+                raw = strictjson.loads(handle.read(ARTIFACT_BYTES + 1), max_bytes=ARTIFACT_BYTES)
+        except (OSError, ValueError):
+            return False
+        return isinstance(raw, dict) and self.scanner.marker in str(raw.get("text") or "")
 
     def _feed(self, data: bytes) -> bool:
         if self._found is None:
