@@ -49,6 +49,7 @@ __all__ = [
     "ENV_TASK_REF",
     "ENV_TMUX",
     "ENV_TMUX_SOCKET",
+    "ENV_USAGE_FILE",
     "ENV_WORKTREE_LANE",
     "FORK_FORCED_ENV",
     "FORK_NOT_INHERITED",
@@ -92,6 +93,8 @@ ENV_CLI: Final = "PI_MATRIX_CLI"
 ENV_DONE_MARKER: Final = "PI_MATRIX_DONE_MARKER"
 ENV_BLOCKED_MARKER: Final = "PI_MATRIX_BLOCKED_MARKER"
 ENV_PROFILE: Final = "PI_MATRIX_PROFILE"
+# Where a job's worker may claim its first round's usage (later rounds: the follow-up names it).
+ENV_USAGE_FILE: Final = "PI_MATRIX_USAGE_FILE"
 # Where the product's own programs are found and run.
 ENV_STATE_DIR: Final = _settings.ENV_STATE_DIR
 ENV_AGENT_DIR: Final = _settings.ENV_AGENT_DIR
@@ -116,7 +119,7 @@ FORK_FORCED_ENV: Final = {
 # started long ago, a fork's parent): each launch sets its own, or the child would speak for its
 # parent (its host, its contract, its markers).
 NEVER_INHERITED: Final = CONTRACT_ENV | frozenset(
-    {ENV_KEY, ENV_MAILBOX, ENV_HOST_PID, ENV_DONE_MARKER, ENV_BLOCKED_MARKER, ENV_PROFILE}
+    {ENV_KEY, ENV_MAILBOX, ENV_HOST_PID, ENV_DONE_MARKER, ENV_BLOCKED_MARKER, ENV_PROFILE, ENV_USAGE_FILE}
 )
 # A fork child is also not the caller's pane, nor an earlier fork run.
 FORK_NOT_INHERITED: Final = NEVER_INHERITED | FORK_RUN_ENV | frozenset({ENV_TMUX, "TMUX_PANE"})

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from . import pisession, procs
-from .contract import ENV_BLOCKED_MARKER, ENV_DONE_MARKER, NEVER_INHERITED
+from .contract import ENV_BLOCKED_MARKER, ENV_DONE_MARKER, ENV_USAGE_FILE, NEVER_INHERITED
 from .errors import Conflict, PiMatrixError, ProfileNotFound, ResumeRefused, TmuxUnavailable
 from .identity import Mode, ProcessIdentity
 from .matrix import lifecycle
@@ -127,7 +127,7 @@ def plan_resume(
     # The same door as every fire: the bridge (launch_argv) and the envelope (launch_env) come
     # from the recorded profile and the plugins, never rebuilt by hand here.
     argv, launch_env = dispatcher.compose(launch, task_summary=payload.task_summary)
-    for name in (ENV_DONE_MARKER, ENV_BLOCKED_MARKER):
+    for name in (ENV_DONE_MARKER, ENV_BLOCKED_MARKER, ENV_USAGE_FILE):
         launch_env.pop(name, None)  # a resumed session answers its wake prompt, not a job's marker
     ticket = launch.ticket if dispatcher.settings.enabled else None
     return ResumePlan(

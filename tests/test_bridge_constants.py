@@ -131,3 +131,18 @@ def test_the_fork_result_notice_and_its_acknowledgement_are_what_the_host_reads(
     report = {"event": "notice_taken", "id": "n1", "kind": "fork_result", "runId": "run-1"}
     reports.receive("bridge", json.dumps(report), events)
     assert reports.fork_results_accepted == {"run-1"}
+
+
+def test_the_bridges_usage_claim_is_the_dispatchers_format() -> None:
+    """usage.ts reads the round's claim file from the line the marker instruction writes, and
+    writes only the fields a claim may hold (pi's usage record, model, provider)."""
+    from pi_tmux_matrix.dispatch.request import USAGE_LINE
+    from pi_tmux_matrix.dispatch.usage import _COSTS, _LABELS, _TOKENS, CLAIM_SUFFIX
+
+    assert json.loads(const("LINE", "usage.ts")) == USAGE_LINE
+    assert const("NAME", "usage.ts").endswith(CLAIM_SUFFIX.replace(".", "\\.") + "$/")
+    counts = re.search(r"COUNTS = (\[.*?\]) as const", source("usage.ts"))
+    costs = re.search(r"COSTS = (\[.*?\]) as const", source("usage.ts"))
+    assert counts is not None and costs is not None
+    assert json.loads(counts.group(1)) == list(_TOKENS) and json.loads(costs.group(1)) == list(_COSTS)
+    assert all(f"claim.{label} = " in source("usage.ts") for label in _LABELS)

@@ -61,8 +61,10 @@ def test_a_fired_pi_worker_answers_through_the_fake_llm_and_its_job_completes_on
     assert procs.is_alive(entry.process)  # interactive pi waits for more work
     assert lab.store.get(agent.key).status is Status.RUNNING
     time.sleep(1.0)
-    results = [p.name for p in (lab.state / "results").iterdir() if not p.name.startswith(".")]
-    assert results == [f"{fired.job.id}.{agent.agent_id}.1.json"]
+    results = sorted(p.name for p in (lab.state / "results").iterdir() if not p.name.startswith("."))
+    # One result, and beside it the round's usage claim the bridge wrote (issue 22).
+    name = f"{fired.job.id}.{agent.agent_id}.1"
+    assert results == [f"{name}.json", f"{name}.usage.json"]
     print(f"real pi worker: DONE after {time.monotonic() - started:.1f}s")
 
 

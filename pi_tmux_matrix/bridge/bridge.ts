@@ -9,6 +9,7 @@
 //     clean exit);
 //   * writes a result artifact on every agent_end (final assistant text, stop reason, usage) and
 //     tells the host where it is (a "result" message);
+//   * claims the job round's usage for its worker (usage.ts): pi's own usage records, summed;
 //   * makes SIGTERM graceful (pi's shutdown hooks run).
 // Outside a host it does nothing. Writes are small, synchronous and atomic (temp + rename); no
 // dependency beyond node and pi's own extension API.
@@ -16,6 +17,7 @@ import * as fs from "node:fs";
 import * as path from "node:path";
 import { KEY, MAILBOX, STATE, atomicWrite, lastAssistant, post, textOf, underHost } from "./common.ts";
 import { Delivery, type Item, type Mode } from "./delivery.ts";
+import { UsageClaim } from "./usage.ts";
 import { installEnvelope } from "./envelope.ts";
 import { installFork } from "./fork.ts";
 import { forkResultDelivery, installForkTool } from "./forktool.ts";
@@ -31,6 +33,7 @@ export default function (pi: any) {
   let offset = 0;
   let runs = 0;
   let timer: ReturnType<typeof setInterval> | null = null;
+  const usage = new UsageClaim();
   // A ctx gone stale (pi shutting down, a session replaced) throws: then nothing is sent.
   const delivery = new Delivery(() => {
     try {
@@ -121,6 +124,13 @@ export default function (pi: any) {
 
   pi.on("session_start", async (_event: any, ctx: any) => {
     ctxRef = ctx;
+    // Made now, not at the first run's end: a job's watcher takes it as the sign that this worker
+    // claims its usage through the bridge (and waits a moment for the claim at a marker).
+    try {
+      fs.mkdirSync(path.join(STATE, "artifacts", KEY), { recursive: true, mode: 0o700 });
+    } catch {
+      // the watcher then does not wait: the result is written without the claim
+    }
     // Notices already there belong to before this session started: only new ones are delivered.
     try {
       offset = MAILBOX ? fs.statSync(MAILBOX).size : 0;
@@ -152,6 +162,8 @@ export default function (pi: any) {
     // A run that failed leaves pi's follow-up queue in place for its next run.
     if (last && last.stopReason === "error") delivery.keptByPi();
     setTimeout(() => delivery.pump(), 0);
+    // Before the artifact: the host's handoff waits for the artifact, so the claim is in by then.
+    usage.add(event);
     const artifact = {
       key: KEY,
       run: runs,

@@ -244,7 +244,8 @@ export function installMaster(pi: any, delivery: Delivery): void {
       case "list_profiles":
         return text(call(["profiles", "--json"], cwd));
       case "list_jobs":
-        return text(call(["jobs", "--json"], cwd));
+        // usage: the totals workers claimed (advisory), per job and per master, instead of the jobs.
+        return text(call(params.usage === true ? ["jobs", "--usage", "--json"] : ["jobs", "--json"], cwd));
       case "job_status":
         return text(call(["job", need(params, "jobId", "job_id"), "--json"], cwd));
       case "dismiss":
@@ -330,7 +331,7 @@ export function installMaster(pi: any, delivery: Delivery): void {
       "Launch and manage worker agents in tmux through pi-matrix. Actions: status (tmux here, its server, " +
       "your session, the matrix summary), setup_help, guard (diagnostic only), " +
       "list_profiles, fire_task (profile, teamTemplate or agents[], and task; optional lane, goalId, path, deadlineSeconds, " +
-      "launchKey, force, workspaceName, dryRun), job_status (jobId), list_jobs, send_followup (jobId, text, " +
+      "launchKey, force, workspaceName, dryRun), job_status (jobId), list_jobs (usage), send_followup (jobId, text, " +
       `optional agent), dismiss (jobId), stop_job (jobId; previews unless confirm is "${STOP_WORD}"), ` +
       "set_variable (jobId, name, value), list_variables (jobId), list_templates, " +
       `show_template (templateName), stop_session (sessionName; previews unless confirm is "${STOP_WORD}"), ` +
@@ -386,6 +387,9 @@ export function installMaster(pi: any, delivery: Delivery): void {
       dry_run: Type.Optional(Type.Boolean({ description: "alias of dryRun" })),
       jobId: Type.Optional(Type.String({ description: "the job (job-…, or a launchKey)" })),
       job_id: Type.Optional(Type.String({ description: "alias of jobId" })),
+      usage: Type.Optional(
+        Type.Boolean({ description: "list_jobs: the usage workers claimed (advisory), totals per job and per master" }),
+      ),
       agent: Type.Optional(Type.String({ description: "send_followup: only this agent" })),
       text: Type.Optional(Type.String({ description: "send_followup: the follow-up text" })),
       confirm: Type.Optional(Type.String({ description: `stop_job: "${STOP_WORD}" to really stop` })),

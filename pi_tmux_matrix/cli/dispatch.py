@@ -14,6 +14,7 @@ from ..settings import load_settings
 from .base import STOP_WORD, age, confirmed, store_of
 from .names import resolve_job, resolve_key
 from .render import Column, Row, print_table, tree_indent
+from .usage import job_usage_lines, write_usage
 
 if TYPE_CHECKING:
     from ..dispatch.adhoc import AdHocAgent
@@ -87,6 +88,10 @@ def register(sub: Any, epilog: str) -> None:
     shape = jobs.add_mutually_exclusive_group()  # one output shape: both is a usage error (exit 2)
     shape.add_argument("--json", action="store_true")
     shape.add_argument("--ndjson", action="store_true", help="one job per line")
+    jobs.add_argument(
+        "--usage", action="store_true",
+        help="the usage workers claimed (advisory): a total per job and per master session",
+    )  # fmt: skip
     jobs.set_defaults(handler=cmd_jobs)
 
     job = sub.add_parser("job", help="one job: its agents, their results, hosts and panes", **common)
@@ -257,6 +262,11 @@ def cmd_jobs(args: argparse.Namespace, io: Io) -> int:
     views = dispatcher_of(args).reconcile(sockets={args.socket or default_socket()})
     if not args.all:
         views = [v for v in views if v.state != "dismissed"]
+    if args.usage:
+        if args.ndjson:
+            raise ContractError("--ndjson", "not a shape of --usage", "use --usage, or --usage --json")
+        write_usage(io, views, as_json=args.json)
+        return EXIT_OK
     if args.json:
         dump_json(io, [view.to_json() for view in views])
         return EXIT_OK
@@ -281,6 +291,7 @@ def cmd_job(args: argparse.Namespace, io: Io) -> int:
         rows = _job_rows(io, view)
         if rows:
             print_table(io, JOB_COLUMNS, rows, keys=_all_keys(args, rows))
+        io.out.write("".join(f"usage of {line}\n" for line in job_usage_lines(io, view)))
     return EXIT_OK
 
 

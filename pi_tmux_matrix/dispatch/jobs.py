@@ -8,7 +8,9 @@ writer learns it lost.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import secrets
 import time
 from collections.abc import Callable
@@ -23,6 +25,7 @@ from ..matrix.records import Records
 from ..matrix.statedir import Problem
 from ..matrix.store import MatrixStore
 from .model import JOB_SCHEMA_VERSION, AgentResult, Job, JobAgent, ResultKind
+from .usage import CLAIM_SUFFIX, read_claim
 
 __all__ = ["JobStore", "new_job_id", "new_nonce"]
 
@@ -54,6 +57,8 @@ class JobStore:
         validate_id(job.id, "job id")
         if not self.jobs.put(job.id, job, exclusive=True):
             raise CorruptEntry(self.jobs.path(job.id), "a job with this id already exists")
+        # Before any agent starts: its usage claim goes beside its results (claim_path).
+        self.store.side_dir("results")
         return job
 
     def get(self, job_id: str) -> Job:
@@ -81,6 +86,12 @@ class JobStore:
         jobs.put(name, job, exclusive=True)
         for result in kept:
             self.results.delete(f"{result.job_id}.{result.agent_id}.{result.round}")
+        # The claims go too (each kept result holds its own): the next job of this launch key has
+        # the same result names, and must never be shown the old job's usage as its own.
+        for agent in job.agents:
+            for round_ in range(1, agent.round + 1):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.claim_path(agent.result_name(job.id, round_)))
         self.jobs.delete(job.id)
         return name
 
@@ -106,11 +117,20 @@ class JobStore:
         return moved
 
     # -- results ----------------------------------------------------------------------------------
-    def put_result(self, result: AgentResult) -> bool:
-        """Write ``result`` unless this agent's round already has one (False then)."""
+    def put_result(self, result: AgentResult) -> AgentResult | None:
+        """Write ``result`` unless this agent's round already has one (None then); returns it as
+        written: the round's usage claim, if the worker left one, is read now and kept in it
+        (advisory, ``usage``)."""
         name = f"{result.job_id}.{result.agent_id}.{result.round}"
-        result = attrs.evolve(result, detail=bounded(result.detail, 2000))
-        return self.results.put(name, result, exclusive=True)
+        usage = read_claim(self.claim_path(name))
+        if usage is not None and usage.claimed is None:
+            log.warning("%s: usage: invalid claim (%s)", self.claim_path(name), usage.invalid)
+        result = attrs.evolve(result, detail=bounded(result.detail, 2000), usage=usage)
+        return result if self.results.put(name, result, exclusive=True) else None
+
+    def claim_path(self, name: str) -> str:
+        """Where the worker of result ``name`` (``<job>.<agent>.<round>``) may claim its usage."""
+        return self.results.path(name)[: -len(".json")] + CLAIM_SUFFIX
 
     def result(self, job_id: str, agent_id: str, round_: int) -> AgentResult | None:
         return self.results.find(f"{job_id}.{agent_id}.{round_}")

@@ -364,7 +364,8 @@ class Dispatcher:
         rearmed: dict[str, JobAgent] = {}
         # The message as it will be posted (its nonce's length is fixed): checked before the round
         # moves on, so a refused follow-up changes nothing.
-        encode_message("prompt", _followup(text, new_nonce()), "pi-matrix followup")
+        longest = max((self.jobs.claim_path(a.result_name(job_id, a.round + 1)) for a in live), key=len)
+        encode_message("prompt", _followup(text, new_nonce(), longest), "pi-matrix followup")
 
         def rearm(current: Job) -> Job:
             # Computed under the job's lock from the record as it stands: two follow-ups at once
@@ -387,7 +388,7 @@ class Dispatcher:
             if agent.agent_id not in rearmed:
                 continue
             self._start_watcher(job, agent)
-            message = _followup(text, agent.nonce)
+            message = _followup(text, agent.nonce, self.jobs.claim_path(agent.result_name(job.id)))
             to = addressee(self.store, agent.key, agent.host_pid)
             Inbox(self.store, agent.key).post("prompt", message, sender="pi-matrix followup", to=to)
         return job
@@ -416,8 +417,8 @@ class Dispatcher:
             result = result_now(
                 job, agent.agent_id, agent.key, agent.round, ResultKind.STOPPED, detail="stopped by its owner"
             )
-            if self.jobs.put_result(result):
-                written.append(result)
+            if (stored := self.jobs.put_result(result)) is not None:
+                written.append(stored)
         survivors = stop_agents(self.store, job.agents, reason="stop")
         job = self.jobs.update(job_id, lambda j: attrs.evolve(j, stopped_at=now_ms()))
         for result in written:
@@ -427,10 +428,11 @@ class Dispatcher:
         return job, written
 
 
-def _followup(text: str, nonce: str) -> str:
-    """A follow-up's prompt: the text, then how to end this round (its own marker nonce)."""
+def _followup(text: str, nonce: str, usage_file: str) -> str:
+    """A follow-up's prompt: the text, then how to end this round (its own marker nonce) and
+    where it may claim the round's usage."""
     marker = f"[pi-matrix] marker code {nonce}"
-    return f"{text.strip()}\n\n{marker_instruction(nonce)}\n{marker}"
+    return f"{text.strip()}\n\n{marker_instruction(nonce, usage_file)}\n{marker}"
 
 
 def _survived(verb: str, job_id: str, survivors: Sequence[JobAgent]) -> str:

@@ -19,6 +19,7 @@ from ..matrix.codec import register_enum
 from ..matrix.model import Entry
 from ..matrix.tickets import new_ticket
 from . import SUBPROCESS, TMUX
+from .usage import ClaimedUsage
 
 if TYPE_CHECKING:
     # Only for the annotation: at run time the hook specs (which import this module) stay
@@ -161,6 +162,9 @@ class AgentResult:
     detail: str = ""
     exit_code: int | None = None
     exit_kind: str | None = None
+    # The worker's usage claim for the round, read when this result was written (advisory);
+    # None: it claimed nothing (never zeros made up for it).
+    usage: ClaimedUsage | None = None
 
 
 @attrs.frozen

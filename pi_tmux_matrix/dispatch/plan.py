@@ -26,6 +26,7 @@ from ..contract import (
     ENV_PI_COMMAND,
     ENV_PROFILE,
     ENV_STATE_DIR,
+    ENV_USAGE_FILE,
     PASS_ENV,
 )
 from ..errors import ContractError, DispatchError, LaneError
@@ -36,7 +37,7 @@ from ..matrix.store import MatrixStore, now_ms
 from ..programs import host_argv, pi_command
 from ..settings import MatrixSettings, agent_dir
 from .backends import Backend, backend_named
-from .jobs import new_job_id, new_nonce
+from .jobs import JobStore, new_job_id, new_nonce
 from .model import OPEN, SPLIT, AgentLaunch, Job, JobAgent, PlannedAgent
 from .request import (
     MAX_DEADLINE_S,
@@ -314,7 +315,8 @@ class Planner:
         parts: tuple[str, ...]
         if request.watched:
             deadline_s = deadline_of(request, profile.deadline_s)
-            parts = (instructions.strip(), place.task, told, marker_instruction(nonce))
+            claim = JobStore(self.store).claim_path(f"{place.job_id}.{agent_id}.1")
+            parts = (instructions.strip(), place.task, told, marker_instruction(nonce, claim))
         else:
             # A workspace agent is a person's: interactive, no deadline, never asked for a marker,
             # and with no task no first prompt at all (its instructions wait for one).
@@ -393,6 +395,8 @@ class Planner:
             env[ENV_BLOCKED_MARKER] = f"BLOCKED:{launch.nonce}"
         # The bridge names the worker's profile in its appended system prompt (its identity).
         env[ENV_PROFILE] = profile.name
+        if launch.watched:  # a workspace agent has no rounds, so no claim of one
+            env[ENV_USAGE_FILE] = JobStore(self.store).claim_path(f"{launch.job_id}.{launch.agent_id}.1")
         env.update(self._plugin_env(launch))
         return env
 

@@ -25,6 +25,7 @@ __all__ = [
     "MAX_DEADLINE_S",
     "MAX_TASK_BYTES",
     "MIN_DEADLINE_S",
+    "USAGE_LINE",
     "FireRequest",
     "agent_id_of",
     "check_task",
@@ -79,13 +80,25 @@ class FireRequest:
     confirm_s: float = 5.0
 
 
-def marker_instruction(nonce: str) -> str:
+# The line naming a round's usage claim file (the pi bridge reads it from the prompt it ran).
+USAGE_LINE: Final = "[pi-matrix] usage file "
+
+
+def marker_instruction(nonce: str, usage_file: str | None = None) -> str:
     """How an agent is told to end: the marker itself never appears in the text, so an echo of
-    the instruction cannot be taken for the agent's answer."""
-    return (
+    the instruction cannot be taken for the agent's answer. With ``usage_file``, where it may
+    claim the round's usage first (optional and advisory; the pi bridge writes it for pi)."""
+    text = (
         f"When you are finished, print a line holding only DONE, a colon and the code {nonce} "
         f"(no spaces). If you cannot go on, print BLOCKED, a colon and {nonce}, then a space and "
         "the reason, on a line of its own."
+    )
+    if usage_file is None:
+        return text
+    return (
+        f"{text} Optionally, before that line, claim this round's token usage by writing JSON "
+        'such as {"totalTokens": 1234, "cost": {"total": 0.05}} to the file named below.\n'
+        f"{USAGE_LINE}{usage_file}"
     )
 
 

@@ -65,6 +65,8 @@ def result_json(result: AgentResult) -> dict[str, object]:
         "detail": result.detail,
         "exitCode": result.exit_code,
         "exitKind": result.exit_kind,
+        # The worker's own claim, advisory; null when it claimed nothing (never made-up zeros).
+        "usage": None if result.usage is None else result.usage.to_json(),
     }
 
 

@@ -24,12 +24,13 @@ import selectors
 import signal
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Final
 
 import attrs
 import pluggy
 
-from .. import procs
+from .. import procs, strictjson
 from ..errors import PiMatrixError, TmuxUnavailable
 from ..inotify import DirWatch
 from ..inotify import available as inotify_available
@@ -46,6 +47,10 @@ log = logging.getLogger(__name__)
 
 STOP_WAIT_S: Final = 15.0  # host stop sequence: request + grace + SIGTERM + SIGKILL, with margin
 STRAY_GRACE_S: Final = 5.0  # an agent without its host: SIGTERM, this long, then SIGKILL
+# How long a marker's result waits for the pi bridge's usage claim (written at pi's agent_end,
+# a moment after the marker showed in the pane); as long as a handoff waits for its artifact.
+CLAIM_WAIT_S: Final = 5.0
+ARTIFACT_BYTES: Final = 256 * 1024  # of a bridge artifact read for its text (it keeps 16,000 chars)
 
 
 @attrs.define
@@ -83,24 +88,26 @@ class Watcher:
             self.job, self.agent.agent_id, self.agent.key, self.round, kind, detail=detail,
             exit_code=exit_code, exit_kind=exit_kind,
         )  # fmt: skip
-        if not self.jobs.put_result(result):
+        written = self.jobs.put_result(result)
+        if written is None:
             return None  # someone saw the end first (a stop, another watcher): theirs stands
+        result = written
         self.events.write("result", job=self.job.id, round=self.round, kind=kind.value, detail=detail[:200])
         if kind in (ResultKind.DONE, ResultKind.BLOCKED):
-            self._tell_host(kind, detail)
+            self._tell_host(kind, detail, "" if result.usage is None else result.usage.line())
         if self.plugins is not None:
             with contextlib.suppress(Exception):  # a plugin's failure never loses a written result
                 self.plugins.hook.on_terminal(job=self.job, result=result)
         return result
 
-    def _tell_host(self, kind: ResultKind, detail: str) -> None:
+    def _tell_host(self, kind: ResultKind, detail: str, usage: str) -> None:
         """The marker ended the round: its host hands off now (it owns writes to its entry), not
         when its agent later ends. Addressed to the host this round runs under: a host gone
         since takes nothing, and its end hands off as before."""
         name = self.agent.result_name(self.job.id, self.round)
         text = round_message(
             job=self.job.id, round_=self.round, outcome=kind.value, marker=self.scanner.marker,
-            reason=detail, text=self.scanner.round_text, path=self.jobs.results.path(name),
+            reason=detail, text=self.scanner.round_text, path=self.jobs.results.path(name), usage=usage,
         )  # fmt: skip
         to = addressee(self.store, self.agent.key, self.agent.host_pid)
         try:
@@ -222,8 +229,39 @@ class Watcher:
         if self._found is None:
             return False
         kind, detail = self._found
+        self._await_claim()
         self.write(kind, detail)
         return True
+
+    def _await_claim(self) -> None:
+        """A pi worker's bridge claims the round's usage at pi's ``agent_end``, which comes just
+        after the marker showed: its result (which reads the claim) waits for it, bounded. Only
+        where the bridge runs (it makes ``artifacts/<key>/`` when its session starts): another
+        agent's claim is written before its marker, or never. The claim is complete once the
+        run that printed the marker ended: the bridge writes it just before that run's artifact,
+        so the wait is for an artifact holding the marker (a claim of an earlier run of the same
+        round is not the round's)."""
+        folder = self.store.root / "artifacts" / self.agent.key
+        if not folder.is_dir():
+            return
+        claim = self.jobs.claim_path(self.agent.result_name(self.job.id, self.round))
+        until = time.monotonic() + CLAIM_WAIT_S
+        while time.monotonic() < until and not self.superseded():
+            if os.path.lexists(claim) and self._marker_run_ended(folder):
+                return
+            time.sleep(0.05)
+
+    def _marker_run_ended(self, folder: Path) -> bool:
+        """The bridge's newest run artifact holds this round's marker."""
+        runs = sorted(folder.glob("run-*.json"))
+        if not runs or not self.scanner.marker:
+            return False
+        try:
+            with open(runs[-1], "rb") as handle:
+                raw = strictjson.loads(handle.read(ARTIFACT_BYTES + 1), max_bytes=ARTIFACT_BYTES)
+        except (OSError, ValueError):
+            return False
+        return isinstance(raw, dict) and self.scanner.marker in str(raw.get("text") or "")
 
     def _feed(self, data: bytes) -> bool:
         if self._found is None:

@@ -207,7 +207,13 @@ def _with_handoff(entry: Entry, handoff: Handoff) -> tuple[Handoff, ...]:
 
 
 def record_round(
-    entry: Entry, outcome: Outcome, now: int, *, summary: str = "", result_pointer: str | None = None
+    entry: Entry,
+    outcome: Outcome,
+    now: int,
+    *,
+    summary: str = "",
+    result_pointer: str | None = None,
+    usage: str | None = None,
 ) -> Entry | None:
     """A worker's round ended with its marker (``done``/``blocked``) while its agent lives on:
     a handoff for its owner at once, the status unchanged. None (no write) for an entry with no
@@ -216,7 +222,7 @@ def record_round(
         return None
     if entry.status in (Status.TERMINAL, Status.CLOSED):
         return None
-    handoff = _handoff(entry, outcome, now, summary, result_pointer)
+    handoff = attrs.evolve(_handoff(entry, outcome, now, summary, result_pointer), usage=usage)
     return attrs.evolve(entry, handoffs=_with_handoff(entry, handoff), heartbeat_at=now)
 
 

@@ -26,7 +26,7 @@ import attrs
 
 from .. import strictjson
 from ..errors import ContractError, PiMatrixError, StoreError
-from .model import MAX_TEXT, Outcome
+from .model import MAX_REASON, MAX_TEXT, Outcome
 from .store import MatrixStore, now_ms
 
 __all__ = [
@@ -103,15 +103,16 @@ class RoundEnd:
     reason: str = ""  # a BLOCKED marker's reason
     text: str = ""  # what the round printed before its marker (bounded)
     path: str | None = None  # the job's result record
+    usage: str = ""  # the round's usage claim as one advisory line ("" when none)
 
 
 def round_message(
-    *, job: str, round_: int, outcome: str, marker: str, reason: str, text: str, path: str
+    *, job: str, round_: int, outcome: str, marker: str, reason: str, text: str, path: str, usage: str = ""
 ) -> str:
     """The ``round`` message a watcher posts to the agent's host."""
     body = {
         "job": job, "round": round_, "outcome": outcome, "marker": marker, "reason": reason[:500],
-        "text": text[-ROUND_TEXT_CHARS:], "path": path,
+        "text": text[-ROUND_TEXT_CHARS:], "path": path, "usage": usage[:MAX_REASON],
     }  # fmt: skip
     return json.dumps(body)
 
@@ -125,7 +126,7 @@ def parse_round(text: str) -> RoundEnd | None:
         return RoundEnd(
             job=str(raw["job"]), round=int(raw["round"]), outcome=outcome, marker=str(raw["marker"]),
             reason=str(raw.get("reason") or ""), text=str(raw.get("text") or ""),
-            path=path if isinstance(path, str) else None,
+            path=path if isinstance(path, str) else None, usage=str(raw.get("usage") or "")[:MAX_REASON],
         )  # fmt: skip
     except (ValueError, KeyError, TypeError):
         return None

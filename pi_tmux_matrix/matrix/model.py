@@ -197,6 +197,8 @@ class Handoff:
     summary: str = attrs.field(default="", validator=_max_len("summary", MAX_TEXT))
     result_pointer: str | None = None
     delivered_at: int | None = None
+    # The round's usage as its worker claimed it, one line marked advisory (None: no claim).
+    usage: str | None = attrs.field(default=None, validator=_max_len("usage", MAX_REASON))
 
 
 def _to_handoffs(value: Iterable[Handoff]) -> tuple[Handoff, ...]:

@@ -103,7 +103,12 @@ class Rounds:
         self.pending = self.pending_until = None
         written = self.record.write(
             lambda e: lifecycle.record_round(
-                e, end.outcome, now_ms(), summary=bounded(summary), result_pointer=pointer
+                e,
+                end.outcome,
+                now_ms(),
+                summary=bounded(summary),
+                result_pointer=pointer,
+                usage=end.usage or None,
             )
         )
         self.events.write(

@@ -24,6 +24,10 @@ builder of a launch profile can run it. Like an agent following the dispatcher's
 it ends each turn with ``$PI_MATRIX_DONE_MARKER`` (done) or ``$PI_MATRIX_BLOCKED_MARKER reason``
 (blocked) on a line of its own; a prompt whose last line is
 ``[pi-matrix] marker code <nonce>`` switches it to ``DONE:<nonce>``/``BLOCKED:<nonce>`` from then on.
+
+``STANDIN_USAGE=<text>`` (opt-in) makes it claim its usage like a cooperative worker: at each
+turn's end, before its marker, it writes ``<text>`` as is to the round's claim file
+(``$PI_MATRIX_USAGE_FILE``, then the file a prompt's ``[pi-matrix] usage file <path>`` names).
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ ENV_BLOCKED_MARKER = "PI_MATRIX_BLOCKED_MARKER"
 # (The code alone: a marker spelled out in a prompt could be wrapped onto a line of its own by a
 # narrow pane and read by the watcher as the agent's answer.)
 MARKER_LINE = re.compile(r"\[pi-matrix\] marker code ([0-9A-Za-z]+)")
+# The round's usage claim file, as the marker instruction names it.
+USAGE_LINE = re.compile(r"\[pi-matrix\] usage file (\S+)")
 
 
 class Session:
@@ -96,6 +102,7 @@ class Agent:
         self.done_marker = os.environ.get(ENV_DONE_MARKER) or None
         self.blocked_marker = os.environ.get(ENV_BLOCKED_MARKER) or None
         self.last_reply: str | None = None
+        self.usage_file = os.environ.get("PI_MATRIX_USAGE_FILE") or None
 
     def out(self, text: str) -> None:
         if not self.emit_rpc:
@@ -110,12 +117,20 @@ class Agent:
         found = MARKER_LINE.fullmatch(lines[-1].strip()) if lines else None
         if found is not None:
             self.done_marker, self.blocked_marker = f"DONE:{found.group(1)}", f"BLOCKED:{found.group(1)}"
+        for line in lines:
+            named = USAGE_LINE.search(line)
+            if named is not None:
+                self.usage_file = named.group(1)
 
     def _task_words(self, task: str) -> str:
         """The task without the dispatcher's marker lines: its instruction says "print BLOCKED
         ..." on every task, which must not read as a task that asks to be blocked."""
         nonces = {m.split(":", 1)[1] for m in (self.done_marker, self.blocked_marker) if m and ":" in m}
-        return "\n".join(line for line in task.splitlines() if not any(n in line for n in nonces))
+        return "\n".join(
+            line
+            for line in task.splitlines()
+            if not any(n in line for n in nonces) and not USAGE_LINE.search(line)
+        )
 
     def turn(self, task: str) -> int:
         """One agent turn; returns 0 done, 2 blocked, 3 failed."""
@@ -146,6 +161,7 @@ class Agent:
             final = f"{self.blocked_marker} the task says BLOCKED"
         if final is not None:
             reply = f"{reply}\n{final}"
+            self._claim_usage()
         self.last_reply = reply
         message = {"role": "assistant", "content": reply}
         self.session.append({"type": "message", **message})
@@ -155,6 +171,17 @@ class Agent:
         if final is not None:
             self.out(final)
         return code
+
+    def _claim_usage(self) -> None:
+        """``STANDIN_USAGE``, written as is to the round's claim file before the marker shows."""
+        claim = os.environ.get("STANDIN_USAGE")
+        if claim is None or self.usage_file is None:
+            return
+        target = Path(self.usage_file)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        with contextlib.suppress(OSError):
+            tmp.write_text(claim)
+            tmp.replace(target)
 
     def _wait(self, seconds: float) -> None:
         end = time.monotonic() + seconds
