@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,17 @@ def master_window(lab: Lab, *pi_args: str) -> None:
     subprocess.run([*tmux, *where, *env, "-c", str(lab.work), "--", *argv], env=lab.env, check=True)
 
 
+def _stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (state ``T`` in ``/proc/<pid>/stat``)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "T"
+
+
+def _events(lab: Lab, key: str) -> str:
+    path = lab.state / "events" / f"{key}.jsonl"
+    return path.read_text() if path.exists() else f"(no {path})"
+
+
 def _handoff_lines(session_file: Path) -> list[str]:
     """The handoffs in the master's session: custom messages of the bridge's handoff type."""
     found = []
@@ -230,14 +242,25 @@ def test_a_workers_handoff_wakes_the_master_session_once_and_is_replayed_once_af
         "the handoff acknowledged", lambda: lab.store.get(worker.key).status is Status.CLOSED, timeout=30
     )
 
-    # The master freezes; a second worker ends meanwhile: its handoff waits, undelivered.
+    # The master's pi freezes; a second worker ends meanwhile: its host offers the handoff, pi never
+    # takes it, so it stays undelivered. (pi, not its host: tmux continues a pane process stopped by
+    # SIGSTOP at once, and SIGTTOU is discarded in the pane's orphaned process group.)
     master = lab.store.get("master-boss")
     assert master.process is not None and master.child_process is not None
-    procs.send_signal(master.process, signal.SIGSTOP)
+    procs.send_signal(master.child_process, signal.SIGSTOP)
+    wait_for("the master's pi frozen", lambda: _stopped(master.child_process.pid))  # type: ignore[union-attr]
     lab.master = master
     second = lab.fire("Say hello again.", profile="standin-print")
     (agent2,) = second.job.agents
-    wait_for("the second handoff recorded", lambda: lab.store.get(agent2.key).undelivered, timeout=60)
+    wait_for(
+        "the second handoff recorded",
+        lambda: lab.store.get(agent2.key).undelivered,
+        timeout=60,
+        detail=lambda: f"{lab.store.get(agent2.key)}\n" + _events(lab, agent2.key),
+    )
+    time.sleep(1.0)  # a host that took pi's silence for an acknowledgement would mark it now
+    assert lab.store.get(agent2.key).undelivered, "offered is not delivered: pi never took it"
+    assert _stopped(master.child_process.pid), "the master's pi stayed frozen"
     for identity in (master.child_process, master.process):  # the master dies before delivering
         procs.send_signal(identity, signal.SIGKILL)
         procs.send_signal(identity, signal.SIGCONT)
