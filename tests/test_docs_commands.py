@@ -30,14 +30,16 @@ STANDIN = [sys.executable, "-m", "pi_tmux_matrix.standin"]
 
 
 def documented_commands() -> list[tuple[str, str]]:
-    found = []
+    """Each distinct documented command once, where it first appears (a command several pages
+    show runs once: the same words need no second run)."""
+    found: dict[str, str] = {}
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for block in re.findall(r"```bash\n(.*?)```", path.read_text(), re.DOTALL):
             for line in block.splitlines():
                 command = line.split("  #")[0].strip()
                 if command.startswith("pi-matrix "):
-                    found.append((path.name, command))
-    return found
+                    found.setdefault(command, path.name)
+    return [(source, command) for command, source in found.items()]
 
 
 def _fill(command: str, job_id: str, worker: str) -> list[str]:
@@ -106,6 +108,7 @@ def test_every_documented_command_runs(tmp_path: Path) -> None:
                 continue
             if os.environ.get("PI_MATRIX_DOCS_VERBOSE"):
                 print(
+                    f"{time.monotonic() - began:6.2f}s",
                     done.returncode,
                     " ".join(words),
                     done.stderr.strip().splitlines()[-1:] if done.stderr else "",

@@ -92,11 +92,16 @@ def inside(real: str, root: str) -> bool:
     return real == root or real.startswith(root + "/")
 
 
-def _dirs(base: Path) -> set[str]:
-    found: set[str] = set()
-    for folder, names, _files in os.walk(base, followlinks=False):
-        found.update(os.path.join(folder, n) for n in names if not os.path.islink(os.path.join(folder, n)))
-    return found
+def _walk(top: Path) -> tuple[set[str], set[str]]:
+    """The folders and the other names (files, links) under ``top``, links not followed."""
+    folders: set[str] = set()
+    others: set[str] = set()
+    for folder, names, files in os.walk(top, followlinks=False):
+        for name in names:
+            path = os.path.join(folder, name)
+            (others if os.path.islink(path) else folders).add(path)
+        others.update(os.path.join(folder, n) for n in files)
+    return folders, others
 
 
 DEPTH = 7  # deeper than any run of ".." a generated path holds, so every folder it makes is seen
@@ -108,36 +113,51 @@ def nested(top: Path) -> Path:
     return base
 
 
-def truth(top: Path, raw: str) -> bool | None:
-    """What a write of ``raw`` does in a fresh tree under ``top``: True when everything it made
-    and the file it opened lie inside the allowed root and off every private root, False when
-    anything lands outside or in a private root, None when the write fails having made nothing
-    outside (a loop, a folder, a dangling parent): then blocking and allowing are both safe.
-    pi's write makes the missing parents, then opens the file for writing."""
-    base = nested(top)
-    build(base)
-    allowed = str((base / "A").resolve())
-    agent = str((base / "agent").resolve())
-    # pi joins a relative path to the session cwd and normalises it; an absolute one goes as written.
-    target = raw.replace("@ABS", str(base)) if raw.startswith("@ABS") else os.path.normpath(f"{base}/A/{raw}")
-    before = _dirs(top)
-    reached: str | None = None
-    try:
-        os.makedirs(os.path.dirname(target) or "/", exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+class Trials:
+    """One tree for every trial: what a trial makes is removed after it, which leaves the tree as
+    built (a fresh copy per trial cost ~12 ms, this ~1 ms)."""
+
+    def __init__(self, top: Path) -> None:
+        self.top = top
+        self.base = nested(top)
+        build(self.base)
+        self.allowed = str((self.base / "A").resolve())
+        self.agent = str((self.base / "agent").resolve())
+        self.folders, self.others = _walk(top)
+
+    def truth(self, raw: str) -> bool | None:
+        """What a write of ``raw`` does in the tree: True when everything it made and the file it
+        opened lie inside the allowed root and off every private root, False when anything lands
+        outside or in a private root, None when the write fails having made nothing outside (a
+        loop, a folder, a dangling parent): then blocking and allowing are both safe. pi's write
+        makes the missing parents, then opens the file for writing."""
+        base, allowed, agent = self.base, self.allowed, self.agent
+        # pi joins a relative path to the session cwd and normalises it; an absolute one goes as written.
+        relative = not raw.startswith("@ABS")
+        target = os.path.normpath(f"{base}/A/{raw}") if relative else raw.replace("@ABS", str(base))
+        reached: str | None = None
         try:
-            reached = os.readlink(f"/proc/self/fd/{fd}")
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        if exc.errno not in (errno.ENOENT, errno.ELOOP, errno.EISDIR, errno.ENOTDIR, errno.EEXIST):
-            raise
-    made = [os.path.realpath(d) for d in _dirs(top) - before]
-    if any(not inside(d, allowed) or private_for_writes(d, allowed, agent) for d in made):
-        return False  # a folder was made where the worker may not write
-    if reached is None:
-        return None  # the write failed; what it made lies inside: no escape, nothing to allow
-    return inside(reached, allowed) and not private_for_writes(reached, allowed, agent)
+            os.makedirs(os.path.dirname(target) or "/", exist_ok=True)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                reached = os.readlink(f"/proc/self/fd/{fd}")
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOENT, errno.ELOOP, errno.EISDIR, errno.ENOTDIR, errno.EEXIST):
+                raise
+        folders, others = _walk(self.top)
+        new_folders = folders - self.folders
+        made = [os.path.realpath(d) for d in new_folders]
+        for path in others - self.others:
+            os.unlink(path)
+        for path in sorted(new_folders, key=len, reverse=True):
+            os.rmdir(path)
+        if any(not inside(d, allowed) or private_for_writes(d, allowed, agent) for d in made):
+            return False  # a folder was made where the worker may not write
+        if reached is None:
+            return None  # the write failed; what it made lies inside: no escape, nothing to allow
+        return inside(reached, allowed) and not private_for_writes(reached, allowed, agent)
 
 
 def judge_all(tmp: Path, base: Path, paths: list[str]) -> list[str | None]:
@@ -176,18 +196,14 @@ def test_every_generated_path_is_judged_as_the_kernel_acts_on_it(tmp_path: Path)
     verdicts = judge_all(tmp_path, judged, paths)
     wrong: list[str] = []
     outcomes = {True: 0, False: 0, None: 0}
-    trials = tmp_path / "trials"
-    trials.mkdir()
-    for index, (raw, verdict) in enumerate(zip(paths, verdicts, strict=True)):
-        top = trials / str(index)
-        top.mkdir()
-        # Each trial has a tree of its own (the write changes it); its links point into it.
-        really = truth(top, raw)
+    trials = Trials(tmp_path / "trials")
+    for raw, verdict in zip(paths, verdicts, strict=True):
+        really = trials.truth(raw)
         outcomes[really] += 1
-        shutil.rmtree(top)
         if really is not None and really != (verdict is None):
             kernel = "allowed" if really else "escaped"
             wrong.append(f"{raw}: kernel {kernel}, envelope {verdict or 'allowed'}")
+    assert _walk(trials.top) == (trials.folders, trials.others), "a trial left something behind"
     assert not wrong, f"{len(wrong)} of {len(paths)} wrong, e.g.\n" + "\n".join(wrong[:15])
     # The harness can fail: its paths land inside, escape (outside, the agent dir, a .pi folder,
     # .git hooks), and fail harmlessly, in good numbers each.

@@ -125,14 +125,17 @@ def _pi_check() -> dict[str, Any]:
     version = _version([*command, "--version"]) if program else None
     if version is not None:
         return _check("pi", True, f"{' '.join(command)}: {version}", required=False)
+    # Found but silent is not "not found": the user's command runs, it only does not answer.
+    shown = " ".join(command)
+    missing = f"{command[0]!r} not found" if program is None else f"'{shown} --version' gave no version"
     for binary in pinned_installs():
         pinned = _version([str(binary), "--version"])
         if pinned is not None:
-            where = f"{command[0]!r} not found; the pinned install {binary} ({pinned}) is not in use"
+            where = f"{missing}; the pinned install {binary} ({pinned}) is not in use"
             use = f"export {ENV_PI_COMMAND}='{json.dumps([str(binary)])}'"
             return _check("pi", False, where, f"use it: {use}", required=False)
     return _check(
-        "pi", False, f"{command[0]!r} not found",
+        "pi", False, missing,
         f"install the pinned pi {PI_PIN}: 'bash scripts/install-pi' in a pi-matrix checkout (it runs "
         f"'npm install --prefix .pi-cli @mariozechner/pi-coding-agent@{PI_PIN}'), then "
         f"export {ENV_PI_COMMAND}='[\"/path/to/the/checkout/{PINNED_BIN}\"]'",

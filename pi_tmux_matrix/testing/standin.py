@@ -312,8 +312,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-tools", action="store_true")
     parser.add_argument("--append-system-prompt")
     parser.add_argument("--worktree-lane")
+    parser.add_argument("--version", action="store_true")
     parser.add_argument("message", nargs="*")
     args, _unknown = parser.parse_known_args(argv)
+    if args.version:  # as pi answers it: one line, at once (doctor asks every agent command)
+        from .. import __version__
+
+        print(f"stand-in {__version__}")
+        return 0
     mode = args.mode or ("print" if args.print_mode else "interactive")
     if args.no_session:
         path = None
