@@ -341,3 +341,34 @@ def test_repair_quarantines_and_reports_never_deletes(store: MatrixStore, tmp_pa
     result = store.list()
     assert [e.key for e in result.entries] == ["worker-good1"]
     assert [p.kind for p in result.problems] == ["newer"]
+
+
+# --- issue 21: the CAS keeps its checks with less work under the lock --------------------------------
+def test_a_cas_over_bytes_this_store_wrote_that_another_writer_replaced_decodes_the_new_ones(
+    store: MatrixStore,
+) -> None:
+    """The store skips decoding only bytes identical to its own last write: another process's
+    version, or a corrupt file in its place, is read as what it is."""
+    entry = store.create(make_entry("s1"))
+    other = MatrixStore(store.root)  # another process's view: its own memory of writes
+    theirs = other.update(entry.key, lambda e: e.moved(e.status, heartbeat_at=41))
+    seen: list[int | None] = []
+    store.update(entry.key, lambda e: seen.append(e.heartbeat_at) or e.moved(e.status, heartbeat_at=42))
+    assert seen == [41] and store.get(entry.key).heartbeat_at == 42
+    with pytest.raises(Conflict):
+        store.update(entry.key, lambda e: e, expected=theirs.generation)
+    (store.root / "worker-s1.json").write_bytes(b'{"half": ')
+    with pytest.raises(CorruptEntry):
+        store.update(entry.key, lambda e: e)
+
+
+def test_a_state_dir_made_anew_under_a_live_store_is_locked_through_its_new_locks_dir(
+    store: MatrixStore,
+) -> None:
+    entry = store.create(make_entry("s1"))
+    store.update(entry.key, lambda e: e.moved(e.status, heartbeat_at=1))
+    shutil.rmtree(store.root)
+    again = store.create(make_entry("s1"))
+    assert (store.root / "locks" / "worker-s1.lock").exists()
+    assert mode(store.root / "locks") == 0o700
+    assert store.update(again.key, lambda e: e.moved(e.status, heartbeat_at=2)).heartbeat_at == 2

@@ -16,6 +16,7 @@ sits below all three so that none of them imports another for these basics.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
@@ -88,6 +89,7 @@ class StateDir:
     ) -> None:
         self.root = Path(root)
         self.lock_timeout = lock_timeout
+        self._locks_ready = False  # locks/ made and checked by this object (see hold)
 
     def open_root(self, *, create: bool) -> AbstractContextManager[int | None]:
         """The state dir's fd for the block; None if it is absent and not ``create``."""
@@ -117,26 +119,35 @@ class StateDir:
         """
         with self.open_root(create=True) as root_fd:
             assert root_fd is not None
-            locks_fd = self._locks_fd(root_fd)
-            path = str(self.root / LOCKS / lock_name)
-            try:
-                with entry_lock(locks_fd, lock_name, path, self.lock_timeout):
-                    yield root_fd
-            except LockTimeout:
-                raise LockUnavailable(
-                    f"{what} after {self.lock_timeout:.0f}s; another pi-matrix process is writing "
-                    f"{writing}, retry shortly",
-                    path=path,
-                ) from None
-            except LockError as exc:
-                raise LockUnavailable(
-                    f"{path}: cannot take a real file lock ({exc.strerror}); the state dir must be "
-                    "on a local filesystem that supports flock",
-                    path=path,
-                    errno=exc.errno,
-                ) from None
-            finally:
-                os.close(locks_fd)
+            path = f"{self.root}{os.sep}{LOCKS}{os.sep}{lock_name}"  # not pathlib: this is every CAS
+            entered = False
+            for attempt in range(2):
+                if not self._locks_ready:
+                    # locks/ is made and checked once per object, not on every CAS (an open, an
+                    # fstat and a close each time); the state dir itself is checked on every open.
+                    os.close(self._locks_fd(root_fd))
+                    self._locks_ready = True
+                try:
+                    with entry_lock(root_fd, f"{LOCKS}/{lock_name}", path, self.lock_timeout):
+                        entered = True
+                        yield root_fd
+                    return
+                except LockTimeout:
+                    raise LockUnavailable(
+                        f"{what} after {self.lock_timeout:.0f}s; another pi-matrix process is writing "
+                        f"{writing}, retry shortly",
+                        path=path,
+                    ) from None
+                except LockError as exc:
+                    if exc.errno == errno.ENOENT and not attempt and not entered:
+                        self._locks_ready = False  # the state dir was made anew: locks/ with it
+                        continue
+                    raise LockUnavailable(
+                        f"{path}: cannot take a real file lock ({exc.strerror}); the state dir must be "
+                        "on a local filesystem that supports flock",
+                        path=path,
+                        errno=exc.errno,
+                    ) from None
 
     def _locks_fd(self, root_fd: int) -> int:
         try:

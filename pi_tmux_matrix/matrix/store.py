@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from typing import Final
 
 import attrs
 
@@ -59,8 +60,17 @@ class ListResult:
     problems: tuple[Problem, ...]
 
 
+KNOWN_WRITES: Final = 256  # entries whose last write a store remembers (see _read_locked)
+
+
 class MatrixStore(StateDir):
     """File-backed entries with per-entry locks and generation-token CAS."""
+
+    def __init__(self, root: str | os.PathLike[str], *, lock_timeout: float = 10.0) -> None:
+        super().__init__(root, lock_timeout=lock_timeout)
+        # key -> (the bytes this store last wrote there, the entry they encode); only ever
+        # trusted after reading the same bytes back under the key's lock.
+        self._written: dict[str, tuple[bytes, Entry]] = {}
 
     # -- locking ------------------------------------------------------------------------------
     @contextmanager
@@ -74,9 +84,13 @@ class MatrixStore(StateDir):
     @staticmethod
     def _sweep_temp(root_fd: int, key: str) -> None:
         # Writes to a key are serialised by its lock, so one temp name per key suffices and any
-        # temp found while holding the lock was left by a writer that died mid-write.
+        # temp found while holding the lock was left by a writer that died mid-write. Looked up
+        # first: a lookup of an absent name takes no directory lock, an unlink does (under 50
+        # writers ending at once, each unlink of nothing waited ~5 ms for the directory).
+        temp = f".{key}{TMP_SUFFIX}"
         with suppress(FileNotFoundError):
-            os.unlink(f".{key}{TMP_SUFFIX}", dir_fd=root_fd)
+            os.stat(temp, dir_fd=root_fd, follow_symlinks=False)
+            os.unlink(temp, dir_fd=root_fd)
 
     # -- reading --------------------------------------------------------------------------------
     def _read(self, root_fd: int, key: str) -> Entry | None:
@@ -92,6 +106,24 @@ class MatrixStore(StateDir):
         data = read_bounded(root_fd, name, path, MAX_ENTRY_BYTES)
         try:
             return decode_entry(data, key)
+        except DecodeError as exc:
+            raise CorruptEntry(path, exc.reason, newer=exc.newer) from None
+
+    def _read_locked(self, root_fd: int, key: str) -> Entry | None:
+        """:meth:`_read` under ``key``'s lock. The file is always read (the CAS compares what is
+        on disk now); when its bytes are exactly those this store last wrote there, the entry
+        written is returned without decoding them again (a host's own heartbeats: ~15% of a CAS)."""
+        name = key + SUFFIX
+        path = f"{self.root}{os.sep}{name}"
+        try:
+            data = read_bounded(root_fd, name, path, MAX_ENTRY_BYTES)
+        except FileNotFoundError:
+            return None
+        known = self._written.get(key)
+        if known is not None and known[0] == data:
+            return known[1]
+        try:
+            return decode_entry(data, key)[0]
         except DecodeError as exc:
             raise CorruptEntry(path, exc.reason, newer=exc.newer) from None
 
@@ -162,10 +194,16 @@ class MatrixStore(StateDir):
     # -- writing ----------------------------------------------------------------------------------
     def _write(self, root_fd: int, key: str, entry: Entry, *, exclusive: bool) -> None:
         name = key + SUFFIX
+        data = encode_entry(entry)
+        self._written.pop(key, None)  # a failed write leaves nothing known
         try:
-            durable_write(root_fd, name, encode_entry(entry), exclusive=exclusive, path=str(self.root / name))
+            durable_write(root_fd, name, data, exclusive=exclusive, path=f"{self.root}{os.sep}{name}")
         except FileExistsError:
             raise EntryExists(key, None) from None
+        self._written[key] = (data, entry)
+        if len(self._written) > KNOWN_WRITES:
+            with suppress(KeyError, StopIteration, RuntimeError):
+                del self._written[next(iter(self._written))]
 
     def _stamp(self, entry: Entry, *, register: bool) -> Entry:
         token = new_token()
@@ -241,7 +279,7 @@ class MatrixStore(StateDir):
         overwritten: :class:`CorruptEntry` is raised.
         """
         with self.locked(key) as root_fd:
-            current = self._read(root_fd, key)
+            current = self._read_locked(root_fd, key)
             if current is None:
                 if expected is not None or registration is not None:
                     raise Conflict(key, expected or registration, None)
