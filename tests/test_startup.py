@@ -67,3 +67,30 @@ def test_version_and_ls_load_only_what_they_need(tmp_path: Path) -> None:
     heavy |= {m for m in modules if m.startswith("pi_tmux_matrix.cli.") and m.split(".")[-1] in MODULES}
     assert heavy <= {"pi_tmux_matrix.cli.entries"}, sorted(heavy)
     assert sum(t for m, t in modules.items() if "." not in m) < IMPORT_BUDGET_US
+
+
+def test_the_fork_packages_lazy_names_are_its_rooms_own() -> None:
+    from pi_tmux_matrix import fork
+
+    for room, names in fork._ROOMS.items():
+        module = importlib.import_module(f"pi_tmux_matrix.fork.{room}")
+        assert tuple(module.__all__) == names, room
+        for name in names:
+            assert getattr(fork, name) is getattr(module, name)
+
+
+def test_a_host_delivering_fork_results_loads_no_launcher() -> None:
+    """What a host's beat imports for background fork results (``ForkResults``): the delivery
+    room, not the launcher, the panes or the tmux dispatcher (~25 ms and ~2 MiB per host; only a
+    session's shutdown, which stops its running forks, needs the panes)."""
+    probe = (
+        "import sys\n"
+        "from pi_tmux_matrix.fork.deliver import due, mark_delivered, runs_stamp, undelivered\n"
+        "print(sorted(m for m in sys.modules if m.startswith('pi_tmux_matrix')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    modules = set(eval(done.stdout))
+    launcher = {"pi_tmux_matrix.fork.launch", "pi_tmux_matrix.fork.panes", "pi_tmux_matrix.dispatch.tmux"}
+    assert not launcher & modules, sorted(launcher & modules)

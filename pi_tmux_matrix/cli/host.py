@@ -264,7 +264,7 @@ def _remaining_deadline(store: MatrixStore, key: str) -> float | None:
 
 def abort_forks(host: AgentHost) -> None:
     """The agent's session shut down: its running fork runs are stopped and failed (seed 003)."""
-    from ..fork import abort_runs
+    from ..fork.wait import abort_runs
 
     entry = host.entry
     session_file = entry.identity.session_file if entry is not None else None
@@ -292,7 +292,7 @@ class ForkResults:
         self.beats = 0
 
     def __call__(self, host: AgentHost) -> None:
-        from ..fork import due, mark_delivered, runs_stamp, undelivered
+        from ..fork.deliver import due, mark_delivered, runs_stamp, undelivered
         from ..matrix.store import now_ms
         from .runs import fork_result_payload
 
