@@ -15,6 +15,7 @@ have always imported them from.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -127,6 +128,17 @@ class MatrixStore(StateDir):
 
     def list(self) -> ListResult:
         """Every valid entry, sorted by key; every other file reported, nothing changed."""
+        # A listing makes dozens of containers per entry and no cycles: left on, the cyclic
+        # collector rescans the growing listing again and again (~6% of ls over 10,000 entries).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._list()
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _list(self) -> ListResult:
         entries: list[tuple[str, Entry, dict[str, object]]] = []
         problems: list[Problem] = []
         with self.open_root(create=False) as root_fd:
