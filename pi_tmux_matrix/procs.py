@@ -21,26 +21,10 @@ from typing import Final
 from .identity import ProcessIdentity
 
 __all__ = [
-    "ProcessIdentity",
-    "SignalWakeup",
-    "ancestors",
-    "boot_id",
-    "cpu_seconds",
-    "current",
-    "die_with_parent",
-    "group_members",
-    "identify",
-    "is_alive",
-    "open_pidfd",
-    "process_state",
-    "rss_bytes",
-    "send_signal",
-    "signal_group",
-    "stop_group",
-    "usage",
-    "wait_for_exit",
-    "with_argument",
-]
+    "ProcessIdentity", "SignalWakeup", "ancestors", "boot_id", "cpu_seconds", "current", "die_with_parent",
+    "group_members", "identify", "is_alive", "open_pidfd", "process_state", "rss_bytes", "running_pids",
+    "send_signal", "signal_group", "stop_group", "usage", "wait_for_exit", "with_argument",
+]  # fmt: skip
 
 _BOOT_ID_PATH: Final = "/proc/sys/kernel/random/boot_id"
 _PR_SET_PDEATHSIG: Final = 1  # <linux/prctl.h>
@@ -113,6 +97,12 @@ def is_alive(identity: ProcessIdentity | None) -> bool:
         # A leader whose main thread exited shows Z while its other threads still run.
         return state == "Z" and _has_live_threads(identity.pid)
     return True
+
+
+def running_pids() -> frozenset[int]:
+    """Every pid /proc lists now. A listing reads it once, after its entries, and reads the stat
+    of only those pids: one missing here cannot be the live process of an entry read before."""
+    return frozenset(int(name) for name in os.listdir("/proc") if name.isdigit())
 
 
 def _has_live_threads(pid: int) -> bool:

@@ -57,13 +57,22 @@ def register(sub: Any, epilog: str) -> None:
 class _Liveness:
     """Cached identity checks: one /proc read per pid per command."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, many: bool = False) -> None:
         self._cache: dict[tuple[int, int, str], bool] = {}
+        # Many entries (ls): one listing of /proc, taken at the first check (after the entries
+        # were read), spares the failed /proc read of every pid that is gone.
+        self._many = many
+        self._running: frozenset[int] | None = None
 
     def __call__(self, entry: Entry) -> bool:
         process = entry.process
         if process is None:
             return False
+        if self._many:
+            if self._running is None:
+                self._running = procs.running_pids()
+            if process.pid not in self._running:
+                return False
         key = (process.pid, process.start_ticks, process.boot_id)
         if key not in self._cache:
             self._cache[key] = procs.is_alive(process)
@@ -81,7 +90,7 @@ LS_COLUMNS = (
 def cmd_ls(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix ls [--json]``."""
     result = store_of(args).list()
-    alive = _Liveness()
+    alive = _Liveness(many=True)
     if args.json or args.ndjson:
         rows = [{**raw, "alive": alive(entry)} for entry, raw in zip(result.entries, result.raw, strict=True)]
         if args.ndjson:

@@ -26,6 +26,7 @@ __all__ = [
     "converter",
     "decode_entry",
     "encode_entry",
+    "entry_document",
     "register_enum",
     "to_camel",
     "unstructure_entry",
@@ -196,8 +197,9 @@ def encode_entry(entry: Entry) -> bytes:
     return (json.dumps(unstructure_entry(entry)) + "\n").encode()
 
 
-def decode_entry(data: bytes, expected_key: str) -> tuple[Entry, dict[str, Any]]:
-    """Parse strictly and check the key; returns the entry and its raw camelCase mapping."""
+def entry_document(data: bytes, expected_key: str) -> dict[str, Any]:
+    """The parsed camelCase mapping of an entry file whose envelope is right (strict JSON, an
+    object, this ``schemaVersion``, the inner key that names the file); its fields unchecked."""
     try:
         raw = strictjson.loads(data, max_bytes=MAX_ENTRY_BYTES)
     except strictjson.StrictJSONError as exc:
@@ -217,5 +219,14 @@ def decode_entry(data: bytes, expected_key: str) -> tuple[Entry, dict[str, Any]]
         raise DecodeError(f"unsupported schemaVersion {version}")
     if raw.get("key") != expected_key:
         raise DecodeError(f"inner key {str(raw.get('key'))[:80]!r} differs from the file name")
-    entry = structure(raw, Entry)
-    return entry, raw
+    return raw
+
+
+def decode_entry(data: bytes, expected_key: str) -> tuple[Entry, dict[str, Any]]:
+    """Parse strictly and check the key; returns the entry and its raw camelCase mapping.
+
+    The reference loader: every field through the converter's strict hooks.
+    :func:`.fastcodec.read_entry` is the same contract in one hand-written pass.
+    """
+    raw = entry_document(data, expected_key)
+    return structure(raw, Entry), raw

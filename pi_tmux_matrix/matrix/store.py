@@ -15,6 +15,7 @@ have always imported them from.
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -30,7 +31,8 @@ from ..errors import (
     StoreError,
 )
 from ..identity import parse_key
-from .codec import MAX_ENTRY_BYTES, DecodeError, decode_entry, encode_entry
+from .codec import MAX_ENTRY_BYTES, DecodeError, encode_entry
+from .fastcodec import read_entry
 from .fsio import durable_unlink, durable_write, new_token, now_ms, read_bounded, read_tail
 from .model import MAX_HANDOFFS, Entry
 from .records import RecordStore
@@ -105,7 +107,7 @@ class MatrixStore(StateDir):
         path = f"{self.root}{os.sep}{name}"  # a plain string: pathlib costs ~8 us per entry
         data = read_bounded(root_fd, name, path, MAX_ENTRY_BYTES)
         try:
-            return decode_entry(data, key)
+            return read_entry(data, key)  # decode_entry's contract, in one pass (fastcodec)
         except DecodeError as exc:
             raise CorruptEntry(path, exc.reason, newer=exc.newer) from None
 
@@ -158,6 +160,17 @@ class MatrixStore(StateDir):
 
     def list(self) -> ListResult:
         """Every valid entry, sorted by key; every other file reported, nothing changed."""
+        # A listing makes dozens of containers per entry and no cycles: left on, the cyclic
+        # collector rescans the growing listing again and again (~6% of ls over 10,000 entries).
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._list()
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _list(self) -> ListResult:
         entries: list[tuple[str, Entry, dict[str, object]]] = []
         problems: list[Problem] = []
         with self.open_root(create=False) as root_fd:
@@ -168,7 +181,7 @@ class MatrixStore(StateDir):
             for name, is_dir in sorted(names):
                 if name.startswith("."):
                     continue  # writes in flight (or a dead writer's temp, swept under the lock)
-                path = str(self.root / name)
+                path = f"{self.root}{os.sep}{name}"  # not pathlib: ~3 us per entry
                 if is_dir and name in RESERVED_DIRS:
                     continue
                 if not name.endswith(SUFFIX):
