@@ -125,7 +125,7 @@ class MatrixStore(StateDir):
         if known is not None and known[0] == data:
             return known[1]
         try:
-            return decode_entry(data, key)[0]
+            return read_entry(data, key)[0]
         except DecodeError as exc:
             raise CorruptEntry(path, exc.reason, newer=exc.newer) from None
 
