@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_dispatch import Lab, lab  # noqa: F401 - lab is a fixture
 
 from pi_tmux_matrix.dispatch.tmux import Pane, TmuxServer
 
@@ -96,3 +97,23 @@ def test_a_window_name_the_call_cannot_name_alone_still_tags_the_new_pane_and_on
     assert "@pi_matrix_key worker-zero" in options(tmux_socket, "-p", "-t", first.pane_id)
     panes = TmuxServer(tmux_socket).panes()
     assert len(panes) == 2 and {p.window_name for p in panes} == {name}
+
+
+def test_a_fire_into_a_running_tmux_server_costs_two_tmux_calls_and_its_pane_is_tagged(
+    lab: Lab,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The launch (one call) and the watcher's pipe-pane (after the job records the pane, which
+    the watcher reads): a fire used to cost four (scrub, new-window, tags, pipe-pane)."""
+    lab.start_master()
+    first = lab.fire("HANG one")  # starts the server and its session
+    log = recording_tmux(lab.tmp, monkeypatch)
+    fired = lab.fire("HANG two")
+    (agent,) = fired.job.agents
+    made = calls(log)
+    assert [sum(word in call for call in made) for word in ("new-window", "pipe-pane")] == [1, 1], made
+    assert len(made) == 2, made
+    assert agent.pane_id is not None and agent.pane_id != first.job.agents[0].pane_id
+    shown = options(lab.socket, "-p", "-t", agent.pane_id)
+    assert f"@pi_matrix_key {agent.key}" in shown and f"@pi_matrix_job {fired.job.id}" in shown
+    lab.worker(agent.key)
