@@ -9,6 +9,9 @@ call until every agent is up (its host registered in the matrix and its agent pr
 * ours: ``Dispatcher.fire`` once per agent — profile, parent, cap and lane checks, the job
   record, the tmux window, the pane tags, the completion watcher, the published ``launching``
   entry;
+* ours again with ``confirm_s=0``: each fire returns without waiting for its agent's host to
+  start it (every fire waits for that by default, so twenty fires one after another wait twenty
+  host start-ups; this side leaves the dispatcher's own launch work);
 * baseline: ``tmux -L <socket> new-window -d -e K=V … -- <the same argv>`` per agent, nothing else.
 
 Prints the ratio (goal <= 1.5) and writes benchmarks/results/bench_fire.json. Everything started
@@ -28,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import attrs
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.manager import Dispatcher, FireRequest
@@ -112,44 +117,49 @@ def run(agents: int, root: Path) -> dict[str, Any]:
     assert master_id is not None
     tag = os.getpid()
     figures: dict[str, Any] = {"agents": agents}
-    ours_socket, base_socket = f"pm-bench-fire-{tag}-ours", f"pm-bench-fire-{tag}-base"
+    base_socket = f"pm-bench-fire-{tag}-base"
+    sockets = [base_socket]
     try:
         # -- ours ------------------------------------------------------------------------------------
-        store = MatrixStore(root / "state-ours")
-        _register_master(store, master_id)
-        dispatcher = Dispatcher(
-            store, load_settings(work, env), env=dict(env, PI_MATRIX_STATE_DIR=str(store.root))
-        )
-        planned: list[tuple[list[str], dict[str, str]]] = []
-        t0 = time.perf_counter()
-        for i in range(agents):
-            result = dispatcher.fire(
-                FireRequest(
-                    task=f"HANG bench agent {i}",
-                    profile="stand-in",
-                    path=str(work),
-                    socket=ours_socket,
-                    parent_pid=master.pid,
-                    parent_session="bench",
-                )
+        # Twice: as fire runs by default (each fire waits until its agent's host has started it),
+        # and without that wait (confirm_s=0), which leaves the dispatcher's own launch work.
+        for side, confirm_s in (("ours", None), ("ours_unconfirmed", 0.0)):
+            store = MatrixStore(root / f"state-{side}")
+            _register_master(store, master_id)
+            dispatcher = Dispatcher(
+                store, load_settings(work, env), env=dict(env, PI_MATRIX_STATE_DIR=str(store.root))
             )
-            planned += [(list(p.argv), dict(p.env)) for p in result.planned]
-        fired = time.perf_counter()
-        _wait_up(store, agents)
-        up = time.perf_counter()
-        figures["ours_fire_s"] = fired - t0
-        figures["ours_up_s"] = up - t0
-        _stop_all(store, [])
-        _kill_server(ours_socket)
-        _wait_watchers(store.root)
+            socket = f"pm-bench-fire-{tag}-{side}"
+            sockets.append(socket)
+            planned: list[tuple[list[str], dict[str, str]]] = []
+            t0 = time.perf_counter()
+            for i in range(agents):
+                request = FireRequest(
+                    task=f"HANG bench agent {i}", profile="stand-in", path=str(work), socket=socket,
+                    parent_pid=master.pid, parent_session="bench",
+                )  # fmt: skip
+                if confirm_s is not None:
+                    request = attrs.evolve(request, confirm_s=confirm_s)
+                result = dispatcher.fire(request)
+                planned += [(list(p.argv), dict(p.env)) for p in result.planned]
+            fired = time.perf_counter()
+            _wait_up(store, agents)
+            up = time.perf_counter()
+            figures[f"{side}_fire_s"] = fired - t0
+            figures[f"{side}_up_s"] = up - t0
+            _stop_all(store, [])
+            _kill_server(socket)
+            _wait_watchers(store.root)
+            if side == "ours":
+                ours_root, ours_planned = store.root, planned
 
         # -- baseline: the same argv and env, raw tmux calls ----------------------------------------
         base_store = MatrixStore(root / "state-base")
         _register_master(base_store, master_id)
         t0 = time.perf_counter()
-        for i, (planned_argv, planned_env) in enumerate(planned):
+        for i, (planned_argv, planned_env) in enumerate(ours_planned):
             # The same pane command, pointed at the baseline's own state dir.
-            argv = [str(base_store.root) if word == str(store.root) else word for word in planned_argv]
+            argv = [str(base_store.root) if word == str(ours_root) else word for word in planned_argv]
             pane_env = dict(planned_env, PI_MATRIX_STATE_DIR=str(base_store.root))
             command = ["tmux", "-L", base_socket]
             command += ["new-window", "-d"] if i else ["new-session", "-d", "-s", "bench"]
@@ -165,12 +175,13 @@ def run(agents: int, root: Path) -> dict[str, Any]:
         _kill_server(base_socket)
         _wait_watchers(base_store.root)
     finally:
-        for socket in (ours_socket, base_socket):  # a run that failed half-way leaves no server
+        for socket in sockets:  # a run that failed half-way leaves no server
             _kill_server(socket)
         procs.send_signal(master_id, signal.SIGKILL)
         master.wait(timeout=10)
     figures["ratio_up"] = figures["ours_up_s"] / figures["base_up_s"]
     figures["ratio_launch_calls"] = figures["ours_fire_s"] / figures["base_fire_s"]
+    figures["ratio_launch_unconfirmed"] = figures["ours_unconfirmed_fire_s"] / figures["base_fire_s"]
     return figures
 
 
@@ -207,6 +218,13 @@ def main() -> int:
             figures["ratio_launch_calls"],
             "-",
         ),
+        (
+            "the launch calls, unconfirmed",
+            figures["ours_unconfirmed_fire_s"],
+            figures["base_fire_s"],
+            figures["ratio_launch_unconfirmed"],
+            "-",
+        ),
     ]
     print(
         f"bench_fire ({'quick' if args.quick else 'full'}): {agents} stand-in agents, {os.cpu_count()} CPUs"
@@ -225,6 +243,10 @@ def main() -> int:
          "unit": "s",
          "baseline": figures["base_fire_s"], "baseline_is": "raw tmux new-window calls",
          "ratio": figures["ratio_launch_calls"], "goal": "-", "met": None},
+        {"figure": f"fire {agents} agents: the launch calls alone, start not confirmed (confirm_s=0)",
+         "ours": figures["ours_unconfirmed_fire_s"], "unit": "s",
+         "baseline": figures["base_fire_s"], "baseline_is": "raw tmux new-window calls",
+         "ratio": figures["ratio_launch_unconfirmed"], "goal": "-", "met": None},
     ]  # fmt: skip
     out.write_text(json.dumps(figures, indent=2) + "\n")
     print(f"written to {out}")

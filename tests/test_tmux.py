@@ -373,8 +373,14 @@ def test_launch_passes_a_list_argv_after_double_dash(tmp_path: Path, monkeypatch
     )  # fmt: skip
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert all("PM_TEST_SECRET" not in call["env"] for call in calls)
-    [new_window] = [call["argv"] for call in calls if "new-window" in call["argv"]]
-    assert new_window[:2] == ["-L", "pm-test-fake"]
+    [call] = [call["argv"] for call in calls if "new-window" in call["argv"]]
+    assert call[:2] == ["-L", "pm-test-fake"]
+    # One call launches: the scrub, the new window, its options and tags, ';'-separated (a ';'
+    # that is a word of argv arrives escaped, so the plain ';' words are the separators).
+    start = call.index("new-window")
+    end = call.index(";", start)
+    assert call[start - 1] == ";" and call[end + 1] == "set-option"
+    new_window = call[start:end]
     dash = new_window.index("--")
     # Words after "--" are argv, each one word; a final ';' is escaped for tmux's own parser.
     assert new_window[dash + 1 :] == ["agent-cli", "--flag", "ends\\;", "; rm -rf ~"]

@@ -31,9 +31,11 @@ from .tmux_model import (
     AGENT_TAG,
     ENV_NAME,
     FORMAT,
-    TAG_INDEX,
     TAG_PREFIX,
+    THEN,
     Pane,
+    Then,
+    TmuxResult,
     check_argv,
     check_cwd,
     check_notice,
@@ -44,7 +46,10 @@ from .tmux_model import (
     env_args,
     listening,
     literal,
+    made,
+    option_args,
     parse_row,
+    plain_window_name,
     socket_file,
     status_option,
     word,
@@ -53,24 +58,6 @@ from .tmux_model import (
 __all__ = ["TAG_PREFIX", "Pane", "TmuxServer"]
 
 DEFAULT_TIMEOUT_S: Final = 10.0
-
-
-class _Then:
-    """The ``;`` between two tmux commands of one call (a plain ``";"`` word is escaped)."""
-
-
-THEN: Final = _Then()
-
-
-@attrs.frozen
-class _Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-    @property
-    def error(self) -> str:
-        return self.stderr.strip() or f"exit status {self.returncode}"
 
 
 class TmuxServer:
@@ -120,8 +107,9 @@ class TmuxServer:
         return f"TmuxServer({self.socket!r})"
 
     # --- running tmux -----------------------------------------------------------------------------
-    def _run(self, *args: str | _Then) -> _Result:
-        """``tmux -L socket args...``; raises :class:`TmuxUnavailable` only if tmux cannot run."""
+    def _run(self, *args: str | Then, what: str | None = None) -> TmuxResult:
+        """``tmux -L socket args...``; raises :class:`TmuxUnavailable` only if tmux cannot run.
+        ``what`` names the call in that error (default: its first command)."""
         env = {k: v for k, v in os.environ.items() if k not in self.scrub_env}
         # Resolved per call, so a PATH change (or a tmux installed later) takes effect at once.
         binary = shutil.which("tmux", path=env.get("PATH", os.defpath))
@@ -140,17 +128,17 @@ class TmuxServer:
             )
         except subprocess.TimeoutExpired:
             raise TmuxUnavailable(
-                self.socket, f"tmux {args[0]!s} did not answer within {self.timeout:g}s"
+                self.socket, f"tmux {what or args[0]!s} did not answer within {self.timeout:g}s"
             ) from None
         except OSError as exc:
             raise TmuxUnavailable(self.socket, f"cannot run {binary}: {exc.strerror}") from None
-        return _Result(
+        return TmuxResult(
             done.returncode,
             done.stdout.decode("utf-8", "replace"),
             done.stderr.decode("utf-8", "replace"),
         )
 
-    def _failed(self, result: _Result, what: str) -> TmuxUnavailable | DispatchError:
+    def _failed(self, result: TmuxResult, what: str) -> TmuxUnavailable | DispatchError:
         """The error for a failed command: unreachable if no server answers now, else what tmux said.
 
         Asking again (instead of matching tmux's wording) keeps this right across tmux versions."""
@@ -248,29 +236,45 @@ class TmuxServer:
         env_words = env_args(env)
         tag_items = check_tags(tags)
 
-        self._scrub(env, session)
         spec = ["-d", "-n", literal(window_name), "-c", literal(cwd), *env_words, "-P", "-F", FORMAT]
         tail = ["--", *words]
-        result = None if fresh else self._run("new-window", "-t", f"={session}:", *spec, *tail)
-        if result is None or (result.returncode != 0 and not self._has_session_quiet(session)):
+        # One tmux call per launch: the scrub, the window, its options and tags. With -d the new
+        # window is no current target, so the commands after it name it by its session and exact
+        # name; a name not unique there (or holding '.' or ':') fails them, and the pane tmux
+        # printed is then configured by its ids in a second call.
+        here = f"={session}:={window_name}" if plain_window_name(window_name) else None
+        window_tail = option_args(here, here, tag_items) if here is not None else []
+        result, configured = None, bool(window_tail)
+        if not fresh:
+            scrub = self._scrub(env, session)
+            new_window = ["new-window", "-t", f"={session}:", *spec, *tail, *window_tail]
+            result = self._run(*scrub, *([THEN] if scrub else []), *new_window, what="new-window")
+        if result is None or (not made(result) and not self._has_session_quiet(session)):
             # A fresh session's window names each pane's agent on its border (its AGENT_TAG).
             window = ["set-option", "-w", "-t", f"={session}:"]
-            labels: list[str | _Then] = [
+            labels: list[str | Then] = [
                 THEN, *window, "pane-border-status", "top",
                 THEN, *window, "pane-border-format", f" #{{{AGENT_TAG}}} ",
             ] if fresh else []  # fmt: skip
-            result = self._run("new-session", "-s", session, *spec, *tail, *labels)
-            if result.returncode != 0 and not fresh and self._has_session_quiet(session):
+            # A new session's one window is its current one: ``=session:`` names it.
+            session_tail = option_args(f"={session}:", f"={session}:", tag_items)
+            result = self._run("new-session", "-s", session, *spec, *tail, *labels, *session_tail)
+            configured = True
+            if not fresh and not made(result) and self._has_session_quiet(session):
                 # Another launch made the session between our check and our new-session.
-                result = self._run("new-window", "-t", f"={session}:", *spec, *tail)
-            if result.returncode != 0 and not self.reachable():
+                result = self._run("new-window", "-t", f"={session}:", *spec, *tail, *window_tail)
+                configured = bool(window_tail)
+            if not made(result) and not self.reachable():
                 raise TmuxUnavailable(self.socket, f"cannot start a tmux server: {result.error}")
             # A server this call started copied our (scrubbed) environment; a racing starter's
             # may not have, so scrub again for the next launch. new-session's -e items went into
             # the session's environment too: no later window or pane of it may inherit them.
-            self._scrub({}, session, forget=list(env) if result.returncode == 0 else ())
-        if result.returncode != 0:
+            if scrub := self._scrub({}, session, forget=list(env) if made(result) else ()):
+                self._run(*scrub)
+        if not made(result):
             raise self._failed(result, f"new-window in session {session!r}")
+        if result.returncode == 0 and configured:
+            return self._new_pane(result.stdout, "a new window", tag_items, window=None)
         return self._new_pane(result.stdout, "a new window", tag_items, window=True)
 
     def split(
@@ -294,7 +298,7 @@ class TmuxServer:
         tag_items = check_tags(tags)
         where = check_pane_id(target) if target.startswith("%") else f"={check_session(target)}:"
         spec = ["-d", "-v" if vertical else "-h", "-l", "50%", "-c", literal(cwd), *env_words]
-        layout: list[str | _Then] = [THEN, "select-layout", "-t", where, "tiled"] if tiled else []
+        layout: list[str | Then] = [THEN, "select-layout", "-t", where, "tiled"] if tiled else []
         result = self._run("split-window", "-t", where, *spec, "-P", "-F", FORMAT, "--", *words, *layout)
         if result.returncode != 0:
             raise self._failed(result, f"split-window of {target}")
@@ -310,26 +314,23 @@ class TmuxServer:
         self._configure(pane, tag_items, window=True)
         return attrs.evolve(pane, tags=tag_items)
 
-    def _new_pane(self, stdout: str, what: str, tags: tuple[tuple[str, str], ...], *, window: bool) -> Pane:
-        """The one pane row tmux printed for a new window or pane, configured and tagged."""
+    def _new_pane(
+        self, stdout: str, what: str, tags: tuple[tuple[str, str], ...], *, window: bool | None
+    ) -> Pane:
+        """The one pane row tmux printed for a new window or pane, configured and tagged (with
+        ``window`` None the call that made it did both)."""
         lines = [line for line in stdout.splitlines() if line]
         if len(lines) != 1:
             raise DispatchError(f"tmux on socket {self.socket!r} reported {stdout!r} for {what}")
         pane, _index = parse_row(lines[0])
-        self._configure(pane, tags, window=window)
+        if window is not None:
+            self._configure(pane, tags, window=window)
         return attrs.evolve(pane, tags=tags)
 
     def _configure(self, pane: Pane, tags: tuple[tuple[str, str], ...], *, window: bool = True) -> None:
         """remain-on-exit off (our own windows only) and the tags, in one tmux call (``;``
         separates the commands)."""
-        args: list[str | _Then] = []
-        if window:
-            args += ["set-option", "-w", "-t", pane.window_id, "remain-on-exit", "off"]
-        if tags:
-            index = " ".join(name for name, _ in tags)
-            args += [*([THEN] if args else []), "set-option", "-p", "-t", pane.pane_id, TAG_INDEX, index]
-        for name, value in tags:
-            args += [THEN, "set-option", "-p", "-t", pane.pane_id, name, value]
+        args = option_args(pane.window_id, pane.pane_id, tags, window_options=window)[1:]
         if not args:
             return
         result = self._run(*args)
@@ -344,20 +345,19 @@ class TmuxServer:
         if still_there:
             raise self._failed(result, f"set-option on {pane.pane_id}")
 
-    def _scrub(self, env: Mapping[str, str], session: str, forget: Sequence[str] = ()) -> None:
-        """Remove the scrubbed names from a running server's global and session environments (and
-        ``forget`` from the session's).
+    def _scrub(self, env: Mapping[str, str], session: str, forget: Sequence[str] = ()) -> list[str | Then]:
+        """The commands that remove the scrubbed names from a running server's global and session
+        environments (and ``forget`` from the session's), ``;``-separated.
 
-        With no server yet this does nothing: the one the launch starts inherits our environment,
+        With no server yet they do nothing: the one the launch starts inherits our environment,
         which :meth:`_run` already scrubbed. The session's own unsets go last: when the session
         does not exist they fail, and tmux skips the rest of the call."""
         names = [name for name in self.scrub_env if name not in env]
-        args: list[str | _Then] = []
+        args: list[str | Then] = []
         for scope, unset in ((["-g"], names), (["-t", f"={session}"], [*names, *forget])):
             for name in unset:
                 args += [*([THEN] if args else []), "set-environment", *scope, "-u", name]
-        if args:
-            self._run(*args)
+        return args
 
     def _has_session_quiet(self, name: str) -> bool:
         try:

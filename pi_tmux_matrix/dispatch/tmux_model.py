@@ -37,7 +37,10 @@ __all__ = [
     "KEY_TAG",
     "TAG_INDEX",
     "TAG_PREFIX",
+    "THEN",
     "Pane",
+    "Then",
+    "TmuxResult",
     "check_argv",
     "check_cwd",
     "check_pane_id",
@@ -47,7 +50,10 @@ __all__ = [
     "env_args",
     "listening",
     "literal",
+    "made",
+    "option_args",
     "parse_row",
+    "plain_window_name",
     "socket_file",
     "word",
 ]
@@ -117,6 +123,53 @@ def word(value: str) -> str:
 def literal(value: str) -> str:
     """A value tmux format-expands, made to expand to itself."""
     return value.replace("#", "##")
+
+
+class Then:
+    """The ``;`` between two tmux commands of one call (a plain ``";"`` word is escaped)."""
+
+
+THEN: Final = Then()
+# A window name a target holds as it is (``=session:=name``): no '.' or ':' splits it.
+_PLAIN_NAME: Final = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def plain_window_name(name: str) -> bool:
+    return _PLAIN_NAME.fullmatch(name) is not None
+
+
+def option_args(
+    window: str, pane: str, tags: tuple[tuple[str, str], ...], *, window_options: bool = True
+) -> list[str | Then]:
+    """``; set-option …`` for remain-on-exit off on ``window`` (with ``window_options``: a tmux.conf
+    may turn it on), the index of the tags and each tag on ``pane``."""
+    args: list[str | Then] = []
+    if window_options:
+        args += [THEN, "set-option", "-w", "-t", window, "remain-on-exit", "off"]
+    if tags:
+        args += [THEN, "set-option", "-p", "-t", pane, TAG_INDEX, " ".join(name for name, _ in tags)]
+    for name, value in tags:
+        args += [THEN, "set-option", "-p", "-t", pane, name, value]
+    return args
+
+
+def made(result: TmuxResult) -> bool:
+    """Whether a call that makes a window or pane (``-P -F FORMAT``) made one: it printed the
+    pane's row, even when a command after it in the same call failed."""
+    return result.returncode == 0 or result.stdout.startswith("%")
+
+
+@attrs.frozen
+class TmuxResult:
+    """What one tmux call returned."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def error(self) -> str:
+        return self.stderr.strip() or f"exit status {self.returncode}"
 
 
 def _tag_name(name: object) -> str:
