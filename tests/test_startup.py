@@ -62,11 +62,26 @@ def test_version_and_ls_load_only_what_they_need(tmp_path: Path) -> None:
     assert not {"attrs", "cattrs", "pi_tmux_matrix.matrix.store", "rich"} & set(modules)
     modules, out = loaded("--state-dir", str(state), "ls", cwd=tmp_path)
     assert out.startswith("no entries")
-    heavy = {m for m in modules if m.startswith(("rich", "pluggy", "psutil", "tomllib", "tomli"))}
+    heavy = {m for m in modules if m.startswith(("rich", "pluggy", "psutil", "tomllib", "tomli", "cattrs"))}
     heavy |= {m for m in modules if m.startswith(("pi_tmux_matrix.dispatch", "pi_tmux_matrix.supervise"))}
     heavy |= {m for m in modules if m.startswith("pi_tmux_matrix.cli.") and m.split(".")[-1] in MODULES}
     assert heavy <= {"pi_tmux_matrix.cli.entries"}, sorted(heavy)
     assert sum(t for m, t in modules.items() if "." not in m) < IMPORT_BUDGET_US
+
+
+def test_listing_real_entries_needs_no_cattrs(tmp_path: Path) -> None:
+    """Entries are read by the fast decoder; the converter (and cattrs) is built on first use,
+    which a listing of valid entries never makes."""
+    from helpers import make_entry
+
+    from pi_tmux_matrix.matrix.store import MatrixStore
+
+    store = MatrixStore(tmp_path / "state")
+    for name in ("s1", "s2"):
+        store.create(make_entry(name))
+    for verb in (["ls", "--json"], ["ls"], ["tree"]):
+        modules, _out = loaded("--state-dir", str(store.root), *verb, cwd=tmp_path)
+        assert not {m for m in modules if m.startswith("cattrs")}, verb
 
 
 def test_the_fork_packages_lazy_names_are_its_rooms_own() -> None:

@@ -154,14 +154,14 @@ def _print_reclaimed(decisions: list[Decision], io: Io) -> None:
 
 
 def _report_json(report: ActivationReport) -> dict[str, Any]:
-    from ..matrix.codec import converter
+    from ..matrix.codec import conv
 
     return {
         "key": report.key,
         "sessionId": report.session_id,
         "reconciled": [{"key": k, "action": a, "reason": r} for k, a, r in report.reconciled],
         "orphans": [attrs.asdict(d) for d in report.orphans],
-        "delivered": [{"key": k, "handoff": converter.unstructure(h)} for k, h in report.delivered],
+        "delivered": [{"key": k, "handoff": conv().unstructure(h)} for k, h in report.delivered],
     }
 
 

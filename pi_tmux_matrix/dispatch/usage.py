@@ -29,7 +29,7 @@ from typing import Any, Final
 import attrs
 
 from .. import strictjson
-from ..matrix.codec import converter
+from ..matrix.codec import conv
 
 __all__ = [
     "CLAIM_SUFFIX",
@@ -111,7 +111,7 @@ class ClaimedUsage:
         ``{"advisory": true, "invalid": "why"}``."""
         if self.claimed is None:
             return {"advisory": True, "invalid": self.invalid or "unreadable"}
-        return {"advisory": True, "claimed": _present(converter.unstructure(self.claimed))}
+        return {"advisory": True, "claimed": _present(conv().unstructure(self.claimed))}
 
 
 def _present(raw: Any) -> Any:

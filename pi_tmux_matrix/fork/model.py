@@ -16,7 +16,7 @@ import attrs
 
 from ..errors import PiMatrixError
 from ..identity import ProcessIdentity
-from ..matrix.codec import converter, register_enum
+from ..matrix.codec import conv, register_enum
 from ..matrix.model import bounded
 
 __all__ = [
@@ -119,7 +119,7 @@ class ForkRun:
     delivered_at_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        value: dict[str, Any] = converter.unstructure(self)
+        value: dict[str, Any] = conv().unstructure(self)
         return value
 
 

@@ -2,6 +2,10 @@
 
 On disk everything is camelCase (pi's convention) with a ``schemaVersion``; in Python it is
 snake_case. Primitives are structured strictly: ``"12"`` is not a pid and ``true`` is not 1.
+
+The converter is built on first use (:func:`conv`), and cattrs imported with it: listing reads
+entries through :mod:`.fastcodec`, so ``ls``/``tree``/``show`` and a host's own heartbeats need
+no cattrs at all (~10 ms of every such command's start-up).
 """
 
 from __future__ import annotations
@@ -9,21 +13,21 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from enum import Enum
-from typing import Any, Final, Optional, TypeVar, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Final, Optional, TypeVar, get_args, get_origin
 
 import attrs
-import cattrs
-from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
-from cattrs.preconf.json import make_converter
 
 from .. import strictjson
 from ..identity import Mode, Role
 from .model import OUTCOME_ALIASES, SCHEMA_VERSION, DirectiveKind, Entry, ExitKind, Outcome, Status, to_camel
 
+if TYPE_CHECKING:
+    import cattrs
+
 __all__ = [
     "MAX_ENTRY_BYTES",
     "DecodeError",
-    "converter",
+    "conv",
     "decode_entry",
     "encode_entry",
     "entry_document",
@@ -86,6 +90,9 @@ def _exactly(kind: Any) -> Callable[[Any], bool]:
 
 
 def _make_converter(*, detailed: bool) -> cattrs.Converter:
+    from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
+    from cattrs.preconf.json import make_converter
+
     conv = make_converter(
         forbid_extra_keys=True, prefer_attrib_converters=False, detailed_validation=detailed
     )
@@ -137,21 +144,47 @@ def _make_converter(*, detailed: bool) -> cattrs.Converter:
     return conv
 
 
-converter: Final = _make_converter(detailed=False)
-# The same converter with per-field error paths. Building those paths costs about a third of
-# the decode time of every entry, so the fast one runs first and this one only explains a failure.
-_explainer: Final = _make_converter(detailed=True)
+_built: list[cattrs.Converter] = []  # [the converter, the explainer], once built
+_enums: list[type[Enum]] = []  # enums of higher layers, registered before or after the build
+
+
+def _converters() -> list[cattrs.Converter]:
+    if not _built:
+        # The same converter twice: the second with per-field error paths. Building those paths
+        # costs about a third of the decode time of every entry, so the fast one runs first and
+        # the explainer only explains a failure.
+        made = [_make_converter(detailed=False), _make_converter(detailed=True)]
+        for made_one in made:
+            for enum in _enums:
+                made_one.register_structure_hook(enum, _enum_hook(enum))
+        _built.extend(made)
+    return _built
+
+
+def conv() -> cattrs.Converter:
+    """The one converter (built on first use)."""
+    return _converters()[0]
+
+
+def __getattr__(name: str) -> Any:
+    # ``converter`` as a name, for those who import it: built when first asked for.
+    if name == "converter":
+        return conv()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register_enum(enum: type[Enum]) -> None:
     """Structure a str-valued Enum of a higher layer strictly (its value, never coerced)."""
-    for conv in (converter, _explainer):
-        conv.register_structure_hook(enum, _enum_hook(enum))
+    _enums.append(enum)
+    for made in _built:
+        made.register_structure_hook(enum, _enum_hook(enum))
 
 
 def _describe(exc: BaseException, _type: Any = None) -> str:
     if isinstance(exc, KeyError):
         return f"required field {exc.args[0] if exc.args else ''} missing"
+    import cattrs
+
     if isinstance(exc, cattrs.ForbiddenExtraKeysError):
         return f"unknown field(s) {', '.join(sorted(exc.extra_fields))}"
     return str(exc) or type(exc).__name__
@@ -164,8 +197,10 @@ def _camel_path(message: str) -> str:
 
 
 def _explain(data: Any, cls: type[Any], fallback: BaseException) -> str:
+    import cattrs
+
     try:
-        _explainer.structure(data, cls)
+        _converters()[1].structure(data, cls)
     except cattrs.BaseValidationError as exc:
         messages = [_camel_path(m) for m in cattrs.transform_error(exc, path="$", format_exception=_describe)]
         shown = "; ".join(messages[:3])
@@ -178,14 +213,14 @@ def _explain(data: Any, cls: type[Any], fallback: BaseException) -> str:
 def structure(data: Any, cls: type[T]) -> T:
     """Structure ``data`` as ``cls`` or raise :class:`DecodeError` with one readable line."""
     try:
-        return converter.structure(data, cls)
+        return conv().structure(data, cls)
     except Exception as exc:  # noqa: BLE001 - hostile input can fail in any structuring step
         raise DecodeError(_explain(data, cls, exc)) from None
 
 
 def unstructure_entry(entry: Entry) -> dict[str, Any]:
     """The on-disk (camelCase) form of ``entry``."""
-    result: dict[str, Any] = converter.unstructure(entry)
+    result: dict[str, Any] = conv().unstructure(entry)
     return result
 
 
