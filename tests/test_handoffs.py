@@ -249,38 +249,6 @@ def test_prompts_sent_in_a_row_to_an_idle_pi_worker_each_reach_the_model_once_in
     assert [t["kind"] for t in taken] == ["prompt"] * count
 
 
-def test_an_idle_pi_takes_a_notice_as_it_is_appended_not_at_the_bridges_poll(
-    pilab: tuple[Lab, FakeLLM],  # noqa: F811
-) -> None:
-    """The bridge follows its notices file by inotify (a 250 ms poll is only the safety net): from
-    the host's append to the model's request is a few ms of pi's own work, where the poll alone
-    adds 0-250 ms (a median near 125 ms). The median of several keeps a loaded machine's one slow
-    turn from deciding."""
-    lab, llm = pilab
-    lab.start_master()
-    fired = lab.fire("Say hello.", profile="pi-worker")
-    (agent,) = fired.job.agents
-    lab.worker(agent.key)
-    wait_for("the DONE result", lambda: lab.result(fired.job.id, agent.agent_id), timeout=60)
-    latencies = []
-    for n in range(7):
-        time.sleep(0.1 + 0.037 * n)  # pi idle again, and the sends spread over the poll's phase
-        asked = len(llm.requests)
-        send(lab, agent.key, "--prompt", f"again WORD{n}X")
-        (notice,) = [x for x in notices_posted(lab, agent.key, "prompt") if f"WORD{n}X" in x["message"]]
-        deadline = time.monotonic() + 30
-        while len(llm.requests) <= asked and time.monotonic() < deadline:
-            time.sleep(0.002)
-        latencies.append(time.time() * 1000 - notice["at"])
-        wait_for("pi's acknowledgement", lambda n=n: taken_count(lab, agent.key) > n, timeout=30)
-    latencies.sort()
-    assert latencies[3] < 80, f"append -> model request, ms: {[round(x) for x in latencies]}"
-
-
-def taken_count(lab: Lab, key: str) -> int:
-    return sum(x.get("event") == "notice_taken" for x in _events(lab, key))
-
-
 def _events(lab: Lab, key: str) -> list[dict[str, Any]]:
     path = Path(lab.state) / "events" / f"{key}.jsonl"
     if not path.exists():
