@@ -5,8 +5,9 @@ once, and how long each took from being written to being acknowledged.
     python benchmarks/bench_handoff.py [--quick] [--counts 1,10,50]
 
 For each N: a real ``pi-matrix master`` (default settings: a 30 s heartbeat) runs a stand-in
-"pi" that acknowledges like the bridge (it tails its notices file every 250 ms, as the bridge
-does, and reports ``handoff_accepted`` for each handoff id to its host's inbox, once per id);
+"pi" that acknowledges like the bridge (it follows its notices file by inotify, with a 250 ms
+poll as the safety net, as the bridge does, and reports ``handoff_accepted`` for each handoff id
+to its host's inbox, once per id);
 N real ``pi-matrix host`` workers run one small agent each, all released at the same instant by
 one gate file. Each worker's host writes its handoff into its entry (``created_at``); the
 master's host marks it delivered (``delivered_at``) once the stand-in took it. Figures: p50,
@@ -41,7 +42,8 @@ GOAL_MS = 1000.0
 # The stand-in "pi": started by the master's host with ``-e BRIDGE --session FILE``; reports its
 # session (the header's id, as pi would) and takes each handoff notice once, like the bridge.
 STANDIN_PI = r'''#!{python}
-import json, os, sys, time
+import json, os, select, sys, time
+from pi_tmux_matrix.inotify import DirWatch
 args = sys.argv[1:]
 session_file = args[args.index("--session") + 1]
 state, key = os.environ["PI_MATRIX_STATE_DIR"], os.environ["PI_MATRIX_KEY"]
@@ -60,8 +62,10 @@ with open(session_file) as handle:
     session_id = json.loads(handle.readline())["id"]
 post("identity", {"sessionId": session_id, "sessionFile": session_file})
 offset, taken = os.path.getsize(notices) if os.path.exists(notices) else 0, set()
+watch = DirWatch(os.path.dirname(notices), modify=True)  # the bridge's fs.watch of the folder
 while True:
-    time.sleep(0.25)
+    if select.select([watch.fd], [], [], 0.25)[0]:  # an append, or the safety-net poll
+        watch.drain()
     try:
         with open(notices, "rb") as handle:
             handle.seek(offset)

@@ -3,7 +3,8 @@
 // Loaded with `pi -e <this file>` by the pi launch profiles. Under a host (PI_MATRIX_KEY and
 // PI_MATRIX_STATE_DIR set) it:
 //   * reports pi's real session id and session file to the host (an "identity" message);
-//   * delivers the host's notices (PI_MATRIX_MAILBOX, one JSON object per line) into the session:
+//   * delivers the host's notices (PI_MATRIX_MAILBOX, one JSON object per line) into the session,
+//     as they are appended (fs.watch, i.e. inotify; a 250 ms poll is the safety net):
 //     steer/prompt as user messages (a steer or follow-up while busy, one at a time while idle;
 //     see delivery.ts), each acknowledged once pi's conversation has it; abort, and shutdown (a
 //     clean exit);
@@ -33,6 +34,8 @@ export default function (pi: any) {
   let offset = 0;
   let runs = 0;
   let timer: ReturnType<typeof setInterval> | null = null;
+  let watcher: fs.FSWatcher | null = null;
+  let woken = false; // a tick is scheduled for the watch's burst of events
   const usage = new UsageClaim();
   // A ctx gone stale (pi shutting down, a session replaced) throws: then nothing is sent.
   const delivery = new Delivery(() => {
@@ -122,6 +125,33 @@ export default function (pi: any) {
     delivery.pump();
   }
 
+  /** Follow the notices file by inotify: a handoff or prompt is read as it is appended, not at
+   * the next poll (issue 19: a result reaches an idle master in <= 1 s). The folder is watched,
+   * not the file: the file may not exist yet. Every event of one burst makes one tick, in a fresh
+   * macrotask like the timer's (see delivery.ts). Without a watch the poll alone delivers. */
+  function follow(): void {
+    if (!MAILBOX || watcher !== null) return;
+    const name = path.basename(MAILBOX);
+    try {
+      watcher = fs.watch(path.dirname(MAILBOX), { persistent: false }, (_event, file) => {
+        if (woken || (file !== null && String(file) !== name)) return;
+        woken = true;
+        setImmediate(() => {
+          woken = false;
+          tick();
+        });
+      });
+      watcher.on("error", unfollow);
+    } catch {
+      watcher = null; // no inotify here (or no folder yet): the poll delivers
+    }
+  }
+
+  function unfollow(): void {
+    if (watcher !== null) watcher.close();
+    watcher = null;
+  }
+
   pi.on("session_start", async (_event: any, ctx: any) => {
     ctxRef = ctx;
     // Made now, not at the first run's end: a job's watcher takes it as the sign that this worker
@@ -140,9 +170,10 @@ export default function (pi: any) {
     const sm = ctx.sessionManager;
     post("identity", JSON.stringify({ sessionId: sm.getSessionId(), sessionFile: sm.getSessionFile() || null }));
     if (timer === null) {
-      timer = setInterval(tick, 250);
+      timer = setInterval(tick, 250); // the safety net: a lost or unsupported watch
       if (typeof timer.unref === "function") timer.unref();
     }
+    follow();
   });
 
   // What pi's conversation took: the acknowledgement of a delivered notice or handoff.
@@ -190,6 +221,7 @@ export default function (pi: any) {
     post("bridge", JSON.stringify({ event: "session_shutdown" }));
     if (timer !== null) clearInterval(timer);
     timer = null;
+    unfollow();
   });
 
   // With a SIGTERM listener pi exits 0 through its shutdown hooks instead of dying by signal.

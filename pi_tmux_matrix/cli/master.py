@@ -14,6 +14,7 @@ import os
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
 __all__ = ["HANDOFF_REPOST_S", "cmd_master", "handoff_message", "register"]
 
 HANDOFF_REPOST_S: Final = 15.0  # a handoff notice pi has not taken by then is posted again
+# Threads that mark pi's taken handoffs delivered: their durable writes overlap (one journal
+# commit serves several fsyncs) and none of them holds back the next posting (issue 19).
+ACK_THREADS: Final = 4
 # --takeover: how long the old host gets to stop its agent (its own stop sequence: the request,
 # then SIGTERM and SIGKILL a stop grace apart), and the grace of the stop by identity after that.
 TAKEOVER_WAIT_S: Final = 10.0
@@ -226,6 +230,7 @@ class _MasterSession:
     posted: dict[str, float] = attrs.field(factory=dict)
     awaiting: dict[str, str] = attrs.field(factory=dict)  # handoff id -> entry key, posted to pi
     replaced: Entry | None = None  # the record this master's registration replaced
+    acks: ThreadPoolExecutor | None = None  # the running host's (see ACK_THREADS); none for --once
 
     def claim(self, previous: Entry | None) -> None:
         """Under the entry's lock, as this master registers: one master per session (--takeover
@@ -258,7 +263,7 @@ class _MasterSession:
         return Master(
             self.store, self.session_id, me, _relauncher(self.args, self.store), task_ref=self.task_ref,
             task_state=self.args.task_state, prompter=self.prompter,
-            deliver=self.deliver if deliver else None,
+            deliver=self.deliver if deliver else None, acks=self.acks,
         )  # fmt: skip
 
     def deliver(self, entry: Entry, handoff: Handoff) -> bool:
@@ -314,6 +319,7 @@ class _MasterSession:
     def on_registered(self, host: AgentHost) -> None:
         self.host = host
         self.start_session()
+        self.acks = ThreadPoolExecutor(ACK_THREADS, thread_name_prefix="handoff-ack")
         self.master = self.master_at(host.me, deliver=True)
         _print_report(self.master.activate(), self.io)
         feed = EntryFeed(str(self.store.root), host.key)
@@ -334,6 +340,11 @@ class _MasterSession:
         if self.master is not None:
             self.master.deliver_handoffs()
             _print_reclaimed(self.master.reclaim(), self.io)
+
+    def close(self) -> None:
+        """The host is done: the marks already queued are written before the process ends."""
+        if self.acks is not None:
+            self.acks.shutdown(wait=True)
 
     def on_switch(self, host: AgentHost, _old_key: str) -> None:
         # Identity, notices and the orphan scan follow the active session.
@@ -421,4 +432,7 @@ def cmd_master(args: argparse.Namespace, io: Io) -> int:
         may_register=session.claim,
         on_wake=session.on_wake,
     )
-    return AgentHost(spec, store, settings, hooks=hooks, out=io.out, err=io.err).run()
+    try:
+        return AgentHost(spec, store, settings, hooks=hooks, out=io.out, err=io.err).run()
+    finally:
+        session.close()

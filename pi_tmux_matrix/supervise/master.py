@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
 from typing import IO, Final, Protocol
 
 import attrs
@@ -188,7 +189,12 @@ class Master:
     task_state: str = "active"
     prompter: Prompter | None = None  # None: headless, report only
     deliver: Callable[[Entry, Handoff], bool] | None = None
+    # Where pi's taken handoffs are marked delivered: None, at once; the master's host passes a
+    # few threads, so a durable write queued behind a burst of workers' own (hundreds of ms on a
+    # busy disk) never holds back the posting of the next handoffs to pi.
+    acks: Executor | None = None
     _delivered_ids: set[str] = attrs.field(factory=set)
+    _acking: set[str] = attrs.field(factory=set)  # handoff ids whose mark is queued or being written
     _reclaimed: set[tuple[str, str]] = attrs.field(factory=set)  # (key, generation) acted on
 
     @property
@@ -374,6 +380,19 @@ class Master:
         return found
 
     def _acknowledge(self, key: str, handoff_id: str) -> None:
+        if self.acks is None:
+            self._mark(key, handoff_id)
+        elif handoff_id not in self._acking:  # the feed sees the entry again before it is marked
+            self._acking.add(handoff_id)
+            self.acks.submit(self._mark_queued, key, handoff_id)
+
+    def _mark_queued(self, key: str, handoff_id: str) -> None:
+        try:
+            self._mark(key, handoff_id)
+        finally:
+            self._acking.discard(handoff_id)
+
+    def _mark(self, key: str, handoff_id: str) -> None:
         # Merged under the lock on the version re-read there: only this handoff is marked, and
         # only a *terminal* record closes, so a newer registration of the same session (which
         # carried the undelivered handoff over) is never closed by an old completion.

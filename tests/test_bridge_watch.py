@@ -1,0 +1,73 @@
+"""Issue 19, event-driven delivery on pi's side: the bridge follows its notices file by inotify
+(``fs.watch``); its 250 ms poll is only the safety net. bridge.ts runs in node through pi's own
+loader against a stand-in for pi's extension API (our seam) whose ``setInterval`` does nothing:
+with no poll at all, a notice appended to the file still reaches ``sendUserMessage``, and
+with the watch gone too it would never arrive."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import subprocess
+import time
+from pathlib import Path
+
+from test_envelope import pi_jiti
+
+from pi_tmux_matrix.bridge import bridge_path
+
+HARNESS = """import {{ createJiti }} from {jiti};
+globalThis.setInterval = () => ({{ unref() {{}} }}); // no safety-net poll: only the watch delivers
+const handlers = {{}};
+const pi = new Proxy({{}}, {{
+  get: (_target, name) => {{
+    if (name === "on") return (event, fn) => {{ (handlers[event] ||= []).push(fn); }};
+    if (name === "sendUserMessage") return (body) => console.log(JSON.stringify({{ sent: body }}));
+    return () => undefined;
+  }},
+}});
+const bridge = await createJiti(import.meta.url).import({bridge});
+bridge.default(pi);
+const session = {{ getSessionId: () => "s1", getSessionFile: () => null }};
+const ctx = {{ isIdle: () => true, sessionManager: session }};
+for (const fn of handlers.session_start || []) await fn({{}}, ctx);
+console.log(JSON.stringify({{ ready: true }}));
+setTimeout(() => process.exit(0), 60000);
+"""
+
+
+def read_line(proc: subprocess.Popen[str], timeout: float) -> dict[str, object] | None:
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        if not selector.select(timeout):
+            return None
+        line = proc.stdout.readline()
+    return json.loads(line) if line.strip() else None
+
+
+def test_a_notice_reaches_pi_as_it_is_appended_with_no_poll_at_all(tmp_path: Path) -> None:
+    jiti = pi_jiti()
+    state = tmp_path / "state"
+    (state / "mailbox").mkdir(parents=True)
+    notices = state / "mailbox" / "worker-t1.agent.jsonl"  # not there yet: the folder is watched
+    script = tmp_path / "harness.mjs"
+    script.write_text(HARNESS.format(jiti=json.dumps(str(jiti)), bridge=json.dumps(str(bridge_path()))))
+    modules = jiti.parent.parent.parent  # .pi-cli/node_modules: what pi's loader resolves from
+    env = dict(
+        os.environ, NODE_PATH=str(modules), TMPDIR=str(tmp_path), PI_MATRIX_KEY="worker-t1",
+        PI_MATRIX_STATE_DIR=str(state), PI_MATRIX_MAILBOX=str(notices),
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        ["node", str(script)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert read_line(proc, 60) == {"ready": True}
+        line = {"type": "prompt", "message": "hello", "at": int(time.time() * 1000), "id": "n1"}
+        with notices.open("a") as handle:  # the file is created by this first append
+            handle.write(json.dumps(line) + "\n")
+        assert read_line(proc, 10) == {"sent": "[pi-matrix prompt] hello"}, "the notice never reached pi"
+    finally:
+        proc.kill()
+        proc.wait(10)
