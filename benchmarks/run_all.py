@@ -27,10 +27,18 @@ def _number(text: str) -> float | None:
     return float(found.group(1)) if found else None
 
 
+def _met(value: Any) -> bool | None:
+    if isinstance(value, str):
+        return None if value in ("-", "") else value.lower() == "yes"
+    return None if value is None else bool(value)
+
+
 def rows_of(name: str) -> list[dict[str, Any]]:
     data = json.loads((RESULTS / f"{name}.json").read_text())
     if "rows" in data:
-        return [dict(row, bench=name) for row in data["rows"]]
+        # Some benchmarks write "met" as text ("yes", "NO", "-"): any non-empty text is truthy, so
+        # a missed goal printed "yes" until it was read as what it says.
+        return [dict(row, bench=name, met=_met(row.get("met"))) for row in data["rows"]]
     rows = []
     for figure, ours, baseline, ratio, goal, met in data.get("table", []):
         rows.append(
