@@ -24,7 +24,7 @@ from ..matrix.store import MatrixStore
 from ..programs import agent_argv_of
 from .model import JobAgent, PlannedAgent
 
-__all__ = ["CONFIRM_S", "StartFailure", "check_programs", "confirm_starts"]
+__all__ = ["CONFIRM_S", "StartFailure", "check_programs", "confirm_starts", "spawn_failure"]
 
 CONFIRM_S: Final = 5.0
 
@@ -96,7 +96,7 @@ def _verdict(store: MatrixStore, agent: JobAgent) -> str | None:
     ours = entry is not None and host is not None and entry.pid == host.pid
     if ours and entry is not None and entry.child_pid is not None:
         return ""
-    failure = _spawn_failure(store, agent.key)
+    failure = spawn_failure(store, agent.key)
     if failure is not None:
         return failure
     if ours and entry is not None and entry.status in (Status.TERMINAL, Status.CLOSED):
@@ -106,7 +106,9 @@ def _verdict(store: MatrixStore, agent: JobAgent) -> str | None:
     return None
 
 
-def _spawn_failure(store: MatrixStore, key: str) -> str | None:
+def spawn_failure(store: MatrixStore, key: str) -> str | None:
+    """The reason the host of ``key`` could not start its agent (its ``spawn_failed`` event), if so:
+    the fire and the watcher word such an end alike, whichever records it first."""
     for event in reversed(EventLog(store, key).tail(10)):
         if event.get("event") == "spawn_failed":
             return f"its agent could not start: {event.get('error', 'unknown error')}"

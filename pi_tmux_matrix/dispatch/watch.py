@@ -37,6 +37,7 @@ from ..inotify import available as inotify_available
 from ..matrix.mailbox import EventLog, Inbox, addressee, round_message
 from ..matrix.store import MatrixStore, now_ms
 from ..matrix.strays import stop_stray, stray_agent
+from .confirm import spawn_failure
 from .jobs import JobStore, result_now
 from .markers import MarkerScanner
 from .model import AgentResult, Job, JobAgent, ResultKind
@@ -131,6 +132,11 @@ class Watcher:
         exit_record = entry.exit if entry is not None and entry.pid == self.agent.host_pid else None
         if exit_record is None:
             return self.write(ResultKind.EXITED, "the host ended without recording an exit")
+        # A program that could not be started: the same words as the fire's (the fire may come
+        # second on a loaded machine, and this result is the one the job keeps).
+        failed = spawn_failure(self.store, self.agent.key) if exit_record.code == 127 else None
+        if failed is not None:
+            return self.write(ResultKind.EXITED, failed, exit_code=127, exit_kind=exit_record.kind.value)
         detail = f"agent {exit_record.kind.value}"
         if exit_record.code is not None:
             detail += f" with code {exit_record.code}"
