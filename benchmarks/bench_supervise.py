@@ -21,9 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -102,6 +102,8 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 def death_latency(root: Path, env: dict[str, str], trials: int, poll_ms: int) -> dict[str, Any]:
     latencies: list[float] = []
+    from_kill: list[float] = []
+    entry_bytes: bytes | None = None
     for trial in range(trials):
         state = root / f"death-{trial}"
         parent = spawn_master(state, env)
@@ -115,8 +117,15 @@ def death_latency(root: Path, env: dict[str, str], trials: int, poll_ms: int) ->
                 "host start",
             )
             time.sleep(0.2)  # let the host settle into its select loop
+            pidfd = os.pidfd_open(parent.pid)
             killed_at = time.time() * 1000
             parent.kill()
+            # The death itself: when the kernel says the parent is gone (our own pidfd turns
+            # readable, as the host's does). The kill -> death part is the kernel tearing a
+            # threaded Python process down, not ours to shorten.
+            select.select([pidfd], [], [], 10)
+            dead_at = time.time() * 1000
+            os.close(pidfd)
             found = wait_for(
                 lambda s=state, t=trial: [
                     e
@@ -126,7 +135,10 @@ def death_latency(root: Path, env: dict[str, str], trials: int, poll_ms: int) ->
                 10,
                 "winding_down",
             )
-            latencies.append(found[0]["at"] - killed_at)
+            from_kill.append(found[0]["at"] - killed_at)
+            latencies.append(found[0]["at"] - dead_at)
+            if entry_bytes is None:
+                entry_bytes = (state / f"worker-w{trial}.json").read_bytes()
         finally:
             stop(parent)
             host.send_signal(signal.SIGTERM)
@@ -134,10 +146,41 @@ def death_latency(root: Path, env: dict[str, str], trials: int, poll_ms: int) ->
                 host.wait(10)
             except subprocess.TimeoutExpired:
                 stop(host)
-    latencies.sort()
-    p50 = statistics.median(latencies)
-    p99 = latencies[min(len(latencies) - 1, round(0.99 * (len(latencies) - 1)))]
-    return {"trials": trials, "p50_ms": p50, "p99_ms": p99, "watcher_poll_ms": poll_ms, "all_ms": latencies}
+    writes = bare_writes(root / "bare", entry_bytes or b"{}", max(200, trials * 10))
+    return {
+        "trials": trials, "p50_ms": _pct(latencies, 50), "p99_ms": _pct(latencies, 99),
+        "from_kill_p99_ms": _pct(from_kill, 99), "watcher_poll_ms": poll_ms,
+        "bare_write_p50_ms": _pct(writes, 50), "bare_write_p99_ms": _pct(writes, 99),
+        "all_ms": sorted(latencies),
+    }  # fmt: skip
+
+
+def _pct(values: list[float], pct: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(pct / 100 * (len(ordered) - 1)))]
+
+
+def bare_writes(folder: Path, data: bytes, count: int) -> list[float]:
+    """The baseline: one bare durable write of the entry's own bytes (temp + fsync + rename +
+    directory fsync, nothing else) on the same file system, in the same run."""
+    folder.mkdir(parents=True)
+    dir_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    took: list[float] = []
+    try:
+        for _ in range(count):
+            began = time.perf_counter()
+            fd = os.open(".entry.tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fd)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(".entry.tmp", "entry.json", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.fsync(dir_fd)
+            took.append((time.perf_counter() - began) * 1000)
+    finally:
+        os.close(dir_fd)
+    return took
 
 
 def rss(root: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -213,22 +256,31 @@ def main() -> int:
         cpu = idle_cpu(root, env, int(sizes["hosts"]), float(sizes["window"]))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    ratio = death["p99_ms"] / max(death["bare_write_p99_ms"], 1e-6)
     rows = [
         (
-            f"1 parent death -> winding_down p99 ({death['trials']} trials)",
-            f"{death['p99_ms']:.1f} ms",
-            f"{poll_ms} ms poll",
-            f"{death['p99_ms'] / poll_ms:.4f}",
-            "p99 <= 100 ms",
-            "yes" if death["p99_ms"] <= 100 else "NO",
+            f"1 parent death -> durable winding_down p99 ({death['trials']} trials) / bare durable write p99",
+            f"{death['p99_ms']:.2f} ms",
+            f"{death['bare_write_p99_ms']:.2f} ms",
+            f"{ratio:.2f}",
+            "ratio <= 3",
+            "yes" if ratio <= 3 else "NO",
         ),
         (
-            "1 parent death -> winding_down p50",
-            f"{death['p50_ms']:.1f} ms",
+            "1 parent death -> winding_down p50 / bare durable write p50",
+            f"{death['p50_ms']:.2f} ms",
+            f"{death['bare_write_p50_ms']:.2f} ms",
+            f"{death['p50_ms'] / max(death['bare_write_p50_ms'], 1e-6):.2f}",
+            "-",
+            "-",
+        ),
+        (
+            "1 kill() -> winding_down p99 (the kernel's teardown included) / watcherPollMs",
+            f"{death['from_kill_p99_ms']:.1f} ms",
             f"{poll_ms} ms poll",
-            f"{death['p50_ms'] / poll_ms:.4f}",
-            "-",
-            "-",
+            f"{death['from_kill_p99_ms'] / poll_ms:.4f}",
+            "p99 <= 100 ms",
+            "yes" if death["from_kill_p99_ms"] <= 100 else "NO",
         ),
         (
             "2 host RSS / child RSS (stand-in)",

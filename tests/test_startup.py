@@ -66,6 +66,8 @@ def test_version_and_ls_load_only_what_they_need(tmp_path: Path) -> None:
     heavy |= {m for m in modules if m.startswith(("pi_tmux_matrix.dispatch", "pi_tmux_matrix.supervise"))}
     heavy |= {m for m in modules if m.startswith("pi_tmux_matrix.cli.") and m.split(".")[-1] in MODULES}
     assert heavy <= {"pi_tmux_matrix.cli.entries"}, sorted(heavy)
+    # An empty state dir is answered without the model, the store or attrs (about half of ls).
+    assert not {"attrs", "pi_tmux_matrix.matrix.store", "pi_tmux_matrix.cli.listing"} & set(modules)
     assert sum(t for m, t in modules.items() if "." not in m) < IMPORT_BUDGET_US
 
 
@@ -109,3 +111,66 @@ def test_a_host_delivering_fork_results_loads_no_launcher() -> None:
     modules = set(eval(done.stdout))
     launcher = {"pi_tmux_matrix.fork.launch", "pi_tmux_matrix.fork.panes", "pi_tmux_matrix.dispatch.tmux"}
     assert not launcher & modules, sorted(launcher & modules)
+
+
+def _both_listings(root: Path, shape: str) -> tuple[tuple[int, str, str], tuple[int, str, str]]:
+    """``ls`` through its empty-dir answer and through the full listing, each as (exit, out, err)."""
+    import io as _io
+
+    from pi_tmux_matrix.cli import entries, listing
+    from pi_tmux_matrix.cli.base import Io
+    from pi_tmux_matrix.errors import PiMatrixError, exit_code_for
+
+    results = []
+    for command in (entries.cmd_ls, listing.cmd_ls):
+        out, err = _io.StringIO(), _io.StringIO()
+        args = argparse.Namespace(state_dir=str(root), json=shape == "json", ndjson=shape == "ndjson")
+        try:
+            code = command(args, Io(out, err, 100))
+        except PiMatrixError as exc:
+            code, err = exit_code_for(exc), _io.StringIO(str(exc))
+        results.append((code, out.getvalue(), err.getvalue()))
+    return results[0], results[1]
+
+
+def _tree(root: Path, case: str) -> None:
+    import os
+
+    if case == "absent":
+        return
+    root.mkdir(mode=0o700)
+    if case == "reserved dirs and a write in flight":
+        for name in ("locks", "events", "jobs", "quarantine"):
+            (root / name).mkdir()
+        (root / ".worker-a.json.tmp").write_text("{")
+    elif case == "a foreign file":
+        (root / "notes.txt").write_text("x")
+    elif case == "a reserved name as a file":
+        (root / "events").write_text("x")
+    elif case == "a symlink named like a reserved dir":
+        (root.parent / "elsewhere").mkdir()
+        os.symlink(root.parent / "elsewhere", root / "runs")
+    elif case == "a corrupt entry":
+        (root / "worker-a.json").write_text("{")
+    elif case == "a state dir others may enter":
+        root.chmod(0o755)
+
+
+@pytest.mark.parametrize("shape", ["text", "json", "ndjson"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "absent", "empty", "reserved dirs and a write in flight", "a foreign file",
+        "a reserved name as a file", "a symlink named like a reserved dir", "a corrupt entry",
+        "a state dir others may enter",
+    ],
+)  # fmt: skip
+def test_the_empty_state_dir_answer_is_the_full_listings_word_for_word(
+    tmp_path: Path, case: str, shape: str
+) -> None:
+    """``ls`` answers an empty state dir without loading the listing; anything the listing would
+    show or report (or refuse) goes to the listing, so both say the same."""
+    root = tmp_path / "state"
+    _tree(root, case)
+    quick, full = _both_listings(root, shape)
+    assert quick == full

@@ -206,7 +206,7 @@ def detail_lines(store: MatrixStore, entry: Entry, target: str | None) -> list[s
     """The detail pane: ``show``'s view of the entry, its session file and tmux target, and its
     last events (each line safe for a terminal)."""
     from ..matrix.mailbox import EventLog
-    from .entries import describe, tool_blocks
+    from .listing import describe, tool_blocks
 
     blocked, start_failure = tool_blocks(store, entry.key)
     lines = describe(entry, procs.is_alive(entry.process), blocked, start_failure)

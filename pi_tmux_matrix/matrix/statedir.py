@@ -21,40 +21,16 @@ import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
-from typing import Final
 
 import attrs
 
 from ..errors import LockUnavailable, StateDirError
 from ..identity import KEY_PATTERN
 from .fsio import DIR_FLAGS, check_dir, open_dir, opened_dir
+from .layout import LOCKS, QUARANTINE, RESERVED_DIRS, SUFFIX, TMP_SUFFIX
 from .locks import LockError, LockTimeout, entry_lock
 
 __all__ = ["LOCKS", "QUARANTINE", "RESERVED_DIRS", "SUFFIX", "TMP_SUFFIX", "Problem", "StateDir", "is_key"]
-
-SUFFIX: Final = ".json"
-TMP_SUFFIX: Final = ".json.tmp"
-LOCKS: Final = "locks"
-QUARANTINE: Final = "quarantine"
-# Sub-directories the matrix itself keeps beside the entries; never reported as foreign.
-RESERVED_DIRS: Final = frozenset(
-    {
-        LOCKS,
-        QUARANTINE,
-        "events",
-        "mailbox",
-        "results",
-        "runs",
-        "jobs",
-        "logs",
-        "artifacts",
-        "launches",
-        "archived-jobs",
-        "archived-results",
-        "variables",
-    }
-)
-
 
 def is_key(name: str) -> bool:
     """Whether ``name`` is an entry key (``<role>-<sessionId>``)."""

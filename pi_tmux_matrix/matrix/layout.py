@@ -1,0 +1,59 @@
+"""The state dir's names, and whether it holds anything to list: importable without the model.
+
+A person's first ``pi-matrix ls`` (an empty or absent state dir) answers from here alone, without
+loading attrs, the entry model or the store (about half of that command's start-up).
+:mod:`.statedir` re-exports the names.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Final
+
+from .fsio import opened_dir
+
+__all__ = ["LOCKS", "QUARANTINE", "RESERVED_DIRS", "SUFFIX", "TMP_SUFFIX", "lists_nothing"]
+
+SUFFIX: Final = ".json"
+TMP_SUFFIX: Final = ".json.tmp"
+LOCKS: Final = "locks"
+QUARANTINE: Final = "quarantine"
+# Sub-directories the matrix itself keeps beside the entries; never reported as foreign.
+RESERVED_DIRS: Final = frozenset(
+    {
+        LOCKS,
+        QUARANTINE,
+        "events",
+        "mailbox",
+        "results",
+        "runs",
+        "jobs",
+        "logs",
+        "artifacts",
+        "launches",
+        "archived-jobs",
+        "archived-results",
+        "variables",
+    }
+)
+
+
+def lists_nothing(root: Path) -> bool:
+    """Whether a listing of ``root`` would show no entry and report no file: the state dir is
+    absent, or holds only writes in flight (dot files) and the matrix's own sub-directories.
+
+    Opened with the store's own checks, so an unsafe state dir is refused here word for word as
+    the store refuses it.
+    """
+    with opened_dir(root, create=False) as root_fd:
+        if root_fd is None:
+            return True
+        with os.scandir(root_fd) as scan:
+            for item in scan:
+                if item.name.startswith("."):
+                    continue
+                if item.name in RESERVED_DIRS and item.is_dir(follow_symlinks=False):
+                    continue
+                return False
+    return True
