@@ -22,8 +22,10 @@ is stopped by identity and the private tmux servers are killed at the end.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import shutil
 import signal
 import subprocess
@@ -196,14 +198,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5 agents (a smoke run; numbers mean little)")
     parser.add_argument("--agents", type=int, default=None)
+    parser.add_argument("--profile", action="store_true", help="cProfile the fires and print where they go")
     parser.add_argument("--output", type=Path, default=RESULTS / "bench_fire.json", help="the JSON file")
     args = parser.parse_args()
     if shutil.which("tmux") is None:
         print("bench_fire: tmux is not installed", file=sys.stderr)
         return 2
     agents = args.agents or (5 if args.quick else 20)
+    profiler = cProfile.Profile() if args.profile else None
     with tempfile.TemporaryDirectory(prefix="pi-matrix-bench-fire-") as tmp:
+        if profiler is not None:
+            profiler.enable()
         figures = run(agents, Path(tmp))
+        if profiler is not None:
+            profiler.disable()
+    if profiler is not None:
+        # Where a fire's time goes, both sides of ours together (confirmed and unconfirmed).
+        stats = pstats.Stats(profiler, stream=sys.stdout).strip_dirs().sort_stats("cumulative")
+        stats.print_stats("manager|confirm|tmux|fsio|plan|store", 16)
     rows = [
         (
             "fire N agents until all are up",
