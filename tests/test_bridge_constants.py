@@ -146,3 +146,22 @@ def test_the_bridges_usage_claim_is_the_dispatchers_format() -> None:
     assert counts is not None and costs is not None
     assert json.loads(counts.group(1)) == list(_TOKENS) and json.loads(costs.group(1)) == list(_COSTS)
     assert all(f"claim.{label} = " in source("usage.ts") for label in _LABELS)
+
+
+def test_every_flag_the_tool_passes_has_the_tools_name_for_its_errors() -> None:
+    """A CLI error about a flag the tool passed names the tool's parameter (toolwords.ts): a flag
+    added to fire_task's or the workspace actions' argv without its name there fails here."""
+    passed = set(re.findall(r'push\("(--[a-z-]+)"', source("master.ts")))
+    named = set(re.findall(r'^\s*"(--[a-z-]+)": "[A-Za-z]+",', source("toolwords.ts"), re.MULTILINE))
+    # Never the model's: the output shape, the caller's registration, list_jobs' usage switch.
+    ours = {"--json", "--parent-pid", "--parent-session", "--usage"}
+    assert passed - ours <= named, sorted(passed - ours - named)
+    assert "--launch-key" in named and "--workspace" in named and "--name" in named
+
+
+def test_the_tool_tells_a_stops_preview_by_the_clis_not_confirmed_message() -> None:
+    from pi_tmux_matrix.errors import NotConfirmed
+
+    said = str(NotConfirmed(STOP_WORD))
+    assert said.startswith("nothing was stopped;")
+    assert 'startsWith("pi-matrix: error: nothing was stopped;")' in source("master.ts")

@@ -101,7 +101,8 @@ def test_the_pi_tool_takes_the_origins_names_and_refuses_a_bad_one_by_name(
     assert done.returncode == 0, done.stdout + done.stderr
     fired, duplicate, short, status = (last_tool_result(r) for r in llm.requests[1:5])
     assert '"jobId":"nightly-1"' in fired
-    assert "--launch-key" in duplicate and "--force" in duplicate
+    assert "launchKey: job nightly-1 already exists" in duplicate and "force: true" in duplicate
+    assert "--launch-key" not in duplicate and "--force" not in duplicate  # the tool's names, not the CLI's
     assert "deadlineSeconds" in short and "5" in short
     assert "nightly-1" in status
     job = JobStore(at.store).get("nightly-1")
@@ -166,7 +167,7 @@ def test_the_pi_tool_sets_and_lists_job_variables_and_refuses_a_bad_name(
     assert done.returncode == 0, done.stdout + done.stderr
     _fired, set_one, bad, listed = (last_tool_result(r) for r in llm.requests[1:5])
     assert '"mode":"fast"' in set_one
-    assert "NAME" in bad and "not a variable name" in bad
+    assert "name: 'no spaces' is not a variable name" in bad and "NAME" not in bad
     assert json.loads(listed)["values"] == {"mode": "fast"}
     for agent in JobStore(at.store).get("vars-2").agents:
         if agent.host is not None:

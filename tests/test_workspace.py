@@ -203,7 +203,8 @@ def test_the_pi_tool_plans_and_launches_a_workspace_and_refuses_a_taken_session_
     plan = json.loads(planned)
     assert plan["dryRun"] is True and [a["pane"] for a in plan["agents"]] == ["open", "split"]
     assert json.loads(launched)["jobId"] == "ws-key-1"
-    assert "--name: tmux session 'tool-ws' already exists" in taken
+    assert "workspaceName: tmux session 'tool-ws' already exists" in taken and "--name" not in taken
+    assert 'stop_session with sessionName "tool-ws" and confirm "yes-tmux-stop"' in taken
     assert "teamTemplate" in missing
     assert "no team named 'no-such-team'" in unknown
     assert "workspaceName" in bad and "not a tmux session name" in bad and "A-Z a-z 0-9 _ -" in bad

@@ -2,7 +2,8 @@
 //
 //   * the `tmux_agent_manager` tool: each action runs the pi-matrix CLI with an argv list and
 //     --json (never a shell string) and returns a bounded summary; a CLI error comes back as a
-//     tool error carrying the CLI's one-line message;
+//     tool error carrying the CLI's one-line message in the tool's words (toolwords.ts: the
+//     parameter, never the flag);
 //   * launches carry this master's registration: the host's pid (PI_MATRIX_HOST_PID) and the
 //     session id the host is registered under (pi's own session id), never a guess from the
 //     process tree;
@@ -20,6 +21,7 @@ import { Type } from "typebox";
 import { type Cli, cliError, runCli } from "./cli.ts";
 import { env, post, role } from "./common.ts";
 import type { Delivery, Mode } from "./delivery.ts";
+import { toolWords } from "./toolwords.ts";
 
 const MAX_RESULT = 6000; // characters of CLI output returned to the model
 const STOP_WORD = "yes-tmux-stop";
@@ -185,6 +187,15 @@ function workspaceArgs(params: any): string[] {
   return args;
 }
 
+/** A stop's preview: the CLI exits 2 saying "nothing was stopped" after printing what it would
+ * stop. Any other failure (a bad name is exit 2 too) is the error it is, never an empty preview. */
+function previewOf(result: Cli): string {
+  const said = cliError(result).message;
+  const previewed = result.code === 2 && said.startsWith("pi-matrix: error: nothing was stopped;");
+  if (result.code !== 0 && !previewed) throw cliError(result);
+  return result.out.trim();
+}
+
 /** `pi-matrix setup-help --json`: whether tmux is here, and what to do next (the tool's setup_help
  * and the /tmux-agents command say the same). */
 function setupHelp(cwd?: string): { available: boolean; text: string } {
@@ -225,7 +236,15 @@ export function installMaster(pi: any, delivery: Delivery): void {
     return compact(result.out);
   }
 
-  async function execute(_id: string, params: any, _signal: any, _update: any, ctx: any): Promise<any> {
+  async function execute(id: string, params: any, signal: any, update: any, ctx: any): Promise<any> {
+    try {
+      return await act(id, params, signal, update, ctx);
+    } catch (error: any) {
+      throw new Error(toolWords(String(params?.action || ""), String(error?.message || error)));
+    }
+  }
+
+  async function act(_id: string, params: any, _signal: any, _update: any, ctx: any): Promise<any> {
     ctxRef = ctx || ctxRef;
     const action = String(params.action || "");
     const cwd = ctx?.cwd;
@@ -281,10 +300,8 @@ export function installMaster(pi: any, delivery: Delivery): void {
       case "stop_session": {
         const name = need(params, "sessionName", "workspaceName");
         if (params.confirm !== STOP_WORD) {
-          const preview = runCli(["stop-session", name], cwd);
-          if (preview.code !== 0 && preview.code !== 2) throw cliError(preview);
           return text(
-            `PREVIEW ONLY, nothing was stopped.\n${preview.out.trim()}\n` +
+            `PREVIEW ONLY, nothing was stopped.\n${previewOf(runCli(["stop-session", name], cwd))}\n` +
               `To stop them, call stop_session again with confirm: "${STOP_WORD}".`,
           );
         }
@@ -310,10 +327,8 @@ export function installMaster(pi: any, delivery: Delivery): void {
       case "stop_job": {
         const job = need(params, "jobId", "job_id");
         if (params.confirm !== STOP_WORD) {
-          const preview = runCli(["stop", job], cwd);
-          if (preview.code !== 0 && preview.code !== 2) throw cliError(preview);
           return text(
-            `PREVIEW ONLY, nothing was stopped.\n${preview.out.trim()}\n` +
+            `PREVIEW ONLY, nothing was stopped.\n${previewOf(runCli(["stop", job], cwd))}\n` +
               `To stop it, call stop_job again with confirm: "${STOP_WORD}".`,
           );
         }
