@@ -852,6 +852,35 @@ def test_stop_needs_confirm_and_then_stops_the_agent_as_killed(
     assert [e["reason"] for e in host.events("stop_requested")] == ["stop"]
 
 
+def test_stop_with_confirm_alone_asks_y_n_on_a_terminal(reaper: Reaper, store: MatrixStore, work: Path) -> None:
+    """Issue 20.1's other half: ``--confirm`` alone asks y/N on a terminal; "n" (or anything but
+    y) is the preview (exit 2, nothing stopped), "y" stops as the word does."""
+    from test_master import Pty
+
+    parent = reaper.parent(store, "boss1")
+    host = start_host(
+        reaper, store, work, "ask1", mode="interactive", parent=parent.pid, parent_session="boss1",
+        agent=["HANG until stopped"],
+    )  # fmt: skip
+    child = host.wait_child(reaper)
+    argv = [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(store.root), "stop", host.key, "--confirm"]
+    declined = Pty(argv, dict(os.environ), work)
+    declined.expect(r"\[y/N\] ")
+    declined.answer("n")
+    assert declined.wait_exit() == 2, declined.seen
+    assert "nothing was stopped" in declined.seen
+    assert host.popen.poll() is None and procs.is_alive(child)
+    assert host.events("stop_requested") == []
+
+    accepted = Pty(argv, dict(os.environ), work)
+    accepted.expect(r"\[y/N\] ")
+    accepted.answer("y")
+    assert accepted.wait_exit() == 0, accepted.seen
+    host.wait_exit(15)
+    wait_for("the agent process to be gone", gone(child), timeout=5)
+    assert [e["reason"] for e in host.events("stop_requested")] == ["stop"]
+
+
 def test_sigterm_to_an_interactive_host_is_forwarded_and_recorded_killed(
     reaper: Reaper, store: MatrixStore, work: Path
 ) -> None:

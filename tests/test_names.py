@@ -52,6 +52,24 @@ def test_a_unique_prefix_of_a_key_or_its_session_id_names_the_entry(named: Matri
         assert out.startswith(f"worker-{LONG}  worker  running"), out
 
 
+def test_a_key_pasted_as_a_table_shows_it_with_its_ellipsis_names_the_entry(named: MatrixStore) -> None:
+    """Issue 20.2: ``top`` and ``ls`` shorten a key to its unique prefix and an ellipsis; that cell,
+    pasted into any verb, names the entry (it was ``no such entry``)."""
+    from pi_tmux_matrix.cli.render import shorten, unique_prefix_length
+
+    keys = [e.key for e in named.list().entries]
+    cell = shorten(f"worker-{LONG}", unique_prefix_length(keys, 12))
+    assert cell.endswith("…") and len(cell) < len(f"worker-{LONG}")
+    for argv in (["show", cell], ["show", "--json", cell]):
+        code, out, err = run_main("--state-dir", str(named.root), *argv)
+        assert code == 0, (argv, err)
+        assert LONG in out
+    code, _out, err = run_main("--state-dir", str(named.root), "show", "worker-ab…")
+    assert code == 2 and "is ambiguous" in err
+    code, _out, err = run_main("--state-dir", str(named.root), "show", "…")
+    assert code == 2 and "empty" in err
+
+
 def test_an_ambiguous_prefix_is_refused_listing_the_candidates(named: MatrixStore) -> None:
     code, out, err = run_main("--state-dir", str(named.root), "show", "worker-ab")
     assert code == 2 and out == ""

@@ -19,6 +19,7 @@ from ..errors import Ambiguous, ContractError, JobNotFound, NotFound, RunNotFoun
 from ..identity import ID_PATTERN, parse_key, validate_id
 from ..matrix.statedir import is_key
 from ..matrix.store import MatrixStore
+from .render import ELLIPSIS
 
 __all__ = ["Kind", "Named", "candidates", "resolve", "resolve_job", "resolve_key"]
 
@@ -71,6 +72,8 @@ def resolve(store: MatrixStore, word: str, kinds: tuple[Kind, ...], field: str) 
     """The one thing ``word`` names among ``kinds``: exact name, else unique prefix, else (for
     entries) the one entry whose agent id it is. :class:`Ambiguous` (exit 2) for several,
     ``not found`` (exit 3) for none, an invalid-id error (exit 2) when it could name nothing."""
+    # A name as a table shows it (its unique prefix and an ellipsis), pasted back, is that prefix.
+    word = word.removesuffix(ELLIPSIS)
     if not word:
         raise ContractError(field, "empty", "name an entry key, a job id, or a unique prefix of one")
     names = {kind: candidates(store, (kind,)) for kind in kinds}
