@@ -852,7 +852,9 @@ def test_stop_needs_confirm_and_then_stops_the_agent_as_killed(
     assert [e["reason"] for e in host.events("stop_requested")] == ["stop"]
 
 
-def test_stop_with_confirm_alone_asks_y_n_on_a_terminal(reaper: Reaper, store: MatrixStore, work: Path) -> None:
+def test_stop_with_confirm_alone_asks_y_n_on_a_terminal(
+    reaper: Reaper, store: MatrixStore, work: Path
+) -> None:
     """Issue 20.1's other half: ``--confirm`` alone asks y/N on a terminal; "n" (or anything but
     y) is the preview (exit 2, nothing stopped), "y" stops as the word does."""
     from test_master import Pty
@@ -863,7 +865,8 @@ def test_stop_with_confirm_alone_asks_y_n_on_a_terminal(reaper: Reaper, store: M
         agent=["HANG until stopped"],
     )  # fmt: skip
     child = host.wait_child(reaper)
-    argv = [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(store.root), "stop", host.key, "--confirm"]
+    argv = [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(store.root), "stop", host.key]
+    argv.append("--confirm")
     declined = Pty(argv, dict(os.environ), work)
     declined.expect(r"\[y/N\] ")
     declined.answer("n")
