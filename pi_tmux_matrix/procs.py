@@ -177,7 +177,8 @@ def send_signal(identity: ProcessIdentity, sig: int | signal.Signals, *, group: 
     """The one way the product signals a process: ``identity`` only if it is still that process
     (checked right before the send), or with ``group`` the process group it leads (only while it
     still is that leader; a process that leads no group is signalled alone). False if it was
-    already gone.
+    already gone, or if it is not ours to signal (EPERM: another user's): a caller that needed it
+    gone sees it still alive and reports it, never a traceback.
 
     With a pidfd the check and the send cannot race a pid reuse: the signal goes to the process
     the pidfd pins, which was confirmed to be ``identity`` after opening it.
@@ -189,7 +190,7 @@ def send_signal(identity: ProcessIdentity, sig: int | signal.Signals, *, group: 
         try:
             signal.pidfd_send_signal(fd, sig)
             return True
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             return False
         finally:
             os.close(fd)
@@ -197,7 +198,7 @@ def send_signal(identity: ProcessIdentity, sig: int | signal.Signals, *, group: 
         return False
     try:
         os.kill(identity.pid, sig)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         return False
     return True
 
@@ -209,7 +210,7 @@ def _signal_group(leader: ProcessIdentity, sig: int | signal.Signals) -> bool:
         if os.getpgid(leader.pid) != leader.pid:
             return send_signal(leader, sig)
         os.killpg(leader.pid, sig)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         return False
     return True
 

@@ -410,21 +410,30 @@ class Dispatcher:
 
     def stop(self, job_id: str) -> tuple[Job, list[AgentResult]]:
         """The confirmed stop: a ``stopped`` result first (where none exists), then each host's stop
-        sequence, then its own pane."""
+        sequence, then its own pane. A record the disk refuses stops no agent less: raised after."""
         job = self.jobs.get(job_id)
         written: list[AgentResult] = []
+        unwritten: list[PiMatrixError] = []
         for agent in job.agents:
             result = result_now(
                 job, agent.agent_id, agent.key, agent.round, ResultKind.STOPPED, detail="stopped by its owner"
             )
-            if (stored := self.jobs.put_result(result)) is not None:
-                written.append(stored)
+            try:
+                if (stored := self.jobs.put_result(result)) is not None:
+                    written.append(stored)
+            except PiMatrixError as exc:
+                unwritten.append(exc)
         survivors = stop_agents(self.store, job.agents, reason="stop")
-        job = self.jobs.update(job_id, lambda j: attrs.evolve(j, stopped_at=now_ms()))
+        try:
+            job = self.jobs.update(job_id, lambda j: attrs.evolve(j, stopped_at=now_ms()))
+        except PiMatrixError as exc:
+            unwritten.append(exc)
         for result in written:
             self._notify("on_terminal", job=job, result=result)
         if survivors:
             raise DispatchError(_survived("stop", job_id, survivors))
+        if unwritten:
+            raise DispatchError(f"stop: {job_id}: its agents were stopped, but not recorded: {unwritten[0]}")
         return job, written
 
 

@@ -149,7 +149,12 @@ class Watcher:
     def on_deadline(self) -> None:
         if self.superseded():
             return  # a follow-up re-armed the agent: this round's deadline no longer applies
-        written = self.write(ResultKind.TIMEOUT, f"deadline of {self.agent.deadline_s:.0f}s passed")
+        try:
+            written = self.write(ResultKind.TIMEOUT, f"deadline of {self.agent.deadline_s:.0f}s passed")
+        except (PiMatrixError, OSError):
+            # The result is lost (a full disk), the owner's limit is not: stop, then report.
+            stop_agent(self.store, self.agent, reason="deadline")
+            raise
         if written is None:
             return
         stop_agent(self.store, self.agent, reason="deadline")
@@ -339,14 +344,20 @@ def stop_agents(
 
     Each host runs its own stop sequence (request -> SIGTERM -> SIGKILL of its agent); a host that
     has not finished within ``wait_s`` gets SIGTERM (it forwards it), then SIGKILL. Only hosts this
-    dispatcher launched are signalled, checked by identity; only their own panes are closed.
+    dispatcher launched are signalled, checked by identity; only their own panes are closed. A
+    request the disk refuses (full) is skipped: signals need no disk, and nobody waits for it.
     """
     hosts = [(agent, _host_of(store, agent)) for agent in agents]
+    asked = 0
     for agent, host in hosts:
         if host is not None and procs.is_alive(host):
             to = addressee(store, agent.key, host.pid)
-            Inbox(store, agent.key).post("stop", reason, sender=f"pi-matrix {reason}", to=to)
-    for sig, grace in ((None, wait_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
+            try:
+                Inbox(store, agent.key).post("stop", reason, sender=f"pi-matrix {reason}", to=to)
+                asked += 1
+            except PiMatrixError as exc:
+                log.warning("%s; its host gets SIGTERM instead", exc)
+    for sig, grace in ((None, wait_s if asked else 0.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
         alive = [(a, h) for a, h in hosts if h is not None and procs.is_alive(h)]
         if not alive:
             break

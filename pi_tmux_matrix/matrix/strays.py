@@ -59,8 +59,8 @@ def stop_stray(store: MatrixStore, entry: Entry, *, grace_s: float) -> Entry | N
         raise PiMatrixError(f"{entry.key}: no agent of it runs without its host; nothing was stopped")
     if not stop_agent(agent, entry.identity.mode, grace_s):
         raise PiMatrixError(
-            f"{entry.key}: its agent (pid {agent.pid}) is still there after SIGKILL (stuck in the "
-            "kernel?); look at it with 'ps -o pid,stat,wchan -p PID'"
+            f"{entry.key}: its agent (pid {agent.pid}) is still there after SIGKILL (stuck in the kernel, "
+            "or another user's?); look at it with 'ps -o pid,stat,wchan -p PID'"
         )
     now = now_ms()
     ended = ExitRecord(kind=ExitKind.KILLED, at=now)  # code unknown: it was nobody's child
