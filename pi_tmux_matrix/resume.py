@@ -172,8 +172,8 @@ def relaunch(
         claimed = store.update(entry.key, claim, expected=entry.generation)
     except Conflict:
         raise ResumeRefused(
-            f"{entry.key}: changed since it was read (another master relaunched or adopted it); look again "
-            "with 'pi-matrix show KEY'"
+            f"{entry.key}: changed since it was read; another launcher won ("
+            f"{lifecycle.claimed_by(store.find(entry.key))}); nothing was started here"
         ) from None
     where: tuple[str | None, str | None, str | None] = (None, None, None)  # socket, pane, target
     known: ProcessIdentity | None = None  # the host, when a ticket named it exactly

@@ -203,8 +203,12 @@ def test_3_two_activations_relaunching_one_dead_worker_start_one_agent(
     first = relaunch(seen, me, "boss")
     host = procs.identify(first)
     try:
-        with pytest.raises(ResumeRefused, match="changed since it was read"):
+        with pytest.raises(ResumeRefused, match="changed since it was read") as refused:
             relaunch(seen, me, "boss")
+        # The loser says who won: the entry as the winner left it, with the winner's host.
+        assert "another launcher won (it is " in str(refused.value), refused.value
+        assert f"host pid {first}" in str(refused.value), refused.value
+        assert "nothing was started here" in str(refused.value)
         assert store.get("worker-w3").status is not Status.RESUMABLE  # claimed once, by the first
     finally:
         if host is not None and not procs.wait_for_exit(host, 30):

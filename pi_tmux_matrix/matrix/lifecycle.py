@@ -30,6 +30,7 @@ from .model import (
 __all__ = [
     "accept_adoption",
     "claim_launch",
+    "claimed_by",
     "close",
     "grant_adoption",
     "heartbeat",
@@ -93,6 +94,19 @@ def claim_launch(entry: Entry) -> Entry:
     return entry.moved(
         Status.LAUNCHING, reason=RELAUNCH, child_pid=None, child_proc_start=None, directive=None
     )
+
+
+def claimed_by(entry: Entry | None) -> str:
+    """Who won a claim a launcher lost, as its refusal says it: the entry as it is now (its status,
+    the winner's host, and the master it runs under once that host has registered)."""
+    if entry is None:
+        return "the entry is gone from the matrix"
+    said = f"it is {entry.status.value}" + (f" ({entry.reason})" if entry.reason else "")
+    if entry.pid is not None:
+        said += f", host pid {entry.pid}"
+    if entry.status in (Status.RUNNING, Status.ADOPTED) and entry.parent_pid is not None:
+        said += f", under master pid {entry.parent_pid} session {entry.parent_session_id or '-'}"
+    return said
 
 
 def launched(entry: Entry, host: ProcessIdentity) -> Entry | None:

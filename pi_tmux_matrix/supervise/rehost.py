@@ -50,7 +50,8 @@ def rehost(store: MatrixStore, entry: Entry, parent: ProcessIdentity, parent_ses
         claimed = store.update(entry.key, claim_rehost, expected=entry.generation)
     except Conflict:
         raise ResumeRefused(
-            f"{entry.key}: changed since it was read (another master rehosted or relaunched it)"
+            f"{entry.key}: changed since it was read; another launcher won ("
+            f"{lifecycle.claimed_by(store.find(entry.key))}); nothing was started here"
         ) from None
     contract = LaunchContract(
         parent_pid=parent.pid, parent_start=parent.start_ticks, parent_session=parent_session,
