@@ -18,7 +18,6 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 from pathlib import Path
 from typing import Any, Final
 
@@ -161,7 +160,7 @@ class Inbox:
         """Queue a command (atomic: temp + rename, so the host never reads half of it), addressed
         to the host generation ``to`` when the sender knows it (see :class:`Message`)."""
         body = encode_message(kind, text, sender, to=to)
-        name = f"{now_ms():015d}-{secrets.token_hex(4)}.json"
+        name = f"{now_ms():015d}-{os.urandom(4).hex()}.json"
         tmp = self.path / f".{name}.tmp"
         try:
             directory = self.store.side_dir("mailbox", self.key)
@@ -253,7 +252,7 @@ class AgentNotices:
         """Append one notice; returns its id (the bridge acknowledges it by this id once pi's
         conversation has it)."""
         self.ensure()
-        notice_id = secrets.token_hex(8)
+        notice_id = os.urandom(8).hex()
         _append_line(self.path, {"type": kind, "message": text, "at": now_ms(), "id": notice_id})
         return notice_id
 
