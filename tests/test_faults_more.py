@@ -377,3 +377,118 @@ def test_1_the_fork_waiters_final_stop_never_signals_what_reused_its_panes_pid(t
         assert strangers[0].poll() is None, "the process that reused the pane's pid was signalled"
     finally:
         _end(leader, *strangers)
+
+
+# --- case 13: a deeply nested profile, on the launch paths ---------------------------------------
+def test_13_a_deeply_nested_profile_is_a_clear_error_from_fire_and_resume_too(tmp_path: Path) -> None:
+    """``fire --profile`` and ``resume`` (dry run and real) read the profiles as ``profiles`` does:
+    a hostile nesting is exit 2 naming the file, never a ``RecursionError``, and nothing starts."""
+    from test_master import dead_identity
+
+    from pi_tmux_matrix.matrix.model import ResumablePayload
+
+    agent = Path(os.environ["PI_CODING_AGENT_DIR"])
+    (agent / "launch_profiles").mkdir(parents=True)
+    (agent / "launch_profiles" / "deep.toml").write_text(
+        '[profile]\nname = "deep"\nprovider = "pi"\ncommand = ["pi"]\nx = ' + "[" * 5000 + "]" * 5000 + "\n"
+    )
+    store = MatrixStore(tmp_path / "state")
+    session_file = str(tmp_path / "d13.jsonl")
+    identity = make_identity("d13", cwd=str(tmp_path), profile="deep", session_file=session_file)
+    payload = ResumablePayload(identity=identity, reason="parent_lost", at=now_ms())
+    dead = dead_identity()
+    store.register(
+        make_entry("d13", status=Status.RESUMABLE, identity=identity, process=dead, resumable=payload)
+    )
+    master = spawn_registered_parent(store.root, "boss")
+    try:
+        parent = ("--parent-pid", str(master.pid), "--parent-session", "boss")
+        for words in (
+            ("fire", "--profile", "deep", "--backend", "subprocess", *parent, "--", "HANG"),
+            ("fire", "--profile", "deep", "--dry-run", *parent, "--", "HANG"),
+            ("resume", "worker-d13", "--dry-run", *parent),
+            ("resume", "worker-d13", "--backend", "subprocess", *parent),
+        ):
+            done = _cli(store.root, *words, env=dict(os.environ), cwd=tmp_path)
+            assert done.returncode == 2, (words, done.stdout, done.stderr)
+            assert "deep.toml" in done.stderr and "nested too deeply" in done.stderr, (words, done.stderr)
+            assert "Traceback" not in done.stderr and "RecursionError" not in done.stderr, done.stderr
+        assert store.get("worker-d13").status is Status.RESUMABLE  # nothing claimed, nothing started
+        assert not (store.root / "jobs").exists() or not list((store.root / "jobs").glob("job-*.json"))
+    finally:
+        _end(master)
+
+
+# --- case 15: worker text shown escaped, in repair and in a bash master's handoff line -----------
+HOSTILE = "\x1b]0;PWNED\x07\x1b[2K"
+SHOWN = "^[]0;PWNED^G^[[2K"
+
+
+def test_15_repair_dry_run_shows_a_hostile_file_name_escaped(tmp_path: Path) -> None:
+    store = MatrixStore(tmp_path / "state")
+    store.register(make_entry("ok15"))  # makes the state dir as the product does (mode 0700)
+    (store.root / f"worker-{HOSTILE}.json").write_text("not json")
+    done = _cli(store.root, "repair", "--dry-run", env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout + done.stderr and "\x07" not in done.stdout + done.stderr
+    assert f"would quarantine {store.root}/worker-{SHOWN}.json: " in done.stdout, done.stdout
+    assert (store.root / f"worker-{HOSTILE}.json").exists()  # a dry run moves nothing
+
+
+def test_15_a_bash_masters_handoff_line_shows_worker_text_escaped(tmp_path: Path, tmux_socket: str) -> None:
+    """The worker's last words and the result path its bridge reported reach a non-pi master's
+    terminal as one line with every control character shown, ``cat -v`` style: the pane's title
+    stays and no line is erased."""
+    from conftest import kill_tmux_server
+    from test_master import dead_identity
+
+    from pi_tmux_matrix.cli.handoffs import handoff_message
+    from pi_tmux_matrix.matrix import lifecycle
+    from pi_tmux_matrix.matrix.model import ExitRecord
+
+    store = MatrixStore(tmp_path / "state")
+    dead = dead_identity()
+    entry = store.register(make_entry("h15", process=dead, parent_pid=dead.pid, parent_session_id="boss"))
+    record = ExitRecord(kind=ExitKind.EXITED, at=now_ms(), code=0)
+    store.update(
+        entry.key,
+        lambda e: lifecycle.record_terminal(
+            e, record, now_ms(), summary=f"all done {HOSTILE}", result_pointer=f"/tmp/r-{HOSTILE}.json"
+        ),
+        registration=entry.registration,
+    )
+    ended = store.get(entry.key)
+    assert "\x1b" not in handoff_message(ended, ended.handoffs[0])  # a pi master's frame too
+    env = {**os.environ, "PI_MATRIX_STATE_DIR": str(store.root)}
+    names = ("PATH", "HOME", "PI_CODING_AGENT_DIR", "PI_MATRIX_STATE_DIR", "PYTHONPATH", "VIRTUAL_ENV")
+    tmux = ["tmux", "-L", tmux_socket]
+    subprocess.run(
+        [*tmux, "new-session", "-d", "-s", "bash", "-x", "200",
+         *(w for name in names if name in env for w in ("-e", f"{name}={env[name]}")), "-e", "PS1=$ ",
+         "-c", str(tmp_path), "--", sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", "boss",
+         "--", "bash", "--norc", "--noprofile"],
+        env=env, check=True,
+    )  # fmt: skip
+    master = wait_for("the bash master", lambda: store.find("master-boss"), timeout=30)
+    try:
+        wait_for("the handoff delivered", lambda: store.get(entry.key).handoffs[0].delivered_at, timeout=30)
+
+        def pane() -> str:
+            argv = [*tmux, "capture-pane", "-p", "-J", "-t", "=bash:"]
+            return subprocess.run(argv, capture_output=True, text=True, check=False).stdout
+
+        def printed() -> str | None:
+            return screen if "handoff worker-h15" in (screen := pane()) else None
+
+        screen = wait_for("the handoff line", printed, detail=pane)
+        (line,) = [line for line in screen.splitlines() if "handoff worker-h15" in line]
+        assert f"all done {SHOWN}" in line and f"/tmp/r-{SHOWN}.json" in line, screen
+        title = subprocess.run(
+            [*tmux, "display-message", "-p", "-t", "=bash:", "#{pane_title}"], capture_output=True, text=True,
+            check=False,
+        )  # fmt: skip
+        assert "PWNED" not in title.stdout, title.stdout
+    finally:
+        kill_tmux_server(tmux_socket)  # the pane hangs up: bash and its master end (bash ignores SIGTERM)
+        if master.process is not None and not procs.wait_for_exit(master.process, 10):
+            procs.send_signal(master.process, signal.SIGKILL)

@@ -214,6 +214,36 @@ def test_send_to_an_agent_whose_host_is_gone_exits_1(rlab: Lab) -> None:
     assert "not alive" in sent.stderr and "nothing" in sent.stderr
 
 
+def test_send_to_an_agent_that_is_gone_while_its_host_lives_exits_1(tmp_path: Path) -> None:
+    """The host is alive (waiting out its grace, say) and the agent process is gone: nobody
+    would take the message, so ``send`` says the agent is not running, exit 1, queues nothing."""
+    from helpers import make_entry, make_identity, spawn_sleeper
+    from test_master import dead_identity
+
+    store = MatrixStore(tmp_path / "state")
+    host = spawn_sleeper()
+    try:
+        host_id, agent = procs.identify(host.pid), dead_identity()
+        entry = make_entry(
+            "g19", identity=make_identity("g19", mode=Mode.INTERACTIVE, provider="pi"), process=host_id,
+            child_pid=agent.pid, child_proc_start=agent.start_ticks,
+        )  # fmt: skip
+        store.register(entry)
+        for how in ("--prompt", "--steer"):
+            sent = subprocess.run(
+                [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(store.root), "send", entry.key,
+                 how, "more work"], capture_output=True, text=True, timeout=60, check=False,
+            )  # fmt: skip
+            assert sent.returncode == 1, (how, sent.stdout, sent.stderr)
+            assert "sent" not in sent.stdout and "Traceback" not in sent.stderr
+            assert f"its agent (pid {agent.pid}) is not running; nothing was sent" in sent.stderr, sent.stderr
+        mailbox = store.root / "mailbox" / entry.key
+        assert not mailbox.exists() or not list(mailbox.glob("*.json")), "nothing was queued"
+    finally:
+        host.kill()
+        host.wait()
+
+
 # --- a bash master ---------------------------------------------------------------------------------------
 def _pane(lab: Lab) -> str:
     done = subprocess.run(

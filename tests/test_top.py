@@ -3,6 +3,7 @@ the screen a person would see (issue 6 acceptance; issue 20 items 2-6)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from helpers import make_entry, make_identity, spawn_registered_parent, spawn_sl
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.identity import ProcessIdentity, Role
 from pi_tmux_matrix.matrix.mailbox import EventLog
-from pi_tmux_matrix.matrix.model import DirectiveKind, Status
+from pi_tmux_matrix.matrix.model import DirectiveKind, Entry, Status
 from pi_tmux_matrix.matrix.store import MatrixStore
 
 ELLIPSIS = "…"
@@ -346,3 +347,72 @@ def test_usage_is_instant_and_of_exactly_that_process(sleepers: list[subprocess.
     assert seconds > 0.1 and rss > 1 << 20 and lived >= 0.4
     reused = ProcessIdentity(pid=busy.pid, start_ticks=ident.start_ticks + 1, boot_id=ident.boot_id)
     assert procs.usage(reused) is None  # a pid that now names another process counts nothing
+
+
+def _wait_entry(store: MatrixStore, key: str, ok: Callable[[Entry], bool], timeout: float = 20) -> Entry:
+    deadline = time.monotonic() + timeout
+    while (entry := store.find(key)) is None or not ok(entry):
+        assert time.monotonic() < deadline, f"{key} never got there: {entry}"
+        time.sleep(0.05)
+    return entry
+
+
+def _real_worker(store: MatrixStore, parent: subprocess.Popen[bytes], name: str) -> subprocess.Popen[bytes]:
+    """A real ``pi-matrix host`` of worker session ``name`` under ``parent`` (a registered master),
+    its agent a ``sleep``: it reads its mailbox and its entry's directives as any worker does."""
+    parent_id = procs.identify(parent.pid)
+    assert parent_id is not None
+    env = {
+        **os.environ, "PI_MATRIX_STATE_DIR": str(store.root), "PI_PARENT_PID": str(parent.pid),
+        "PI_PARENT_START": str(parent_id.start_ticks), "PI_PARENT_SESSION": "boss",
+    }  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "pi_tmux_matrix", "host", "--session-id", name, "--mode", "print",
+         "--", "sleep", "60"],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def test_stop_and_cleanup_ask_inline_and_do_nothing_on_n_and_end_the_worker_on_y(
+    top: Callable[..., Top], store: MatrixStore, sleepers: list[subprocess.Popen[bytes]]
+) -> None:
+    parent = spawn_registered_parent(store.root, "boss")
+    sleepers.append(parent)
+    hosts = {name: _real_worker(store, parent, name) for name in ("w1", "w2")}
+    sleepers.extend(hosts.values())
+    agents = {}
+    for name in hosts:
+        entry = _wait_entry(store, f"worker-{name}", lambda e: e.child_pid is not None)
+        agents[name] = entry.child_process
+    try:
+        view = top(80, 24)
+        view.text("worker-w2")
+        stop_question = "stop worker-w1 (lane -) (request, then SIGTERM, then SIGKILL)? y/N"
+        for key, name, question, done in (
+            ("s", "w1", stop_question, "stop requested"),
+            ("c", "w2", "clean up worker-w2 (lane -) gracefully? y/N", "cleanup requested"),
+        ):
+            view.keys("j")
+            view.wait(f"worker-{name} selected", lambda _, n=name: f"worker-{n}" in view.selected())
+            view.keys(key)
+            view.text(question)
+            view.keys("n")  # one key, no Enter
+            view.text("cancelled")
+            store.create(make_entry(f"x-{key}", identity=make_identity(f"x-{key}")))
+            view.text(f"worker-x-{key}", timeout=5)  # the redraw goes on
+            assert hosts[name].poll() is None and store.get(f"worker-{name}").directive is None
+            assert not list((store.root / "mailbox" / f"worker-{name}").glob("*.json"))
+            view.keys(key)
+            view.text(question)
+            view.keys("y")
+            view.text(f"{done}: worker-{name}")
+            assert hosts[name].wait(timeout=20) is not None  # the host stopped its agent and ended
+            ended = store.get(f"worker-{name}")
+            assert ended.exit is not None and ended.exit.kind.value == "killed", ended
+            assert not procs.is_alive(agents[name])
+        assert "error" not in " ".join(view.screen())
+    finally:
+        for agent in agents.values():
+            if agent is not None:
+                procs.send_signal(agent, 9)

@@ -35,7 +35,7 @@ def handoff_message(entry: Entry, handoff: Handoff, nonce: str | None = None) ->
     """
     code = f" code {handoff.code}" if handoff.code is not None else ""
     sig = f" signal {handoff.signal}" if handoff.signal is not None else ""
-    pointer = handoff.result_pointer or "-"
+    pointer = printable(handoff.result_pointer or "-")  # a path the worker's bridge reported
     tag = f"{_FRAME}-{nonce or secrets.token_hex(8)}"
     who = f"agent: {entry.identity.agent_id} (entry {entry.key}), lane: {entry.identity.lane or '-'}"
     finished = (
@@ -72,7 +72,7 @@ def handoff_line(entry: Entry, handoff: Handoff) -> str:
     if len(excerpt) > PRINTED_EXCERPT:
         excerpt = excerpt[: PRINTED_EXCERPT - 1] + "…"
     said = f": {printable(excerpt)}" if excerpt else ""
-    pointer = f" (full result: {handoff.result_pointer})" if handoff.result_pointer else ""
+    pointer = f" (full result: {printable(handoff.result_pointer)})" if handoff.result_pointer else ""
     who = f"agent {printable(entry.identity.agent_id)}"
     usage = f"; {printable(handoff.usage)}" if handoff.usage else ""
     return f"handoff {entry.key}: {handoff.outcome.value}{code}{sig}, {who}{said}{pointer}{usage}"
