@@ -37,6 +37,9 @@ from pi_tmux_matrix.identity import AgentIdentityContract, Role
 from pi_tmux_matrix.matrix import lifecycle
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_store import durable_write  # the floor bench_store measures CAS against
+
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results" / "bench_supervise.json"
 # settle: how long after the last host started before the idle window opens. Past the first
@@ -203,14 +206,7 @@ def bare_writes(folder: Path, data: bytes, count: int) -> list[float]:
     try:
         for _ in range(count):
             began = time.perf_counter()
-            fd = os.open(".entry.tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=dir_fd)
-            try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(".entry.tmp", "entry.json", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-            os.fsync(dir_fd)
+            durable_write(dir_fd, "entry.json", data)  # bench_store's floor, the same bytes
             took.append((time.perf_counter() - began) * 1000)
     finally:
         os.close(dir_fd)

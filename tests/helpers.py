@@ -128,3 +128,23 @@ def read_events(state: Path, key: str, name: str | None = None) -> list[dict[str
         return []
     events = [json.loads(line) for line in text.rpartition("\n")[0].splitlines() if line.strip()]
     return [e for e in events if name is None or e.get("event") == name]
+
+
+def job_on_host(store: Any, cwd: Path, host: Any, session: str) -> Any:
+    """A one-agent subprocess job whose agent ``worker-<session>`` has ``host`` (a
+    ``ProcessIdentity``) as its recorded host, written to the store's jobs."""
+    from pi_tmux_matrix.dispatch.jobs import JobStore, new_job_id, new_nonce
+    from pi_tmux_matrix.dispatch.model import SUBPROCESS, Job, JobAgent
+    from pi_tmux_matrix.matrix.store import now_ms
+
+    agent = JobAgent(
+        agent_id="a1", key=f"worker-{session}", session_id=session, profile="stand-in", provider="pi",
+        mode="print", cwd=str(cwd), backend=SUBPROCESS, nonce=new_nonce(), round=1,
+        deadline_at=now_ms() + 600_000, deadline_s=600.0, target=f"pid {host.pid}", host_pid=host.pid,
+        host_start=host.start_ticks, boot_id=host.boot_id,
+    )  # fmt: skip
+    job = Job(
+        id=new_job_id(), created_at=now_ms(), parent_pid=os.getpid(), parent_session_id="boss", task="t",
+        profile="stand-in", team=None, agents=(agent,), backend=SUBPROCESS,
+    )  # fmt: skip
+    return JobStore(store).create(job)

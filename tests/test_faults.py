@@ -695,27 +695,16 @@ def test_1_stop_job_never_signals_what_reused_a_dead_hosts_pid(tmp_path: Path) -
     ``stop_agents``) signals each host by identity, the job's record of it or the matrix entry of
     its key: a host that died and whose pid was reused is simply gone; the job is stopped and the
     pid's new owner keeps running."""
-    from helpers import make_entry
+    from helpers import job_on_host, make_entry
 
-    from pi_tmux_matrix.dispatch.jobs import new_job_id, new_nonce
-    from pi_tmux_matrix.dispatch.model import SUBPROCESS, Job, JobAgent, ResultKind
-    from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
+    from pi_tmux_matrix.dispatch.model import ResultKind
+    from pi_tmux_matrix.matrix.store import MatrixStore
 
     store = MatrixStore(tmp_path / "state")
     host = _dead_process()
     store.register(make_entry("j1", process=host))  # what the matrix knows of the key: the same host
-    agent = JobAgent(
-        agent_id="a1", key="worker-j1", session_id="j1", profile="stand-in", provider="pi", mode="print",
-        cwd=str(tmp_path), backend=SUBPROCESS, nonce=new_nonce(), round=1, deadline_at=now_ms() + 600_000,
-        deadline_s=600.0, target=f"pid {host.pid}", host_pid=host.pid, host_start=host.start_ticks,
-        boot_id=host.boot_id,
-    )  # fmt: skip
-    job = Job(
-        id=new_job_id(), created_at=now_ms(), parent_pid=os.getpid(), parent_session_id="boss", task="t",
-        profile="stand-in", team=None, agents=(agent,), backend=SUBPROCESS,
-    )  # fmt: skip
+    job = job_on_host(store, tmp_path, host, "j1")
     jobs = JobStore(store)
-    jobs.create(job)
     stranger = _take_pid_of(host)
     try:
         done = cli_at(store.root, "stop", job.id, "--confirm", "yes-tmux-stop")

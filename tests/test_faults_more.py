@@ -21,7 +21,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from helpers import make_entry, make_identity, read_events, spawn_registered_parent
+from helpers import job_on_host, make_entry, make_identity, read_events, spawn_registered_parent
 from test_dispatch import Lab, sublab, wait_for  # noqa: F401 - sublab is a fixture
 
 from pi_tmux_matrix import procs
@@ -213,8 +213,7 @@ def test_6_stop_job_reports_a_host_it_could_not_stop_by_name_and_exits_1(tmp_pat
     EPERM): the stop request, SIGTERM and SIGKILL all leave it running, and the stop says so,
     naming the survivor, exit 1 (a refused signal used to end the stop with a bare
     ``[Errno 1] Operation not permitted``, the job not marked stopped)."""
-    from pi_tmux_matrix.dispatch.jobs import new_job_id, new_nonce
-    from pi_tmux_matrix.dispatch.model import SUBPROCESS, Job, JobAgent, ResultKind
+    from pi_tmux_matrix.dispatch.model import ResultKind
 
     host = subprocess.Popen(
         ["sleep", "60"], start_new_session=True, user=NOBODY, group=NOBODY, extra_groups=[]
@@ -224,18 +223,8 @@ def test_6_stop_job_reports_a_host_it_could_not_stop_by_name_and_exits_1(tmp_pat
         assert host_id is not None
         store = MatrixStore(tmp_path / "state")
         store.register(make_entry("s6", process=host_id))
-        agent = JobAgent(
-            agent_id="a1", key="worker-s6", session_id="s6", profile="stand-in", provider="pi", mode="print",
-            cwd=str(tmp_path), backend=SUBPROCESS, nonce=new_nonce(), round=1, deadline_at=now_ms() + 600_000,
-            deadline_s=600.0, target=f"pid {host_id.pid}", host_pid=host_id.pid,
-            host_start=host_id.start_ticks, boot_id=host_id.boot_id,
-        )  # fmt: skip
-        job = Job(
-            id=new_job_id(), created_at=now_ms(), parent_pid=os.getpid(), parent_session_id="boss", task="t",
-            profile="stand-in", team=None, agents=(agent,), backend=SUBPROCESS,
-        )  # fmt: skip
+        job = job_on_host(store, tmp_path, host_id, "s6")
         jobs = JobStore(store)
-        jobs.create(job)
         done = subprocess.run(
             ["setpriv", "--bounding-set=-kill", "--inh-caps=-kill", "--", sys.executable, "-m",
              "pi_tmux_matrix", "--state-dir", str(store.root), "stop", job.id, "--confirm", "yes-tmux-stop"],
