@@ -14,8 +14,10 @@ branch pi continues (root to the last entry), and pi's token estimate of a messa
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -47,6 +49,9 @@ __all__ = [
 
 MAX_HEADER_BYTES: Final = 1024 * 1024
 MAX_RUN_BYTES: Final = 32 * 1024 * 1024  # of a run's entries read back (a longer run: its last part)
+# Of a whole session copied for a fork: far above a real transcript, far below what would take the
+# machine's memory (a session file is the agent's to write; bash can make it any size).
+MAX_SESSION_BYTES: Final = 512 * 1024 * 1024
 _USAGE_KEYS: Final = ("input", "output", "cacheRead", "cacheWrite", "totalTokens")
 MAX_ACTIVITY: Final = 20  # lines of a run's activity: its last tool calls (as bridge/fork.ts)
 ACTIVITY_CHARS: Final = 120
@@ -110,6 +115,26 @@ def _holds(path: str, session_id: str) -> bool:
         return False
 
 
+def _read_session(
+    session_file: str | os.PathLike[str], *, limit: int, start: int = 0, tail: bool = False
+) -> bytes:
+    """The one read of a session file: opened non-blocking (a FIFO never hangs the reader), a
+    regular file only (a FIFO, device or folder raises ``OSError``), at most ``limit`` bytes from
+    ``start``, or the last ``limit`` bytes past ``start`` when ``tail``."""
+    fd = os.open(session_file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        size = info.st_size
+        if tail:
+            start = max(start, size - limit)
+        want = min(limit, size - start)
+        return os.pread(fd, want, start) if want > 0 else b""
+    finally:
+        os.close(fd)
+
+
 def write_header(session_file: str, session_id: str, cwd: str) -> None:
     """Create a pi session file holding only its header (pi appends to exactly that file and
     keeps the header's id), unless it exists. The folder is the agent dir's, made 0700."""
@@ -133,15 +158,9 @@ def write_header(session_file: str, session_id: str, cwd: str) -> None:
 def read_header(session_file: str, *, field: str = "--session") -> SessionHeader:
     """The header of ``session_file``, or a :class:`ContractError` naming ``field`` and the fix."""
     try:
-        fd = os.open(session_file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        first = _read_session(session_file, limit=MAX_HEADER_BYTES).split(b"\n", 1)[0]
     except OSError as exc:
         raise ContractError(field, f"{session_file}: {exc.strerror}", _FIX) from None
-    try:
-        first = os.read(fd, MAX_HEADER_BYTES).split(b"\n", 1)[0]
-    except OSError as exc:
-        raise ContractError(field, f"{session_file}: {exc.strerror}", _FIX) from None
-    finally:
-        os.close(fd)
     try:
         header = strictjson.loads(first, max_bytes=MAX_HEADER_BYTES)
     except strictjson.StrictJSONError:
@@ -169,23 +188,27 @@ def has_transcript(session_file: str | None) -> bool:
     if session_file is None:
         return False
     try:
-        fd = os.open(session_file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        head = _read_session(session_file, limit=MAX_HEADER_BYTES + 2)
     except OSError:
         return False
-    try:
-        head = os.read(fd, MAX_HEADER_BYTES + 2)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
     first, _, rest = head.partition(b"\n")
     return bool(first) and bool(rest.strip())
 
 
-def whole_lines(session_file: str) -> bytes:
-    """The session up to its last complete line: the parent may be writing one right now."""
-    with open(session_file, "rb") as handle:
-        data = handle.read()
+def whole_lines(session_file: str, *, field: str = "--session") -> bytes:
+    """The session up to its last complete line: the parent may be writing one right now. A
+    :class:`ContractError` naming ``field`` for what is not a regular file or is over
+    :data:`MAX_SESSION_BYTES`."""
+    try:
+        data = _read_session(session_file, limit=MAX_SESSION_BYTES + 1)
+    except OSError as exc:
+        raise ContractError(field, f"{session_file}: {exc.strerror}", _FIX) from None
+    if len(data) > MAX_SESSION_BYTES:
+        raise ContractError(
+            field,
+            f"{session_file}: larger than {MAX_SESSION_BYTES // (1024 * 1024)} MiB",
+            "fork a session under that size (compact it in pi first)",
+        )
     cut = data.rfind(b"\n")
     return data[: cut + 1] if cut >= 0 else b""
 
@@ -263,18 +286,11 @@ def run_outcome(session_file: str | os.PathLike[str], offset: int) -> dict[str, 
     summed over the run, ``model``, ``provider``, ``activity``); None when the run has no assistant message
     (or the file cannot be read). Reads at most :data:`MAX_RUN_BYTES`, the last ones."""
     try:
-        fd = os.open(session_file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = _read_session(session_file, limit=MAX_RUN_BYTES + 1, start=offset, tail=True)
     except OSError:
         return None
-    try:
-        size = os.fstat(fd).st_size
-        start = max(offset, size - MAX_RUN_BYTES)
-        data = os.pread(fd, size - start, start) if size > start else b""
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    if start > offset:
+    if len(data) > MAX_RUN_BYTES:  # a longer run: its last MAX_RUN_BYTES, from a line's start
+        data = data[1:]
         data = data.split(b"\n", 1)[1] if b"\n" in data else b""  # cut into a line: skip its rest
     data = data[: data.rfind(b"\n") + 1]  # whole lines only
     messages = _assistant_messages(data)

@@ -1,0 +1,95 @@
+"""Bytes a worker, its model or another local process can write, read back by the product
+(docs/threat-model.md): each reader is bounded and never hangs. The cases here are those the
+threat model found beyond issue 28's numbered ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pi_tmux_matrix import pisession
+
+HEADER = {"type": "session", "version": 3, "id": "s-1", "timestamp": "2026-12-06T00:00:00.000Z"}
+
+
+def _read_in_child(call: str, path: Path) -> subprocess.CompletedProcess[str]:
+    """``call`` (a pisession function) on ``path`` in a child process: a hang is a timeout there,
+    never a hung test run."""
+    code = (
+        "import sys\nfrom pi_tmux_matrix import pisession\ntry:\n"
+        f"    pisession.{call}(sys.argv[1])\n"
+        "except Exception as exc:\n    print(type(exc).__name__, exc)\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        preexec_fn=_one_gib,  # a reader that reads without bound fails there, not the machine
+    )
+
+
+def _one_gib() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+def test_a_session_file_that_is_a_fifo_with_a_live_writer_never_hangs_the_fork_snapshot(
+    tmp_path: Path,
+) -> None:
+    # A header sits in the pipe and a writer holds it open: the header reads, then a plain open and
+    # read of the whole file (the fork's snapshot) waits for an end that never comes.
+    fifo = tmp_path / "session.jsonl"
+    os.mkfifo(fifo)
+    writer = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+    try:
+        os.write(writer, (json.dumps({**HEADER, "cwd": str(tmp_path)}) + "\n").encode())
+        try:
+            done = _read_in_child("whole_lines", fifo)
+        except subprocess.TimeoutExpired:
+            pytest.fail("reading a FIFO as a session file hung")
+        assert "ContractError" in done.stdout and "--session" in done.stdout, done.stdout + done.stderr
+        assert "not a regular file" in done.stdout
+    finally:
+        os.close(writer)
+
+
+@pytest.mark.parametrize("call", ["read_header", "has_transcript", "whole_lines"])
+def test_every_session_file_read_refuses_what_is_not_a_regular_file(tmp_path: Path, call: str) -> None:
+    folder = tmp_path / "dir.jsonl"
+    folder.mkdir()
+    for path in (folder, Path("/dev/zero")):
+        try:
+            done = _read_in_child(call, path)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{call} of {path} did not return")
+        assert done.returncode == 0, done.stderr[-500:]
+        if call != "has_transcript":  # that one answers False for anything unreadable
+            assert done.stdout.startswith("ContractError") and "--session" in done.stdout, done.stdout
+
+
+def test_a_run_read_back_from_a_session_keeps_whole_lines_when_it_is_longer_than_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A run longer than MAX_RUN_BYTES is read from its end, from the start of a whole line.
+    monkeypatch.setattr(pisession, "MAX_RUN_BYTES", 400)
+    session = tmp_path / "s.jsonl"
+    header = (json.dumps({**HEADER, "cwd": str(tmp_path)}) + "\n").encode()
+    lines = [
+        json.dumps(
+            {
+                "type": "message",
+                "message": {"role": "assistant", "content": [{"type": "text", "text": f"t{i}"}]},
+            }
+        )
+        for i in range(20)
+    ]
+    session.write_bytes(header + ("\n".join(lines) + "\n").encode())
+    outcome = pisession.run_outcome(session, len(header))
+    assert outcome is not None and outcome["text"] == "t19"
