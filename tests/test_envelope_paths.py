@@ -32,7 +32,9 @@ WORDS = (
     "d1", "d2", "in_rel", "in_abs", "out_rel", "out_abs", "dangling_out", "dangling_in", "loop",
     "cfg", "up", "back", "m1", "m2", "..", "..", ".", "", ".pi", ".git", "hooks", "config",
 )  # fmt: skip
-FINALS = ("f.txt", "g", "config", "auth.json", "..", "x", "dangling_out", "dangling_in", "out_abs", "cfg")
+FINALS = (
+    "f.txt", "g", "config", "auth.json", "..", "x", "dangling_out", "dangling_in", "out_abs", "cfg", ".git",
+)  # fmt: skip
 
 
 def build(base: Path) -> None:
