@@ -10,9 +10,10 @@ writes (its lane's worktree), so each call is hardened against repository-contro
   credential helper, no commit signing program, no bare repository found by discovery
   (``safe.bareRepository=explicit``: a folder shaped like a git dir inside a worktree is never
   taken for a repository).
-- ``GIT_ALLOW_PROTOCOL`` empty: no transport at all (it overrides every ``protocol.<name>.allow``
-  a repository sets), so neither ``ext::`` nor a lazy fetch of a partial clone can run a command;
-  ``GIT_NO_LAZY_FETCH=1`` on the git versions that know it.
+- ``GIT_NO_LAZY_FETCH=1`` (git 2.39.4 and later): a partial clone's missing object is never
+  fetched from its promisor remote; and ``GIT_ALLOW_PROTOCOL`` empty: no transport at all (it
+  overrides every ``protocol.<name>.allow`` a repository sets, which ``protocol.allow=never`` does
+  not), so an ``ext::`` remote's shell command never runs.
 - ``--no-pager`` and ``--no-optional-locks`` (a read such as ``status`` writes nothing).
 - Only the subcommands in :data:`SUBCOMMANDS`, none of which diffs (``diff.external``,
   textconv), fetches, pushes, packs for a client (``uploadpack.packObjectsHook``,

@@ -191,7 +191,8 @@ def test_a_partial_clone_fetches_nothing_over_a_transport_its_config_allows(
 ) -> None:
     """A missing object in a partial clone makes git fetch it from the promisor remote; an
     ``ext::`` remote is a shell command, and the repository may allow it (``protocol.ext.allow``
-    beats a ``-c protocol.allow=never``). GIT_ALLOW_PROTOCOL empty refuses every transport."""
+    beats a ``-c protocol.allow=never``). Two layers hold it, and the test fails only when both
+    are gone: GIT_NO_LAZY_FETCH=1 (no lazy fetch) and GIT_ALLOW_PROTOCOL empty (no transport)."""
     canary = tmp_path / "canary-ext"
     blob = git(repo, "rev-parse", "HEAD:README")
     (repo / ".git" / "objects" / blob[:2] / blob[2:]).unlink()
@@ -220,6 +221,9 @@ def test_a_bare_shaped_folder_in_a_lane_is_not_taken_for_a_repository(repo: Path
     done = lanes_cli(tmp_path / "state", "--path", str(bare))
     assert done.returncode == 2 and "a bare repository (or a git dir)" in done.stderr, done.stderr
     assert canaries(tmp_path) == []
+    # The repository's own git dir is not a planted one: from inside it, its working tree is used.
+    inside = lanes_cli(tmp_path / "state", "--path", str(repo / ".git" / "refs"))
+    assert inside.returncode == 0 and "lane-1  " in inside.stdout, inside.stderr
 
 
 def test_the_git_door_runs_only_the_subcommands_it_knows() -> None:

@@ -102,6 +102,11 @@ def _repo(path: str | Path) -> _Repo:
     where = os.path.abspath(os.fspath(path))
     if not os.path.isdir(where):
         raise LaneError(f"{where}: not a directory; lanes are made from inside a git repository")
+    parts = where.split(os.sep)
+    if ".git" in parts:
+        # Inside a git dir: discovery under safe.bareRepository=explicit refuses it on older git,
+        # so start from the working tree that holds it, as git itself would use.
+        where = os.sep.join(parts[: parts.index(".git")]) or os.sep
     done = _git(
         where, "rev-parse", "--path-format=absolute", "--git-common-dir", "--git-dir", "--show-toplevel"
     )
