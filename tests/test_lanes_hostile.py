@@ -85,7 +85,7 @@ def plant_gitdir(lane: Path, script: Path) -> None:
     (evil / "refs" / "heads").mkdir(parents=True)
     (evil / "HEAD").write_text("ref: refs/heads/main\n")
     (evil / "config").write_text(hostile_config(script, hook_dir(evil / "hooks", script)))
-    record = Path((lane / ".git").read_text().removeprefix("gitdir: ").strip())
+    record = lane / (lane / ".git").read_text().removeprefix("gitdir: ").strip()  # absolute or relative
     (evil / "index").write_bytes((record / "index").read_bytes())
     (lane / ".gitattributes").write_text("* filter=evil diff=evil\n")
     os.utime(lane / "README", (1, 1))
@@ -133,6 +133,22 @@ def test_a_lane_whose_git_file_was_aimed_at_a_planted_git_dir_is_refused_and_run
         "clean": "merged", "fresh": "merged", "hijacked": "dirty",
     }  # fmt: skip
     assert canaries(tmp_path) == [], "a planted command ran"
+
+
+def test_a_submodule_git_file_aimed_at_a_planted_git_dir_runs_nothing(repo: Path, tmp_path: Path) -> None:
+    """One level down: a lane's checked-out submodule has a ``.git`` file of its own, and ``git
+    status`` would run a status inside it, through that file, with the planted clean filter."""
+    script = canary_script(tmp_path)
+    upstream = make_repo(tmp_path / "upstream")
+    git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(upstream), "sub")
+    git(repo, "commit", "-q", "-m", "a submodule")
+    lane = Path(ensure_lane(repo, "lane-1").worktree)
+    git(lane, "-c", "protocol.file.allow=always", "submodule", "update", "-q", "--init")
+    plant_gitdir(lane / "sub", script)
+    done = lanes_cli(tmp_path / "state", "--path", str(repo), "--json")
+    assert canaries(tmp_path) == [], "a planted command ran"
+    assert done.returncode == 0, done.stderr
+    assert [(lane["name"], lane["state"]) for lane in json.loads(done.stdout)] == [("lane-1", "merged")]
 
 
 @pytest.mark.parametrize("shape", ["folder", "symlink", "other-record"])

@@ -313,7 +313,16 @@ def lane_states(path: str | Path) -> list[LaneState]:
         dirty = False
         if not missing:
             check_linked_worktree(lane.worktree, repo.common_dir)  # its writer may have replaced .git
-            status = _git(lane.worktree, "status", "--porcelain", "--untracked-files=normal")
+            # --ignore-submodules=dirty: git would otherwise run a status inside each submodule,
+            # through the submodule's own .git file, which the lane's writer may have aimed at
+            # config of its own (a filter driver runs there); a submodule's new commits still show.
+            status = _git(
+                lane.worktree,
+                "status",
+                "--porcelain",
+                "--untracked-files=normal",
+                "--ignore-submodules=dirty",
+            )
             dirty = status.returncode != 0 or bool(status.stdout.strip())
         tip = f"refs/heads/{lane.branch}"
         ancestor = _git(lane.repo, "merge-base", "--is-ancestor", tip, "HEAD") if lane.branch else None
