@@ -24,7 +24,9 @@ Filter drivers (``filter.<name>.clean``/``smudge``/``process``) have arbitrary n
 override can list them; they come from config only, and the product only lets git read the
 config of the repository it was pointed at: :func:`check_linked_worktree` refuses a lane whose
 ``.git`` file points anywhere but that repository's own worktree record, and the bridge's envelope
-never lets a worker write a ``.git`` entry (docs/bridge.md).
+never lets a worker write a ``.git`` entry (docs/bridge.md). The same bound holds hooks defined
+in config (``hook.<name>.command``, git 2.54 and later), which ``core.hooksPath`` does not reach,
+and a submodule's own ``.git`` file, which is why lanes.py's ``status`` stays out of submodules.
 """
 
 from __future__ import annotations
@@ -74,17 +76,12 @@ _MAX_GITFILE = 4096  # a gitdir pointer is one line; anything longer is not one 
 
 
 def run(
-    cwd: str,
-    *args: str,
-    git_dir: str | None = None,
-    config: tuple[str, ...] = (),
-    timeout: float = QUERY_TIMEOUT_S,
+    cwd: str, *args: str, config: tuple[str, ...] = (), timeout: float = QUERY_TIMEOUT_S
 ) -> subprocess.CompletedProcess[str]:
-    """``git -C cwd [--git-dir=git_dir] <hardening> [-c config...] args``, text out, never a
-    prompt. ``git_dir`` names the repository outright (no discovery: how a git dir itself is
-    addressed under ``safe.bareRepository=explicit``). ``config`` adds the caller's own settings
-    (an identity, say); it cannot undo the hardening, which comes last. Raises :class:`LaneError`
-    when git is missing or too slow; a failing command is returned, not raised."""
+    """``git -C cwd [-c config...] <hardening> args``, text out, never a prompt. ``config`` adds
+    the caller's own settings (an identity, say); it cannot undo the hardening, which comes last.
+    Raises :class:`LaneError` when git is missing or too slow (lanes are what pi-matrix uses git
+    for); a failing command is returned, not raised."""
     if not args or args[0] not in SUBCOMMANDS:
         raise ValueError(
             f"git {args[0] if args else '(nothing)'!r}: not a subcommand pi-matrix runs; check what it may "
@@ -93,8 +90,6 @@ def run(
     env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCATION_ENV}
     env.update(GIT_TERMINAL_PROMPT="0", GIT_ALLOW_PROTOCOL="", GIT_NO_LAZY_FETCH="1")
     argv = ["git", "--no-pager", "--no-optional-locks", "-C", cwd]
-    if git_dir is not None:
-        argv.append(f"--git-dir={git_dir}")
     for setting in (*config, *HARDENING):
         argv += ["-c", setting]
     try:

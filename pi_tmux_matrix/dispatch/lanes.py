@@ -49,7 +49,7 @@ LANES_DIR: Final = ".worktrees"
 BRANCH_PREFIX: Final = "pi-matrix/"
 EXCLUDE_LINE: Final = ".worktrees/"
 LOCK_NAME: Final = "pi-matrix-lanes.lock"
-# A checkout of a large tree (and its post-checkout hook) can take a while.
+# A checkout of a large tree can take a while.
 ADD_TIMEOUT_S: Final = 300.0
 LOCK_TIMEOUT_S: Final = 330.0
 
@@ -79,10 +79,8 @@ class _Worktree:
     bare: bool
 
 
-def _git(
-    cwd: str, *args: str, git_dir: str | None = None, timeout: float = QUERY_TIMEOUT_S
-) -> subprocess.CompletedProcess[str]:
-    return _run(cwd, *args, git_dir=git_dir, timeout=timeout)
+def _git(cwd: str, *args: str, timeout: float = QUERY_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    return _run(cwd, *args, timeout=timeout)
 
 
 def _said(done: subprocess.CompletedProcess[str]) -> str:
