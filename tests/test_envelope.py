@@ -79,12 +79,12 @@ def _tool_results(llm: FakeLLM) -> list[str]:
     return results
 
 
-def _run_worker(lab: Lab, llm: FakeLLM, profile: str, *calls: Reply) -> Any:
-    """Fire one print-mode pi worker whose model makes ``calls`` in order, then finishes; wait
-    until its host has recorded the end."""
+def _run_worker(lab: Lab, llm: FakeLLM, profile: str, *calls: Reply, lane: str | None = None) -> Any:
+    """Fire one print-mode pi worker (in ``lane``'s worktree if given) whose model makes ``calls``
+    in order, then finishes; wait until its host has recorded the end."""
     llm.script(*calls)
     lab.start_master()
-    fired = lab.fire("Do the file chores.", profile=profile)
+    fired = lab.fire("Do the file chores.", profile=profile, lane=lane)
     (agent,) = fired.job.agents
     wait_for("the result", lambda: lab.result(fired.job.id, agent.agent_id), timeout=60)
     wait_for("the host to record the end", lambda: lab.store.get(agent.key).exit is not None, timeout=30)
@@ -380,7 +380,7 @@ def test_planted_code_is_never_loaded_and_a_worker_cannot_plant_it(envlab: PiLab
     assert json.loads((lab.agent_dir / "auth.json").read_text() or "{}") is not None
     assert (worktree / "fine.txt").read_text() == "fine"
     results = _tool_results(llm)
-    assert "a .pi folder" in results[0] and ".git/config or .git/hooks" in results[1]
+    assert "a .pi folder" in results[0] and "a repository's .git" in results[1]
     assert "pi's agent dir" in results[2] or "auth.json" in results[2]
     wait_for("3 tool_blocked events", lambda: len(read_events(lab.state, agent.key, "tool_blocked")) == 3)
 
@@ -457,3 +457,60 @@ def test_a_real_pi_search_of_the_worktree_runs_and_leaves_out_a_private_root(env
     assert "src/a.txt" in grep and "secret-value" not in grep, grep
     assert not grep.startswith("pi-matrix envelope")
     assert "settings.json" not in find.replace("left out", ""), find
+
+
+def test_a_worker_cannot_aim_its_lanes_git_file_at_a_git_dir_it_wrote(envlab: PiLab) -> None:
+    """Issue 28 case 1 on real pi: a worker with read, write and edit in its lane writes a git dir
+    of its own under another name (HEAD, objects/, refs/heads/, a config whose core.fsmonitor is a
+    command), then tries to aim the worktree's ``.git`` file at it (write, then edit). Both ``.git``
+    writes are blocked and the pointer is unchanged; ``pi-matrix lanes`` afterwards runs git
+    status in that worktree and the command never runs."""
+    lab, llm = envlab
+    repo = lab.work
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@localhost"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True, timeout=30, env=lab.env)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "init"], check=True, timeout=30, env=lab.env)
+    canary = lab.tmp / "canary-fsmonitor"
+    record = f"{os.path.realpath(repo)}/.git/worktrees/lane-1"
+    _profile(lab, "pi-lane", tools=["read", "write", "edit"], write_paths=["{worktree}"])
+
+    agent = _run_worker(
+        lab, llm, "pi-lane",
+        Reply(tool="write", arguments={"path": ".evilgit/HEAD", "content": "ref: refs/heads/main\n"}),
+        Reply(tool="write", arguments={"path": ".evilgit/objects/info/keep", "content": ""}),
+        Reply(tool="write", arguments={"path": ".evilgit/refs/heads/keep", "content": ""}),
+        Reply(tool="write", arguments={
+            "path": ".evilgit/config", "content": f'[core]\n\tfsmonitor = "touch {canary}"\n',
+        }),
+        Reply(tool="write", arguments={"path": ".git", "content": "gitdir: .evilgit\n"}),
+        Reply(tool="edit", arguments={"path": ".git", "edits": [{"oldText": record, "newText": ".evilgit"}]}),
+        Reply(tool="write", arguments={"path": "src/../.git", "content": "gitdir: .evilgit\n"}),
+        lane="lane-1",
+    )  # fmt: skip
+
+    worktree = repo / ".worktrees" / "lane-1"
+    lanes = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(lab.state), "lanes", "--path", str(repo),
+         "--json"],
+        capture_output=True, text=True, env=lab.env, timeout=60, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert not canary.exists(), "the planted core.fsmonitor ran when pi-matrix lanes ran git status"
+    assert lanes.returncode == 0, lanes.stderr
+    assert [(lane["name"], lane["state"]) for lane in json.loads(lanes.stdout)] == [("lane-1", "dirty")]
+    assert (worktree / ".git").read_text() == f"gitdir: {record}\n"  # the pointer git wrote
+    assert (worktree / ".evilgit" / "config").is_file()  # inert: nothing points at it
+    results = _tool_results(llm)
+    assert len(results) == 7
+    assert all("Successfully wrote" in result for result in results[:4]), results[:4]
+    for result in results[4:]:
+        assert "pi-matrix envelope:" in result and "a repository's .git" in result, result
+    wait_for("3 tool_blocked events", lambda: len(read_events(lab.state, agent.key, "tool_blocked")) == 3)
+    blocked = read_events(lab.state, agent.key, "tool_blocked")
+    assert [(r["tool"], r["path"]) for r in blocked] == [
+        ("write", ".git"),
+        ("edit", ".git"),
+        ("write", "src/../.git"),
+    ]
+    system = next(m for m in llm.requests[0]["messages"] if m.get("role") == "system")
+    prompt = system["content"] if isinstance(system["content"], str) else json.dumps(system["content"])
+    assert "any .git file or folder" in prompt

@@ -32,7 +32,9 @@ WORDS = (
     "d1", "d2", "in_rel", "in_abs", "out_rel", "out_abs", "dangling_out", "dangling_in", "loop",
     "cfg", "up", "back", "m1", "m2", "..", "..", ".", "", ".pi", ".git", "hooks", "config",
 )  # fmt: skip
-FINALS = ("f.txt", "g", "config", "auth.json", "..", "x", "dangling_out", "dangling_in", "out_abs", "cfg")
+FINALS = (
+    "f.txt", "g", "config", "auth.json", "..", "x", "dangling_out", "dangling_in", "out_abs", "cfg", ".git",
+)  # fmt: skip
 
 
 def build(base: Path) -> None:
@@ -76,15 +78,14 @@ def generated(rng: random.Random) -> list[str]:
 
 
 def private_for_writes(real: str, allowed: str, agent: str) -> bool:
-    """The envelope's private roots for a write: pi's agent dir whole, any ``.pi`` folder, a
-    repository's ``.git/config`` and ``.git/hooks``."""
+    """The envelope's private roots for a write: pi's agent dir whole, any ``.pi`` folder, and
+    any ``.git`` entry (the file or folder itself and all inside; issue 28)."""
     parts = real.split("/")
     return (
         real == agent
         or real.startswith(agent + "/")
         or ".pi" in parts
-        or real.endswith("/.git/config")
-        or "/.git/hooks/" in real + "/"
+        or any(part.lower() == ".git" for part in parts)
     )
 
 

@@ -13,7 +13,8 @@ Every import counts: module level, inside functions and under ``TYPE_CHECKING`` 
 function-level import is still an arrow (and was how the old cycles hid). Below the programs,
 nothing prints, exits, reads ``sys.argv`` or asks on stdin: library code raises typed errors and
 the CLI decides what a person sees. And every signal goes through ``procs.send_signal``, which
-checks the process's identity right before the send.
+checks the process's identity right before the send; every git command through ``gitcmd.run``,
+which hardens it against repository-controlled execution (issue 28).
 
 ``violations`` takes the package folder, so it can be run against an older tree to show what it
 catches (``python tests/test_layers.py PATH/pi_tmux_matrix``).
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 LAYERS: dict[str, int] = {
     "errors": 0, "strictjson": 0, "bridge": 0, "_deprecated": 0,
-    "identity": 1, "settings": 1, "paths": 1, "procs": 1, "inotify": 1,
+    "identity": 1, "settings": 1, "paths": 1, "procs": 1, "inotify": 1, "gitcmd": 1,
     "matrix": 2, "contract": 2, "programs": 2, "pisession": 2,
     "supervise": 3, "dispatch": 3,
     "resume": 4, "fork": 4, "runs": 4, "plugin": 4, "pytest_plugin": 4,
@@ -193,6 +194,32 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+RUNNERS = frozenset({"run", "Popen", "call", "check_call", "check_output", "system"})
+
+
+def _git_commands(path: Path) -> Iterator[tuple[str, int]]:
+    """A command line spelled with ``"git"`` first (a list or tuple literal, or the first argument
+    of a call such as ``subprocess.run("git ...")`` or ``os.execvp("git", ...)``), anywhere but
+    in the one git door, ``gitcmd.run``."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        first: ast.expr | None = None
+        if isinstance(node, (ast.List, ast.Tuple)) and node.elts:
+            first = node.elts[0]
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.func, ast.Attribute)
+            and (node.func.attr in RUNNERS or node.func.attr.startswith(("exec", "spawn", "posix_spawn")))
+        ):
+            first = node.args[0]
+        if (
+            isinstance(first, ast.Constant)
+            and isinstance(first.value, str)
+            and (first.value == "git" or first.value.startswith("git "))
+        ):
+            yield f"{first.value.split()[0]!r} as a command", node.lineno
+
+
 def violations(root: Path = ROOT) -> list[str]:
     known = modules(root)
     problems: list[str] = []
@@ -219,6 +246,11 @@ def violations(root: Path = ROOT) -> list[str]:
         if name not in {"procs", "testing.standin"}:
             for call, line in _signal_sends(path):
                 problems.append(f"{where}:{line}: {call} outside procs.send_signal (the one signalling door)")
+        problems += [
+            f"{where}:{line}: {call} outside gitcmd.run (the one hardened git door)"
+            for call, line in _git_commands(path)
+            if name != "gitcmd"
+        ]
         if _top(name) not in PROGRAMS and name != "":
             for call, line in _program_calls(path):
                 problems.append(f"{where}:{line}: {call} below cli/ (raise a typed error; the CLI prints)")
@@ -292,6 +324,7 @@ def test_the_checker_sees_an_arrow_up_a_cycle_and_a_print(tmp_path: Path) -> Non
     (package / "supervise" / "host.py").write_text("from ..matrix import store\n")
     (package / "matrix" / "model.py").write_text("import os\n")
     (package / "supervise" / "child.py").write_text("def f(p):\n    p.terminate()\n")
+    (package / "supervise" / "vcs.py").write_text("import subprocess\nsubprocess.run(['git', 'status'])\n")
     found = "\n".join(violations(package))
     assert "matrix.store (layer 2) -> dispatch.manager (layer 3)" in found
     assert "dispatch.manager -> supervise.host: supervise/ and dispatch/ stand apart" in found
@@ -299,6 +332,7 @@ def test_the_checker_sees_an_arrow_up_a_cycle_and_a_print(tmp_path: Path) -> Non
     assert "import cycle: dispatch.manager <-> matrix.store <-> supervise.host" in found
     assert "matrix.model is pure and may not import os" in found
     assert "p.terminate() outside procs.send_signal" in found
+    assert "supervise/vcs.py:2: 'git' as a command outside gitcmd.run" in found
 
 
 if __name__ == "__main__":

@@ -112,16 +112,18 @@ export function physical(absolute: string): string {
 
 /** What no worker may write whatever its allowed paths: code and prompts pi or git would load
  * with full rights in the next session (any `.pi` folder: extensions, SYSTEM.md, settings, prompts,
- * skills; a repository's `.git/config` and `.git/hooks`), and pi's agent dir whole. */
+ * skills), and pi's agent dir whole; and any `.git` entry (issue 28). A `.git` *file* is a pointer
+ * (`gitdir: <folder>`): git takes its config (`core.fsmonitor`, hooks, filters) from wherever it
+ * points, so writing the file is as bad as writing `.git/config`. Every path git reads as a
+ * repository's config, hooks or gitdir pointer is reached through a `.git` entry (a bare-shaped
+ * folder is refused by the product's git itself: `safe.bareRepository=explicit`, gitcmd.py). The
+ * name is compared case-insensitively: on a case-insensitive filesystem `.GIT` is `.git`. */
 function writePrivate(real: string, agent: string): string | undefined {
   const parts = real.split("/");
   if (agent !== "" && inside(real, agent)) return `pi's agent dir (${shown(agent)})`;
   if (parts.includes(".pi")) return "a .pi folder (extensions, prompts and settings the next pi loads)";
-  for (let i = 0; i + 1 < parts.length; i += 1) {
-    if (parts[i] !== ".git") continue;
-    if (parts[i + 1] === "hooks" || (parts[i + 1] === "config" && i + 2 === parts.length)) {
-      return "a repository's .git/config or .git/hooks (run by the next git command)";
-    }
+  if (parts.some((part) => part.toLowerCase() === ".git")) {
+    return "a repository's .git (its config, hooks and gitdir pointer, which the next git command reads and runs)";
   }
   return undefined;
 }
@@ -322,7 +324,7 @@ export function workerPrompt(envelope: Envelope, cwd: string): string {
     "## pi-matrix worker",
     sentence(`You are pi-matrix worker ${agent} (launch profile ${profile}, entry ${KEY})${task}.`),
     sentence(scope, 900),
-    "No worker may write into a .pi folder, a repository's .git/config or .git/hooks, or pi's agent dir: code and prompts there run in later sessions.",
+    "No worker may write into a .pi folder, any .git file or folder (a repository's config, hooks and gitdir pointer), or pi's agent dir: code and prompts there run in later sessions.",
     "The bash tool, where you have it, is not covered by this envelope: it runs with the full rights of the host user, so it is a trust boundary, not a sandbox; keep to the same scope there.",
     sentence(lane),
     "Do not start other agents, forks or pi sessions (by any tool or command); if the task needs more hands, say so in your answer.",

@@ -23,8 +23,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .. import procs
-from ..errors import EXIT_OK, ContractError, PiMatrixError, exit_code_for
+from .. import gitcmd, procs
+from ..errors import EXIT_OK, ContractError, LaneError, PiMatrixError, exit_code_for
 from ..identity import ProcessIdentity, Role
 from ..matrix.model import Entry, Status
 from ..matrix.store import MatrixStore
@@ -139,20 +139,17 @@ class Demo:
             settings.update(pi_settings)
         (self.agent_dir / "settings.json").write_text(json.dumps(settings))
         self.repo.mkdir()
-        git = [
-            "git",
-            "-C",
-            str(self.repo),
-            "-c",
-            "user.name=pi-matrix demo",
-            "-c",
-            "user.email=demo@localhost",
-        ]
+        identity = ("user.name=pi-matrix demo", "user.email=demo@localhost")
         for args in (
             ["init", "-q"],
             ["commit", "-q", "--allow-empty", "-m", "scratch repo of pi-matrix demo"],
         ):
-            subprocess.run([*git, *args], check=True, capture_output=True, timeout=30)
+            done = gitcmd.run(str(self.repo), *args, config=identity)
+            if done.returncode != 0:
+                raise LaneError(
+                    f"{self.repo}: git {args[0]} failed ({' '.join(done.stderr.split())[:300]}); "
+                    "check that git works here ('git init' in a scratch folder), then retry"
+                )
 
     def start_master(self) -> Entry:
         """A long-running master (headless; its own session is a stand-in that keeps working)."""

@@ -6,9 +6,12 @@ another lane lands beside it rather than nested in it. Creating and reusing a la
 exclusive ``flock`` on ``<git common dir>/pi-matrix-lanes.lock``: two dispatchers racing for the
 same new lane end with one worktree, one of them ``created``, the other reusing it.
 
-Every git call is an argv list run with ``git -C <dir>``, a timeout, no terminal prompt, and without
-the ``GIT_DIR``-style variables a caller (a git hook, say) may have set, which would point git at
-another repository.
+Every git call goes through :func:`pi_tmux_matrix.gitcmd.run`: an argv list, a timeout, no terminal
+prompt, no ``GIT_DIR``-style variable of the caller, and hardened against repository-controlled
+execution (no fsmonitor, hooks, transports...). A lane's worktree is written by a worker, so before
+git runs in one its ``.git`` pointer is checked to lead back to the repository's own worktree record
+(:func:`pi_tmux_matrix.gitcmd.check_linked_worktree`): git never reads config or hooks the worker
+chose (issue 28).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from typing import Final
 import attrs
 
 from ..errors import InvalidId, LaneError
+from ..gitcmd import QUERY_TIMEOUT_S, check_linked_worktree
+from ..gitcmd import run as _run
 from ..identity import ID_PATTERN, validate_id
 
 __all__ = [
@@ -44,23 +49,9 @@ LANES_DIR: Final = ".worktrees"
 BRANCH_PREFIX: Final = "pi-matrix/"
 EXCLUDE_LINE: Final = ".worktrees/"
 LOCK_NAME: Final = "pi-matrix-lanes.lock"
-QUERY_TIMEOUT_S: Final = 30.0
-# A checkout of a large tree (and its post-checkout hook) can take a while.
+# A checkout of a large tree can take a while.
 ADD_TIMEOUT_S: Final = 300.0
 LOCK_TIMEOUT_S: Final = 330.0
-
-# Repository-selecting variables: inherited from a hook or a wrapper they would silently aim every
-# call at some other repository or index.
-_GIT_LOCATION_ENV: Final = (
-    "GIT_DIR",
-    "GIT_WORK_TREE",
-    "GIT_COMMON_DIR",
-    "GIT_INDEX_FILE",
-    "GIT_OBJECT_DIRECTORY",
-    "GIT_ALTERNATE_OBJECT_DIRECTORIES",
-    "GIT_NAMESPACE",
-    "GIT_PREFIX",
-)
 
 
 @attrs.frozen
@@ -89,24 +80,7 @@ class _Worktree:
 
 
 def _git(cwd: str, *args: str, timeout: float = QUERY_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCATION_ENV}
-    env["GIT_TERMINAL_PROMPT"] = "0"
-    try:
-        return subprocess.run(
-            ["git", "-C", cwd, *args],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            encoding="utf-8",
-            errors="replace",
-            env=env,
-            timeout=timeout,
-            check=False,
-        )
-    except FileNotFoundError:
-        raise LaneError("git is not installed (not on PATH); install git to use lanes") from None
-    except subprocess.TimeoutExpired:
-        raise LaneError(f"{cwd}: git {args[0]} did not finish within {timeout:g}s; retry") from None
+    return _run(cwd, *args, timeout=timeout)
 
 
 def _said(done: subprocess.CompletedProcess[str]) -> str:
@@ -126,20 +100,68 @@ def _repo(path: str | Path) -> _Repo:
     where = os.path.abspath(os.fspath(path))
     if not os.path.isdir(where):
         raise LaneError(f"{where}: not a directory; lanes are made from inside a git repository")
-    done = _git(where, "rev-parse", "--path-format=absolute", "--git-common-dir")
+    parts = where.split(os.sep)
+    if ".git" in parts:
+        # Inside a git dir: discovery under safe.bareRepository=explicit refuses it on older git,
+        # so start from the working tree that holds it, as git itself would use.
+        where = os.sep.join(parts[: parts.index(".git")]) or os.sep
+    done = _git(
+        where, "rev-parse", "--path-format=absolute", "--git-common-dir", "--git-dir", "--show-toplevel"
+    )
+    if done.returncode != 0 and "safe.bareRepository" in done.stderr:
+        raise LaneError(
+            f"{where}: a bare repository (or a git dir) has no main working tree to put .worktrees/ in; "
+            "use a lane from a folder of a non-bare clone's working tree"
+        )
     if done.returncode != 0:
         raise LaneError(
             f"{where}: not inside a git repository ({_said(done)}); "
             "run from a repository, or 'git init' and commit there first, or launch without --lane"
         )
-    common = os.path.realpath(done.stdout.strip())
-    main = _worktrees(common)[0]
+    common, gitdir, top = (os.path.realpath(line) for line in done.stdout.splitlines()[:3])
+    _trusted_discovery(top, gitdir, common)
+    main = _worktrees(where)[0]
     if main.bare:
         raise LaneError(
             f"{common}: a bare repository has no main working tree to put .worktrees/ in; "
             "use a lane from a non-bare clone"
         )
     return _Repo(os.path.realpath(main.path), common)
+
+
+def _trusted_discovery(top: str, gitdir: str, common: str) -> None:
+    """Refuse a repository git found through a pointer a worker could have planted (issue 28): a
+    linked worktree's ``.git`` must lead to the common dir's own record of it, a git dir must not
+    lie inside the working tree it serves (other than as ``<top>/.git``), and a repository inside
+    a lane's worktree is the lane's writer's, not the user's."""
+    if gitdir != common:
+        check_linked_worktree(top, common)
+    if _inside(common, top) and common != os.path.join(top, ".git"):
+        raise LaneError(
+            f"{top}: its .git points to a git dir inside its own working tree ({common}), the shape a "
+            "planted repository has; git would run its config. Check what changed it; lanes are "
+            "made from the repository itself"
+        )
+    for folder in _ancestors(top):
+        if os.path.basename(os.path.dirname(folder)) == LANES_DIR and os.path.isfile(
+            os.path.join(folder, ".git")
+        ):
+            raise LaneError(
+                f"{top}: this repository lies inside the lane worktree {folder}, where a worker "
+                "writes; lanes are made from the main repository (pass its folder)"
+            )
+
+
+def _ancestors(path: str) -> list[str]:
+    found: list[str] = []
+    while (parent := os.path.dirname(path)) != path:
+        found.append(parent)
+        path = parent
+    return found
+
+
+def _inside(candidate: str, root: str) -> bool:
+    return candidate == root or candidate.startswith(root.rstrip("/") + "/")
 
 
 def _worktrees(cwd: str) -> list[_Worktree]:
@@ -241,6 +263,7 @@ def _existing(repo: _Repo, name: str, worktree: str, branch: str) -> Lane | None
                 f"lane {name!r}: {worktree} is a worktree on {found}, not on {branch}; "
                 f"switch it back ('git -C {worktree} switch {branch}') or pick another lane name"
             )
+        check_linked_worktree(worktree, repo.common_dir)  # a worker's next git runs there too
         return Lane(name=name, repo=repo.toplevel, worktree=worktree, branch=branch, created=False)
     if os.path.lexists(worktree):
         raise LaneError(
@@ -252,7 +275,10 @@ def _existing(repo: _Repo, name: str, worktree: str, branch: str) -> Lane | None
 
 def list_lanes(path: str | Path) -> list[Lane]:
     """The lanes (worktrees directly under ``.worktrees/``) of the repository holding ``path``."""
-    repo = _repo(path)
+    return _lanes(_repo(path))
+
+
+def _lanes(repo: _Repo) -> list[Lane]:
     lanes_dir = os.path.join(repo.toplevel, LANES_DIR)
     lanes: list[Lane] = []
     for entry in _worktrees(repo.toplevel):
@@ -279,11 +305,22 @@ class LaneState:
 def lane_states(path: str | Path) -> list[LaneState]:
     """Every lane of the repository holding ``path``, with its state (read only)."""
     states: list[LaneState] = []
-    for lane in list_lanes(path):
+    repo = _repo(path)
+    for lane in _lanes(repo):
         missing = not os.path.isdir(lane.worktree)
         dirty = False
         if not missing:
-            status = _git(lane.worktree, "status", "--porcelain", "--untracked-files=normal")
+            check_linked_worktree(lane.worktree, repo.common_dir)  # its writer may have replaced .git
+            # --ignore-submodules=dirty: git would otherwise run a status inside each submodule,
+            # through the submodule's own .git file, which the lane's writer may have aimed at
+            # config of its own (a filter driver runs there); a submodule's new commits still show.
+            status = _git(
+                lane.worktree,
+                "status",
+                "--porcelain",
+                "--untracked-files=normal",
+                "--ignore-submodules=dirty",
+            )
             dirty = status.returncode != 0 or bool(status.stdout.strip())
         tip = f"refs/heads/{lane.branch}"
         ancestor = _git(lane.repo, "merge-base", "--is-ancestor", tip, "HEAD") if lane.branch else None
@@ -301,10 +338,14 @@ def remove_lane(state: LaneState) -> str:
         raise LaneError(
             f"lane {lane.name!r}: {lane.worktree} has uncommitted changes; commit or discard them first"
         )
-    with _locked(_repo(lane.repo).common_dir):
+    common = _repo(lane.repo).common_dir
+    with _locked(common):
         if state.missing:
             _git(lane.repo, "worktree", "prune")
         else:
+            # git worktree remove runs git status inside the worktree (through its .git): checked
+            # again here, under the lock, right before.
+            check_linked_worktree(lane.worktree, common)
             done = _git(lane.repo, "worktree", "remove", lane.worktree)
             if done.returncode != 0:
                 raise LaneError(f"lane {lane.name!r}: git worktree remove failed ({_said(done)})")
