@@ -126,7 +126,8 @@ def _pointer(path: str, prefix: str, base: str) -> str:
             else "not a file"
         )
         raise ValueError(f"{path} is {kind}, not the one-line file git writes")
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    # Non-blocking: a FIFO swapped in after the lstat answers at once instead of hanging the caller.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         raw = os.read(fd, _MAX_GITFILE + 1)
     finally:
