@@ -9,6 +9,7 @@ import os
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,51 @@ def test_a_run_read_back_from_a_session_keeps_whole_lines_when_it_is_longer_than
     session.write_bytes(header + ("\n".join(lines) + "\n").encode())
     outcome = pisession.run_outcome(session, len(header))
     assert outcome is not None and outcome["text"] == "t19"
+
+
+# -- pane output ------------------------------------------------------------------------------------
+
+
+def test_pane_output_counts_a_marker_only_on_a_line_of_its_own_and_keeps_bounded_memory() -> None:
+    from pi_tmux_matrix.dispatch.markers import MAX_LINE, MarkerScanner
+    from pi_tmux_matrix.dispatch.model import ResultKind
+
+    scanner = MarkerScanner("abc123")
+    # The instruction echoed back, a marker hidden in escape sequences mid-line, another round's
+    # nonce, and a line that only starts with the marker: none of them ends the round.
+    for decoy in (
+        b"print DONE:abc123 when finished\n",
+        b"x\x1b[31mDONE:abc123\x1b[0m y\n",
+        b"DONE:ffffff\n",
+        b"DONE:abc123x\n",
+        b"\x1b]0;DONE:abc123\x07\n",
+    ):
+        assert scanner.feed(decoy) is None, decoy
+    # A flood with no newline: the partial line the scanner keeps stays bounded.
+    for _ in range(64):
+        assert scanner.feed(b"A" * 65536) is None
+    assert len(scanner._partial) <= MAX_LINE
+    # Its own line, under a TUI's colour and bullet decoration, does.
+    assert scanner.feed(b"\n\x1b[32m\xe2\x94\x82 DONE:abc123\x1b[0m\r\n") == (ResultKind.DONE, "")
+
+
+def test_a_window_title_a_program_sets_never_breaks_or_shifts_the_pane_listing(tmux_socket: str) -> None:
+    from pi_tmux_matrix.dispatch.tmux import TmuxServer
+
+    subprocess.run(["tmux", "-L", tmux_socket, "new-session", "-d", "-s", "main", "sleep 60"], check=True)
+    subprocess.run(["tmux", "-L", tmux_socket, "set", "-g", "allow-rename", "on"], check=True)
+    # The program names its window with newlines, tabs and what looks like another pane's row.
+    hostile = r"printf '\033kev\nil\t%99\t1\tx\033\\'; printf '\033]2;ti\ntle\t\033\\'; sleep 60"
+    subprocess.run(["tmux", "-L", tmux_socket, "new-window", "-d", "-t", "main", hostile], check=True)
+    server = TmuxServer(tmux_socket)
+    deadline = time.monotonic() + 20
+    while True:
+        panes = server.panes()
+        names = [p.window_name for p in panes]
+        if any(n.startswith("ev") for n in names) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert len(panes) == 2, panes
+    renamed = next(p for p in panes if p.window_name.startswith("ev"))
+    assert not any(c in renamed.window_name for c in "\n\t\x1b"), renamed.window_name
+    assert all(p.pane_id.startswith("%") and p.pane_id != "%99" for p in panes)
