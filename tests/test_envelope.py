@@ -396,6 +396,7 @@ def test_a_search_runs_where_private_roots_are_absent_and_leaves_out_what_is_ins
     (work / "src").mkdir(parents=True)
     (work / "secrets").mkdir()
     (work / "secrets" / "key.txt").write_text("apiKey=1\n")
+    (work / "src" / "a.ts").write_text("apiKey\n")  # every kept line names a file that exists (28.5)
     script = tmp_path / "search.mjs"
     module = json.dumps(str(bridge_path().parent / "envelope.ts"))
     w = json.dumps(str(work))
@@ -411,7 +412,7 @@ def test_a_search_runs_where_private_roots_are_absent_and_leaves_out_what_is_ins
         f"  grepInside: m.judge(e, 'grep', 'secrets', {w}, null) ?? null,\n"
         f"  hidden: m.hiddenFrom(e, m.physical({w})),\n"
         f"  grep: m.withoutHidden('grep', 'src/a.ts:1: apiKey\\nsecrets/key.txt:1: apiKey=1\\n"
-        f"secrets/key.txt-2- x\\n[50 matches limit reached]', m.physical({w}),\n"
+        f"secrets/key.txt-2- x\\n\\n[50 matches limit reached]', m.physical({w}),\n"
         f"    m.hiddenFrom(e, m.physical({w}))),\n"
         f"  find: m.withoutHidden('find', 'src/a.ts\\nsecrets/\\nsecrets/key.txt', m.physical({w}),\n"
         f"    m.hiddenFrom(e, m.physical({w}))),\n"
@@ -427,7 +428,7 @@ def test_a_search_runs_where_private_roots_are_absent_and_leaves_out_what_is_ins
     assert out["grepCwd"] is None and out["findCwd"] is None  # the searches run
     assert "secrets" in str(out["grepInside"])  # a search inside a private root is still blocked
     assert out["hidden"] == [str((work / "secrets").resolve())]  # only the one that exists
-    assert out["grep"]["text"] == "src/a.ts:1: apiKey\n[50 matches limit reached]"
+    assert out["grep"]["text"] == "src/a.ts:1: apiKey\n\n[50 matches limit reached]"
     assert out["grep"]["removed"] == 2
     assert out["find"] == {"text": "src/a.ts", "removed": 2}
 
