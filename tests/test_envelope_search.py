@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 from fake_llm import Reply
 from helpers import read_events
+from pi_support import fd_shim
 from test_dispatch import wait_for
 from test_envelope import PiLab, _profile, _run_worker, _tool_results, envlab, pi_jiti  # noqa: F401
 
@@ -29,24 +28,6 @@ from pi_tmux_matrix.bridge import bridge_path
 SECRET = "SECRET-28-5"
 SECRET_NAME = "secret-name-28"
 BREAK = "from a private folder that holds a name with a line break"
-
-
-def fd_shim(folder: Path) -> Path:
-    """A ``fd`` for pi's find: Debian's fd-find 8.6 (``fdfind``) lacks ``--no-require-git``,
-    which pi 0.73.1 always passes (so pi's find is a usage error with it); the shim drops that
-    one flag and runs fdfind. Skips when neither fd nor fdfind is installed."""
-    real = shutil.which("fdfind") or shutil.which("fd")
-    if real is None or shutil.which("rg") is None:
-        pytest.skip("ripgrep and fd are needed for pi's grep and find (.ci/run installs them)")
-    folder.mkdir(parents=True, exist_ok=True)
-    shim = folder / "fd"
-    shim.write_text(
-        "#!/bin/sh\n"
-        'for a in "$@"; do shift; [ "$a" = --no-require-git ] || set -- "$@" "$a"; done\n'
-        f'exec {json.dumps(real)} "$@"\n'
-    )
-    shim.chmod(0o755)
-    return folder
 
 
 def tree(base: Path, *, split: bool) -> Path:
