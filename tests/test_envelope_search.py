@@ -59,9 +59,11 @@ def tree(base: Path, *, split: bool) -> Path:
     return work
 
 
-def run_filter(base: Path, work: Path, calls: list[dict[str, Any]], events: list[dict[str, Any]]) -> Any:
+def run_filter(
+    base: Path, work: Path, calls: list[dict[str, Any]], events: list[dict[str, Any]], root: str = "secrets"
+) -> Any:
     """Each call run by pi's own grep or find tool on ``work`` (or each synthetic ``event``),
-    then envelope.ts's filterSearch with ``secrets`` as the private root; the answers in order."""
+    then envelope.ts's filterSearch with ``root`` as the private root; the answers in order."""
     jiti = pi_jiti()
     dist = jiti.parent.parent.parent / "@mariozechner" / "pi-coding-agent" / "dist"
     tools = dist / "core" / "tools" / "index.js"
@@ -74,7 +76,7 @@ def run_filter(base: Path, work: Path, calls: list[dict[str, Any]], events: list
         f"const m = await createJiti(import.meta.url).import({json.dumps(str(module))});\n"
         f"const searched = m.physical({w});\n"
         "const e = { allowed: [], sessionsDirs: [],\n"
-        "  privateRoots: [{ real: searched + '/secrets', what: 's' }] };\n"
+        f"  privateRoots: [{{ real: searched + '/' + {json.dumps(root)}, what: 's' }}] }};\n"
         "const hidden = m.hiddenFrom(e, searched);\n"
         "const out = [];\n"
         f"for (const call of {json.dumps(calls)}) {{\n"
@@ -143,6 +145,20 @@ def test_a_split_whose_first_half_is_a_private_entry_is_withheld_too(tmp_path: P
     assert "d--/f.jsonl" in find["raw"].split("\n")  # pi's find printed the second half as a path
     assert BREAK in text_of(find["result"]), find
     assert "d--" not in json.dumps(find["result"]).replace("--w--", "")
+
+
+def test_a_private_folder_named_dot_dot_something_withholds_a_grep(tmp_path: Path) -> None:
+    """pi's grep prints a bare file name for a relative path starting with `..` (`..state/x.json`
+    becomes `x.json`), so a private folder named so would lose the prefix that marks it."""
+    work = tmp_path / "work"
+    (work / "..state").mkdir(parents=True)
+    (work / "..state" / "x.json").write_text(f"token={SECRET}\n")
+    (work / "x.json").write_text("token=planted\n")  # where the bare name points
+    call = {"tool": "grep", "args": {"pattern": "token="}}
+    (grep,) = run_filter(tmp_path, work, [call], [], root="..state")
+    assert f"x.json:1: token={SECRET}" in grep["raw"].split("\n")  # pi's own output, prefix gone
+    assert grep["result"] is not None, f"the result went to the model unchanged: {grep['raw']}"
+    assert SECRET not in json.dumps(grep["result"]) and "starts with '..'" in text_of(grep["result"])
 
 
 def test_each_line_is_judged_by_the_file_it_names(tmp_path: Path) -> None:

@@ -357,6 +357,11 @@ export function withoutHidden(tool: string, text: string, searched: string, hidd
   if (NOTHING.has(text)) return { text, removed: 0 };
   const broken = (why: string): Filtered => ({ text: "", removed: 0, withheld: why });
   if (hidden.some((root) => LINE_BREAK.test(root))) return broken("a private folder's own path holds a line break");
+  // pi's grep prints a bare file name for a path relative to the search that starts with `..`
+  // (it takes it for one outside): a private folder there would lose its prefix.
+  if (tool === "grep" && hidden.some((root) => path.relative(searched, root).startsWith(".."))) {
+    return broken("a private folder's name starts with '..', which pi's grep prints as a bare file name");
+  }
   // A split line's first half may itself name an entry inside a private folder (`--w--` beside
   // `--w--\nd--`); its folder then holds the name with the line break, which is looked for.
   const listed = new Map<string, boolean>();
