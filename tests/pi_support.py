@@ -5,6 +5,7 @@ Missing pi or node is a loud skip locally (with how to fix it) and a hard failur
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -29,3 +30,21 @@ def pi_bin() -> str:
             pytest.fail(f"real pi unavailable in CI: {problem}")
         pytest.skip(f"real pi unavailable: {problem}")
     return str(path)
+
+
+def fd_shim(folder: Path) -> Path:
+    """A ``fd`` for pi's find: Debian's fd-find 8.6 (``fdfind``) lacks ``--no-require-git``,
+    which pi 0.73.1 always passes (so pi's find is a usage error with it); the shim drops that
+    one flag and runs fdfind. Skips when neither fd nor fdfind is installed."""
+    real = shutil.which("fdfind") or shutil.which("fd")
+    if real is None or shutil.which("rg") is None:
+        pytest.skip("ripgrep and fd are needed for pi's grep and find (.ci/run installs them)")
+    folder.mkdir(parents=True, exist_ok=True)
+    shim = folder / "fd"
+    shim.write_text(
+        "#!/bin/sh\n"
+        'for a in "$@"; do shift; [ "$a" = --no-require-git ] || set -- "$@" "$a"; done\n'
+        f'exec {json.dumps(real)} "$@"\n'
+    )
+    shim.chmod(0o755)
+    return folder

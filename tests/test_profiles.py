@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shutil
 import subprocess
 import sys
@@ -266,6 +267,7 @@ def test_a_team_member_naming_an_unknown_profile_is_refused(agent_dir: Path) -> 
         ("resource_profile", "small"),
         ("write_paths", ["{worktree}"]),
         ("extensions", ["x.ts"]),
+        ("extension_tools", ["delegate"]),
         ("append_system_prompt", "be terse"),
     ],
 )
@@ -277,6 +279,60 @@ def test_each_pi_only_field_is_refused_on_claude_naming_the_field(key: str, valu
         f"launch_profiles/claude.toml: profile.{key}: pi-only field on provider 'claude'; remove it"
     )
     assert key in PI_ONLY_FIELDS
+
+
+def test_a_tool_nothing_provides_is_refused_at_load_naming_it() -> None:
+    """Issue 28.7: the issue's own list. pi takes any name in --tools without a word (the worker
+    just lacks the tool), so a pi profile's tools are pi's built-in ones or those its extensions
+    provide, as extension_tools declares them; the error names the field, the name and the fix."""
+    text = profile_toml(tools=["read", "delegate", "unknown-extension"])
+    with pytest.raises(ProfileError) as caught:
+        parse_profile(text, "launch_profiles/p.toml")
+    assert str(caught.value) == (
+        "launch_profiles/p.toml: profile.tools[1]: 'delegate' is neither one of pi's built-in tools "
+        "(read, bash, edit, write, grep, find, ls) nor named by this profile's extension_tools; remove it, "
+        'or load the extension that provides it (extensions = ["path/to/ext.ts"]) and name the tool there: '
+        'extension_tools = ["delegate"]'
+    )
+    # An extension that provides delegate: the next unknown name is the one refused.
+    extension = {"extensions": ["/ext/delegate.ts"], "extension_tools": ["delegate"]}
+    declared = profile_toml(tools=["read", "delegate", "unknown-extension"], **extension)
+    with pytest.raises(ProfileError, match=r"profile\.tools\[2\]: 'unknown-extension' is neither"):
+        parse_profile(declared, "p.toml")
+    accepted = parse_profile(profile_toml(tools=["read", "delegate"], **extension), "p.toml")
+    assert accepted.tools == ("read", "delegate") and accepted.extension_tools == ("delegate",)
+    assert agent_command(accepted, task="T", session_file=None).argv == (
+        "pi", "--tools", "read,delegate", "--no-extensions", "-e", "/ext/delegate.ts", "T",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"extension_tools": ["delegate"]}, r"extension_tools: names tools, but the profile loads no ext"),
+        ({"extensions": ["e.ts"], "extension_tools": ["a,b"]}, r"extension_tools\[0\]: 'a,b' is not a tool"),
+        ({"extensions": ["e.ts"], "extension_tools": ["fork"]}, r"extension_tools\[0\]: 'fork' launches"),
+        ({"extensions": ["e.ts"], "extension_tools": "x"}, r"profile\.extension_tools: must be a list"),
+    ],
+)
+def test_extension_tools_is_checked_like_tools(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ProfileError, match=message):
+        parse_profile(profile_toml(**fields), "p.toml")
+
+
+def test_the_built_in_tool_list_is_the_installed_pis() -> None:
+    """PI_BUILTIN_TOOLS is pi's own `allToolNames`: a pi that adds a tool fails here first."""
+    from pi_support import pi_bin
+
+    from pi_tmux_matrix.dispatch.profile_checks import PI_BUILTIN_TOOLS
+
+    binary = Path(pi_bin()).resolve()
+    index = binary.parent.parent / "dist" / "core" / "tools" / "index.js"
+    if not index.exists():  # .bin/pi is a link to <package>/dist/cli.js
+        index = binary.parent / "core" / "tools" / "index.js"
+    found = re.search(r"allToolNames = new Set\(\[([^\]]*)\]\)", index.read_text(encoding="utf-8"))
+    assert found is not None, f"pi's allToolNames is gone from {index}"
+    assert set(json.loads(f"[{found.group(1)}]")) == set(PI_BUILTIN_TOOLS)
 
 
 def test_the_issue_example_message_for_tools_on_claude() -> None:

@@ -109,6 +109,7 @@ BAD_AGENTS = [
     ({"provider": "custom", "command": "ls *.py"}, "needs a shell ('*' would be a glob)"),
     ({"provider": "custom"}, "agents[0].command: missing for provider custom"),
     ({"provider": "pi", "tools": ["tmux_agent_manager"]}, "agents[0].tools: 'tmux_agent_manager' launches"),
+    ({"provider": "pi", "tools": ["read", "delegate"]}, "agents[0].tools: 'delegate' is neither one of pi's"),
     ({"provider": "pi", "thinkingLevel": "loud"}, "agents[0].thinkingLevel: 'loud' is not a thinking level"),
     ({"provider": "pi", "toolz": []}, "agents[0].toolz: unknown parameter; the parameters are: provider"),
     ({"provider": "gemini"}, "agents[0].provider: 'gemini' is not a provider"),

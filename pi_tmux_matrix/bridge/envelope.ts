@@ -234,7 +234,29 @@ export function judge(
     const reason = judgeOne(envelope, tool, target, where);
     if (reason !== undefined) return reason;
   }
-  return undefined;
+  return READ_ONLY.has(tool) ? undefined : hardLinked(tool, real, where);
+}
+
+/** Issue 28.9: the envelope judges paths, not inodes. pi's write and edit open the path and
+ * truncate it in place (fs.writeFile), so a hard link already present in an allowed path would
+ * carry the write to every other name of that file, wherever it is. A worker's tools cannot make
+ * a hard link (only `bash`, the host-trust boundary, can), so refusing a write to a regular file
+ * with more than one link closes the write side; a read through one still reaches its content. */
+function hardLinked(tool: string, real: string, where: string): string | undefined {
+  let links: number;
+  try {
+    const stat = fs.lstatSync(real);
+    if (!stat.isFile()) return undefined;
+    links = stat.nlink;
+  } catch {
+    return undefined; // a new file: it gets a fresh inode of its own
+  }
+  if (links <= 1) return undefined;
+  return (
+    `pi-matrix envelope: ${tool} of ${where} is blocked: the file has ${links} hard links, so a write ` +
+    "would also change the same file under its other names, which may lie outside this worker's allowed paths. " +
+    "Report that it needs changing; a person can break the link (copy the file over itself) first."
+  );
 }
 
 function judgeOne(envelope: Envelope, tool: string, real: string, where: string): string | undefined {
@@ -286,21 +308,164 @@ export function hiddenFrom(envelope: Envelope, searched: string): string[] {
   return roots.filter((root) => root !== searched && inside(root, searched) && exists(root));
 }
 
-const GREP_LINE = /^(.+?)([:-])(\d+)\2 /;
+// How pi 0.73.1 prints a search (dist/core/tools/grep.js, find.js): grep one `path:N: text` line
+// per match and `path-N- text` per context line, find one path per line (a folder may end in
+// `/`), both relative to the searched folder, then optionally a blank line and one `[...]` notice
+// built from the sentences below. Nothing in that text marks where a path ends: a file name may
+// hold a newline (pi names a session folder after a cwd that holds one), `:5: `, or start with
+// `[`. So every line must name a file that exists, exactly, or the whole result is withheld.
+const SEPARATOR = /([:-])(\d+)\1 /g;
+const NOTICE_SENTENCE =
+  String.raw`(?:\d+ (?:matches|results) limit reached(?:\. Use limit=\d+ for more, or refine pattern)?` +
+  String.raw`|\d+(?:\.\d+)?(?:B|KB|MB) limit reached` +
+  String.raw`|Some lines truncated to \d+ chars\. Use read tool to see full lines)`;
+const NOTICE = new RegExp(String.raw`^\[${NOTICE_SENTENCE}(?:\. ${NOTICE_SENTENCE})*\]$`);
+/** What splits a line: pi's grep output on `\n`; its find reads fd's output by line (`\r` too). */
+const LINE_BREAK = /[\n\r]/;
+/** pi's whole text when nothing matched. */
+const NOTHING = new Set(["No matches found", "No files found matching pattern"]);
 
-/** A grep or find result with every line from inside ``hidden`` removed (its paths are relative to
- * ``searched``; grep's lines are `path:N: text` or, for context, `path-N- text`). */
-export function withoutHidden(tool: string, text: string, searched: string, hidden: string[]): { text: string; removed: number } {
+export type Filtered = { text: string; removed: number; withheld?: string };
+
+/** Where ``name`` (a path pi printed relative to ``searched``) physically is, or null when it is
+ * not one existing entry of the searched tree (``file``: a grep match names a file, never a folder). */
+function entryOf(name: string, searched: string, file: boolean): string | null {
+  if (name === "" || name.startsWith("/")) return null;
+  if (name.split("/").some((part) => part === "..")) return null; // pi prints none: not its own
+  const full = path.join(searched, name);
+  let stat: fs.Stats;
+  try {
+    stat = fs.lstatSync(full);
+  } catch {
+    return null; // half of a name split by a newline, or a file gone since: not attributable
+  }
+  if (file && stat.isDirectory()) return null;
+  try {
+    return physical(full); // a symlink into a private root is judged where it leads
+  } catch {
+    // A symlink loop: the search did not follow it, so the entry is where it stands.
+    try {
+      return path.join(physical(path.dirname(full)), path.basename(full));
+    } catch {
+      return null;
+    }
+  }
+}
+
+/** A grep or find result with every line from inside ``hidden`` removed, or ``withheld`` (why)
+ * when some line cannot be attributed to exactly one existing entry of the searched tree: then
+ * nothing of the result may reach the model (issue 28.5: fail closed). */
+export function withoutHidden(tool: string, text: string, searched: string, hidden: string[]): Filtered {
+  if (NOTHING.has(text)) return { text, removed: 0 };
+  const broken = (why: string): Filtered => ({ text: "", removed: 0, withheld: why });
+  if (hidden.some((root) => LINE_BREAK.test(root))) return broken("a private folder's own path holds a line break");
+  // pi's grep prints a bare file name for a path relative to the search that starts with `..`
+  // (it takes it for one outside): a private folder there would lose its prefix.
+  if (tool === "grep" && hidden.some((root) => path.relative(searched, root).startsWith(".."))) {
+    return broken("a private folder's name starts with '..', which pi's grep prints as a bare file name");
+  }
+  // A split line's first half may itself name an entry inside a private folder (`--w--` beside
+  // `--w--\nd--`); its folder then holds the name with the line break, which is looked for.
+  const listed = new Map<string, boolean>();
+  const splitBeside = (real: string): boolean => {
+    const folder = path.dirname(real);
+    let found = listed.get(folder);
+    if (found === undefined) {
+      try {
+        found = fs.readdirSync(folder).some((name) => LINE_BREAK.test(name));
+      } catch {
+        found = true; // cannot look: take the worst
+      }
+      listed.set(folder, found);
+    }
+    return found;
+  };
+  let lines = text.split("\n");
+  let notice: string[] = [];
+  const last = lines.length - 1;
+  if (last >= 2 && lines[last - 1] === "" && NOTICE.test(lines[last])) {
+    notice = lines.slice(last - 1);
+    lines = lines.slice(0, last - 1);
+  }
   let removed = 0;
-  const kept = text.split("\n").filter((line) => {
-    const name = tool === "grep" ? GREP_LINE.exec(line)?.[1] : line.replace(/\/$/, "");
-    if (!name || line.startsWith("[")) return true;
-    const real = physical(path.resolve(searched, name));
-    const hide = hidden.some((root) => inside(real, root));
-    if (hide) removed += 1;
-    return !hide;
+  const kept: string[] = [];
+  for (const [index, line] of lines.entries()) {
+    const names =
+      tool === "grep"
+        ? [...line.matchAll(SEPARATOR)].filter((m) => (m.index ?? 0) > 0).map((m) => line.slice(0, m.index))
+        : [line.endsWith("/") ? line.slice(0, -1) : line];
+    // Where the text after `:N: ` holds another `:M: `, a longer prefix may name a file too:
+    // every prefix that does is judged, and any one inside a private folder hides the line.
+    const entries = names.map((name) => entryOf(name, searched, tool === "grep")).filter((e) => e !== null);
+    if (entries.length === 0) {
+      return broken(
+        `its line ${index + 1} names no file of the searched folder (a name holding a line break, or a file changed meanwhile)`,
+      );
+    }
+    const inPrivate = entries.filter((real) => hidden.some((root) => inside(real as string, root))) as string[];
+    if (inPrivate.some(splitBeside)) {
+      return broken(`its line ${index + 1} is from a private folder that holds a name with a line break`);
+    }
+    if (inPrivate.length > 0) removed += 1;
+    else kept.push(line);
+  }
+  return { text: [...kept, ...notice].join("\n"), removed };
+}
+
+/** What the tool_result handler returns for a grep or find whose searched folder holds the
+ * private folders ``hidden`` (undefined: the result goes to the model unchanged). Whatever goes
+ * wrong here withholds the result: pi passes a result on unchanged when a handler throws. */
+export function filterSearch(tool: string, event: any, searched: string, hidden: string[]): any {
+  const where = hidden.map(shown).join(", ");
+  const withhold = (why: string) => ({
+    content: [
+      {
+        type: "text",
+        text:
+          `pi-matrix envelope: this ${tool} result was withheld: ${why}, and the search covers private ` +
+          `folders (${where}) whose contents no worker may see. Search a folder that holds none of them.`,
+      },
+    ],
+    details: {},
+    isError: true,
+    withheld: why,
   });
-  return { text: kept.join("\n"), removed };
+  try {
+    const parts: any[] = Array.isArray(event && event.content) ? event.content : [];
+    if (event && event.isError) {
+      // ripgrep's own messages name the files it could not read, private ones included (by
+      // absolute path: pi hands it one); a message naming no path at all goes on.
+      const said = parts.map((p) => (p && typeof p.text === "string" ? p.text : "")).join("\n");
+      if (!said.includes("/")) return undefined;
+      return withhold("its error message may name files inside them");
+    }
+    let removed = 0;
+    const content: any[] = [];
+    for (const part of parts) {
+      if (!part || part.type !== "text" || typeof part.text !== "string") {
+        return withhold("it holds a part that is not text");
+      }
+      const filtered = withoutHidden(tool, part.text, searched, hidden);
+      if (filtered.withheld !== undefined) return withhold(filtered.withheld);
+      removed += filtered.removed;
+      content.push({ ...part, text: filtered.text });
+    }
+    if (removed === 0) return undefined;
+    const note = `[pi-matrix envelope: ${removed} line(s) from private folders (${where}) were left out]`;
+    // pi keeps a truncated result's whole text in details.truncation.content, and the session
+    // file (which the worker may read) keeps details: only the counts go on.
+    const details = event && typeof event.details === "object" && event.details ? event.details : {};
+    const kept: Record<string, unknown> = { filtered: removed };
+    for (const key of ["matchLimitReached", "resultLimitReached", "linesTruncated"]) {
+      if (typeof details[key] === "number" || typeof details[key] === "boolean") kept[key] = details[key];
+    }
+    if (details.truncation && typeof details.truncation === "object") {
+      kept.truncation = { truncated: true, maxBytes: details.truncation.maxBytes };
+    }
+    return { content: [...content, { type: "text", text: note }], details: kept, removed };
+  } catch (error) {
+    return withhold(`it could not be checked (${(error as Error).message})`);
+  }
 }
 
 function sentence(text: string, limit = 400): string {
@@ -413,24 +578,20 @@ export function installEnvelope(pi: any): void {
     const input = (event && event.input) || {};
     const raw = typeof input.path === "string" ? input.path : ".";
     let searched: string;
+    let hidden: string[];
     try {
       searched = physical(resolveLikePi(raw, sessionCwd(ctx)));
+      hidden = hiddenFrom(envelope, searched);
     } catch {
-      return undefined; // the call itself was blocked
+      return undefined; // the call itself was blocked (judge walks the same path)
     }
-    const hidden = hiddenFrom(envelope, searched);
     if (hidden.length === 0) return undefined;
-    let removed = 0;
-    const content = (Array.isArray(event.content) ? event.content : []).map((part: any) => {
-      if (!part || part.type !== "text" || typeof part.text !== "string") return part;
-      const filtered = withoutHidden(tool, part.text, searched, hidden);
-      removed += filtered.removed;
-      return { ...part, text: filtered.text };
-    });
-    if (removed === 0) return undefined;
-    post("bridge", JSON.stringify({ event: "search_filtered", tool, removed }));
-    const note = `[pi-matrix envelope: ${removed} line(s) from private folders (${hidden.map(shown).join(", ")}) were left out]`;
-    return { content: [...content, { type: "text", text: note }] };
+    const result = filterSearch(tool, event, searched, hidden);
+    if (result === undefined) return undefined;
+    const { withheld, removed, ...changed } = result;
+    if (withheld !== undefined) post("bridge", JSON.stringify({ event: "search_withheld", tool, reason: withheld }));
+    else post("bridge", JSON.stringify({ event: "search_filtered", tool, removed }));
+    return changed;
   });
 
   pi.on("tool_call", async (event: any, ctx: any) => {

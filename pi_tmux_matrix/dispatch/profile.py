@@ -46,6 +46,7 @@ from .profile_checks import (
     check_command,
     check_deadline,
     check_env,
+    check_extension_tools,
     check_mode,
     check_model,
     check_tools,
@@ -93,6 +94,7 @@ PI_ONLY_FIELDS: Final[dict[str, str]] = {
     "resource_profile": "its own resource settings",
     "write_paths": "its own sandboxing (PI_WORKER_ALLOWED_PATHS is enforced by pi only)",
     "extensions": "its own plugins",
+    "extension_tools": "its own plugins",
     "append_system_prompt": "its own system prompt; put instructions in the task or a team member",
 }
 
@@ -109,6 +111,7 @@ _PROFILE_KEYS: Final[dict[str, str]] = {
     "resource_profile": "resource_profile",
     "write_paths": "write_paths",
     "extensions": "extensions",
+    "extension_tools": "extension_tools",
     "append_system_prompt": "append_system_prompt",
     "deadline": "deadline_s",
     "accepts_worktree_lane": "accepts_worktree_lane",
@@ -132,6 +135,7 @@ class WorkerLaunchProfile:
     resource_profile: str | None = None
     write_paths: tuple[str, ...] | None = None
     extensions: tuple[str, ...] = ()
+    extension_tools: tuple[str, ...] = ()
     append_system_prompt: str | None = None
     deadline_s: float = 1200.0
     accepts_worktree_lane: bool = False
@@ -224,7 +228,9 @@ def _check_profile(profile: WorkerLaunchProfile) -> None:
             f"use one of: {', '.join(THINKING_LEVELS)}",
         )
     if profile.tools is not None:
-        check_tools(check, profile.tools)
+        # extension_tools is checked in its own place below; a malformed one provides nothing.
+        provided = profile.extension_tools if isinstance(profile.extension_tools, tuple) else ()
+        check_tools(check, profile.tools, provider, tuple(t for t in provided if isinstance(t, str)))
     if profile.resource_profile is not None:
         check.ident(profile.resource_profile, "resource_profile")
     if profile.write_paths is not None:
@@ -232,6 +238,7 @@ def _check_profile(profile: WorkerLaunchProfile) -> None:
             check_write_path(check, path, f"write_paths[{index}]")
     for index, extension in enumerate(check.words(profile.extensions, "extensions", MAX_EXTENSIONS)):
         check.word(extension, f"extensions[{index}]")
+    check_extension_tools(check, profile.extension_tools, profile.extensions)
     if profile.append_system_prompt is not None:
         check.text(profile.append_system_prompt, "append_system_prompt", MAX_TEXT_CHARS, empty=False)
     check_deadline(check, profile.deadline_s)
@@ -246,9 +253,9 @@ def _check_pi_only_fields(check: Checker, profile: WorkerLaunchProfile) -> None:
         return
     for attr, instead in PI_ONLY_FIELDS.items():
         value = getattr(profile, attr)
-        # extensions defaults to (); every other pi-only field is unset at None ("tools = []" is
-        # a real setting: pi's --no-tools).
-        unset = value == () if attr == "extensions" else value is None
+        # extensions and extension_tools default to (); every other pi-only field is unset at
+        # None ("tools = []" is a real setting: pi's --no-tools).
+        unset = value == () if attr in ("extensions", "extension_tools") else value is None
         if not unset:
             raise check.fail(
                 _ATTR_KEYS[attr],

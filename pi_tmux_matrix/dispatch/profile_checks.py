@@ -30,6 +30,7 @@ __all__ = [
     "MAX_EXTENSIONS",
     "MAX_TEXT_CHARS",
     "MAX_WRITE_PATHS",
+    "PI_BUILTIN_TOOLS",
     "PROVIDERS",
     "PYTHON_WORD",
     "TASK_WORD",
@@ -40,6 +41,7 @@ __all__ = [
     "check_command",
     "check_deadline",
     "check_env",
+    "check_extension_tools",
     "check_mode",
     "check_model",
     "check_tools",
@@ -80,6 +82,12 @@ TOOL_PATTERN: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 # Tools that start other agents (the master's tmux_agent_manager, seed 003's fork, pi's subagent
 # example): never in a worker's ceiling. The bridge's envelope.ts keeps the same list.
 AGENT_LAUNCHING_TOOLS: Final = frozenset({"tmux_agent_manager", "fork", "subagent"})
+# pi's own tools: `allToolNames` in pi 0.73.1's dist/core/tools/index.js (tests/test_profiles.py
+# holds this list against the installed pi, so a pi that adds one fails there, not silently).
+# A pi profile's `tools` may name these and what its own extensions provide (`extension_tools`);
+# pi takes any other name in --tools without a word and the worker simply lacks that tool. The
+# bridge's own tools (tmux_agent_manager, fork) all launch agents, so no worker ever has them.
+PI_BUILTIN_TOOLS: Final = ("read", "bash", "edit", "write", "grep", "find", "ls")
 # Authority the dispatcher grants per launch; a profile setting one would forge it.
 RESERVED_ENV: Final = CONTRACT_ENV
 
@@ -206,11 +214,42 @@ def check_model(check: Checker, model: object) -> None:
         raise check.fail("model", f"{shown(model)} is not a model id", "give one word, e.g. provider/model")
 
 
-def check_tools(check: Checker, tools: object) -> None:
-    for index, tool in enumerate(check.words(tools, "tools", MAX_TOOLS)):
-        if TOOL_PATTERN.fullmatch(tool) is None:
+def check_tools(
+    check: Checker, tools: object, provider: str = "pi", extension_tools: tuple[str, ...] = ()
+) -> None:
+    """``tools``, the ceiling: names only, none that launches agents, and on pi (issue 28.7) only
+    pi's built-in tools and those the profile's extensions provide (``extension_tools``)."""
+    for index, tool in enumerate(_tool_names(check, tools, "tools")):
+        if provider == "pi" and tool not in PI_BUILTIN_TOOLS and tool not in extension_tools:
             raise check.fail(
                 f"tools[{index}]",
+                f"{tool!r} is neither one of pi's built-in tools ({', '.join(PI_BUILTIN_TOOLS)}) "
+                "nor named by this profile's extension_tools",
+                'remove it, or load the extension that provides it (extensions = ["path/to/ext.ts"]) '
+                f'and name the tool there: extension_tools = ["{tool}"]',
+            )
+
+
+def check_extension_tools(check: Checker, names: object, extensions: object) -> None:
+    """``extension_tools``: the tools the profile's own extensions provide, as their author
+    declares them. pi learns an extension's tools only by running it (a name may be computed, the
+    path is relative to a lane that does not exist yet), so the profile says what it loads them for."""
+    declared = _tool_names(check, names, "extension_tools")
+    if declared and not extensions:
+        raise check.fail(
+            "extension_tools",
+            "names tools, but the profile loads no extension",
+            'add the extension that provides them (extensions = ["path/to/ext.ts"]) '
+            "or remove extension_tools",
+        )
+
+
+def _tool_names(check: Checker, value: object, field: str) -> tuple[str, ...]:
+    names = check.words(value, field, MAX_TOOLS)
+    for index, tool in enumerate(names):
+        if TOOL_PATTERN.fullmatch(tool) is None:
+            raise check.fail(
+                f"{field}[{index}]",
                 f"{shown(tool)} is not a tool name",
                 "use names like read, bash, edit, grep",
             )
@@ -218,10 +257,11 @@ def check_tools(check: Checker, tools: object) -> None:
             # Every dispatched agent is a worker, and a worker never launches agents (the
             # bridge also blocks these at run time, whatever the profile says).
             raise check.fail(
-                f"tools[{index}]",
+                f"{field}[{index}]",
                 f"{tool!r} launches agents, which a worker is never granted",
                 "remove it; only a master session fires agents",
             )
+    return names
 
 
 def check_deadline(check: Checker, deadline: object) -> None:
