@@ -24,8 +24,8 @@ from typing import Any, Final
 import attrs
 
 from . import strictjson
-from .errors import ContractError
-from .matrix.fsio import now_ms
+from .errors import ContractError, PiMatrixError
+from .matrix.fsio import now_ms, open_state_file
 from .settings import agent_dir
 
 __all__ = [
@@ -261,10 +261,12 @@ def run_outcome(session_file: str | os.PathLike[str], offset: int) -> dict[str, 
     """What the run pi appended to ``session_file`` after byte ``offset`` came to, in the shape
     of the bridge's fork ``result.json`` (``text``, ``stopReason``, ``errorMessage``, ``usage``
     summed over the run, ``model``, ``provider``, ``activity``); None when the run has no assistant message
-    (or the file cannot be read). Reads at most :data:`MAX_RUN_BYTES`, the last ones."""
+    (or the file cannot be read). Reads at most :data:`MAX_RUN_BYTES`, the last ones. The file is
+    a fork run's copy in the state dir: opened by the state dir's rules (never a symlink, a FIFO
+    or a device)."""
     try:
-        fd = os.open(session_file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        fd = open_state_file(session_file)
+    except (OSError, PiMatrixError):
         return None
     try:
         size = os.fstat(fd).st_size
