@@ -69,10 +69,10 @@ export function durableWrite(file: string, body: string): void {
  * or a device, at most `maxBytes` from `offset`. null when the file is absent; throws for a file
  * that is not a regular one (left untouched). `size` is the file's whole size. */
 export function readStateFile(file: string, maxBytes: number, offset = 0): { bytes: Buffer; size: number } | null {
-  // node has no openat: the folder is checked before the open (the state dir is 0700, ours).
-  if (fs.lstatSync(path.dirname(file)).isSymbolicLink()) throw new Error(`${path.dirname(file)}: a symlink`);
   let fd: number;
   try {
+    // node has no openat: the folder is checked just before the open (the state dir is 0700, ours).
+    if (fs.lstatSync(path.dirname(file)).isSymbolicLink()) throw new Error(`${path.dirname(file)}: a symlink`);
     fd = fs.openSync(file, READ_FLAGS);
   } catch (error: any) {
     if (error && error.code === "ENOENT") return null;
