@@ -459,3 +459,18 @@ def test_the_bridge_reads_and_writes_state_files_only_through_common_ts() -> Non
                 assert f"fs.{call}" not in text, (
                     f"{ts.name} calls fs.{call}: use common.ts readStateFile/durableWrite"
                 )
+
+
+# --- what a host reads inside its mail ---------------------------------------------------------------
+def test_a_deep_message_body_is_garbled_mail_never_a_hosts_recursion_error(store: MatrixStore) -> None:
+    """A message is at most 64 KiB, room for 60,000 ``[``: the bodies a host parses (the bridge's
+    reports, a watcher's ``round``) are read with strictjson's bounds, so such a body is refused
+    as any garbled one is, never a RecursionError out of the host's loop."""
+    from pi_tmux_matrix.matrix.mailbox import EventLog, parse_round
+
+    deep = "[" * 60_000
+    events = EventLog(store, "worker-h1")
+    assert BridgeReports().receive("result", deep, events) is None
+    (garbled,) = events.tail()
+    assert garbled["event"] == "bridge_garbled" and "nested deeper than 32 levels" in garbled["error"]
+    assert parse_round(deep) is None
