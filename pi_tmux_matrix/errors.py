@@ -182,16 +182,18 @@ class CorruptEntry(StoreError):
     """A file named like an entry that is not a valid entry. Never deleted implicitly.
 
     ``newer``: written by a newer pi-matrix. ``repair`` leaves such a file alone, so the fix said
-    is to upgrade, never to run repair."""
+    is to upgrade, never to run repair. ``fix``: the fix for a file outside repair's reach."""
 
-    def __init__(self, path: str, reason: str, *, newer: bool = False) -> None:
+    def __init__(self, path: str, reason: str, *, newer: bool = False, fix: str | None = None) -> None:
         self.reason = reason
         self.newer = newer
-        fix = (
-            "upgrade pi-matrix to read it ('pi-matrix repair' leaves it alone)"
-            if newer
-            else "run 'pi-matrix repair' to move it to quarantine/"
-        )
+        # ``fix``: a file ``repair`` does not handle (a mailbox message, a claim, a log) says its own.
+        if fix is None:
+            fix = (
+                "upgrade pi-matrix to read it ('pi-matrix repair' leaves it alone)"
+                if newer
+                else "run 'pi-matrix repair' to move it to quarantine/"
+            )
         super().__init__(f"{path}: {reason}; {fix}", path=path)
 
 

@@ -26,8 +26,8 @@ from typing import Any, Final
 import attrs
 
 from . import strictjson
-from .errors import ContractError
-from .matrix.fsio import now_ms
+from .errors import ContractError, PiMatrixError
+from .matrix.fsio import now_ms, open_state_file
 from .settings import agent_dir
 
 __all__ = [
@@ -116,12 +116,22 @@ def _holds(path: str, session_id: str) -> bool:
 
 
 def _read_session(
-    session_file: str | os.PathLike[str], *, limit: int, start: int = 0, tail: bool = False
+    session_file: str | os.PathLike[str],
+    *,
+    limit: int,
+    start: int = 0,
+    tail: bool = False,
+    state_dir: bool = False,
 ) -> bytes:
     """The one read of a session file: opened non-blocking (a FIFO never hangs the reader), a
     regular file only (a FIFO, device or folder raises ``OSError``), at most ``limit`` bytes from
-    ``start``, or the last ``limit`` bytes past ``start`` when ``tail``."""
-    fd = os.open(session_file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    ``start``, or the last ``limit`` bytes past ``start`` when ``tail``. A copy in the state dir (a
+    fork run's ``session.jsonl``, ``state_dir``) is opened by the state dir's rules: never through
+    a symlink, its own or its folder's (``CorruptEntry`` says why)."""
+    if state_dir:
+        fd = open_state_file(session_file)
+    else:
+        fd = os.open(session_file, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -284,10 +294,12 @@ def run_outcome(session_file: str | os.PathLike[str], offset: int) -> dict[str, 
     """What the run pi appended to ``session_file`` after byte ``offset`` came to, in the shape
     of the bridge's fork ``result.json`` (``text``, ``stopReason``, ``errorMessage``, ``usage``
     summed over the run, ``model``, ``provider``, ``activity``); None when the run has no assistant message
-    (or the file cannot be read). Reads at most :data:`MAX_RUN_BYTES`, the last ones."""
+    (or the file cannot be read). Reads at most :data:`MAX_RUN_BYTES`, the last ones. The file is
+    a fork run's copy in the state dir: opened by the state dir's rules (never a symlink, a FIFO
+    or a device)."""
     try:
-        data = _read_session(session_file, limit=MAX_RUN_BYTES + 1, start=offset, tail=True)
-    except OSError:
+        data = _read_session(session_file, limit=MAX_RUN_BYTES + 1, start=offset, tail=True, state_dir=True)
+    except (OSError, PiMatrixError):
         return None
     if len(data) > MAX_RUN_BYTES:  # a longer run: its last MAX_RUN_BYTES, from a line's start
         data = data[1:]

@@ -7,13 +7,14 @@ hidden verb is all a new program needs. The argv is a list, never a shell string
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from . import strictjson
+from .contract import ALLOWED_PATHS_MAX_BYTES as ENV_JSON_MAX_BYTES
 from .contract import ENV_PI_COMMAND
 from .errors import ContractError
 from .identity import AgentIdentityContract
@@ -42,8 +43,10 @@ def pi_command(env: Mapping[str, str] | None = None) -> list[str]:
     if not raw:
         return ["pi"]
     try:
-        value = json.loads(raw)
-    except ValueError:
+        # Strict and bounded like every JSON the CLI takes: 2,000 "[" is a usage error, never a
+        # RecursionError's traceback. An argv prefix is one flat list.
+        value = strictjson.loads(raw, max_bytes=ENV_JSON_MAX_BYTES, max_depth=2)
+    except strictjson.StrictJSONError:
         value = None
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
         raise ContractError(

@@ -12,11 +12,12 @@
 //     tells the host where it is (a "result" message);
 //   * claims the job round's usage for its worker (usage.ts): pi's own usage records, summed;
 //   * makes SIGTERM graceful (pi's shutdown hooks run).
-// Outside a host it does nothing. Writes are small, synchronous and atomic (temp + rename); no
+// Outside a host it does nothing. Writes are small, synchronous and durable (temp, fsync, rename,
+// fsync the folder: common.ts durableWrite); reads keep the state dir's rules (readStateFile); no
 // dependency beyond node and pi's own extension API.
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { KEY, MAILBOX, STATE, atomicWrite, lastAssistant, post, textOf, underHost } from "./common.ts";
+import { KEY, MAILBOX, STATE, durableWrite, lastAssistant, post, readStateFile, textOf, underHost } from "./common.ts";
 import { Delivery, type Item, type Mode } from "./delivery.ts";
 import { UsageClaim } from "./usage.ts";
 import { installEnvelope } from "./envelope.ts";
@@ -91,32 +92,27 @@ export default function (pi: any) {
 
   function poll(): void {
     if (!MAILBOX) return;
-    let size = 0;
+    let read: { bytes: Buffer; size: number } | null;
     try {
-      size = fs.statSync(MAILBOX).size;
+      // A FIFO, a symlink or a device where the notices file should be is never read (a FIFO
+      // would block pi itself): no notices until it is a regular file again.
+      read = readStateFile(MAILBOX, 1 << 20, offset);
     } catch {
       return;
     }
-    if (size <= offset) return;
-    const fd = fs.openSync(MAILBOX, "r");
-    try {
-      const buffer = Buffer.alloc(Math.min(size - offset, 1 << 20));
-      const read = fs.readSync(fd, buffer, 0, buffer.length, offset);
-      const chunk = buffer.subarray(0, read).toString("utf8");
-      const end = chunk.lastIndexOf("\n");
-      if (end < 0) return;
-      let at = offset;
-      offset += Buffer.byteLength(chunk.slice(0, end + 1));
-      for (const line of chunk.slice(0, end).split("\n")) {
-        try {
-          deliver(JSON.parse(line), at);
-        } catch {
-          // a torn or foreign line: skipped
-        }
-        at += Buffer.byteLength(line) + 1;
+    if (read === null || read.size <= offset) return;
+    const chunk = read.bytes.toString("utf8");
+    const end = chunk.lastIndexOf("\n");
+    if (end < 0) return;
+    let at = offset;
+    offset += Buffer.byteLength(chunk.slice(0, end + 1));
+    for (const line of chunk.slice(0, end).split("\n")) {
+      try {
+        deliver(JSON.parse(line), at);
+      } catch {
+        // a torn or foreign line: skipped
       }
-    } finally {
-      fs.closeSync(fd);
+      at += Buffer.byteLength(line) + 1;
     }
   }
 
@@ -209,7 +205,7 @@ export default function (pi: any) {
       const dir = path.join(STATE, "artifacts", KEY);
       fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
       const file = path.join(dir, `run-${String(runs).padStart(4, "0")}.json`);
-      atomicWrite(file, JSON.stringify(artifact));
+      durableWrite(file, JSON.stringify(artifact));
       post("result", JSON.stringify({ path: file, run: runs, stopReason: artifact.stopReason }));
     } catch {
       // no artifact: the job's watcher still sees the marker or the exit

@@ -1,4 +1,5 @@
-// Shared by the bridge's parts: the launch env, atomic writes, the host's inbox, message text.
+// Shared by the bridge's parts: the launch env, the state dir's one durable writer and one reader,
+// the host's inbox, message text.
 import * as fs from "node:fs";
 import * as path from "node:path";
 
@@ -19,10 +20,79 @@ export function role(): string {
   return KEY.startsWith("master-") ? "master" : "worker";
 }
 
-export function atomicWrite(file: string, body: string): void {
-  const tmp = path.join(path.dirname(file), `.${path.basename(file)}.${process.pid}.tmp`);
-  fs.writeFileSync(tmp, body, { mode: 0o600, flag: "wx" });
-  fs.renameSync(tmp, file);
+const C = fs.constants;
+// The flags of the Python side's fsio (docs/on-disk-format.md): a new file is exclusive, 0600 and
+// never a symlink followed; a read never follows a symlink and never blocks on a FIFO or device.
+const CREATE_FLAGS = C.O_WRONLY | C.O_CREAT | C.O_EXCL | C.O_NOFOLLOW;
+const READ_FLAGS = C.O_RDONLY | C.O_NOFOLLOW | C.O_NONBLOCK;
+const DIR_FLAGS = C.O_RDONLY | C.O_DIRECTORY | C.O_NOFOLLOW;
+
+/** The bridge's one writer of state-dir files (inbox reports, result artifacts, usage claims, a
+ * fork's result), durable like the host's own writes (fsio.durable_write): temp (O_EXCL,
+ * O_NOFOLLOW, 0600) -> write -> fsync -> rename -> fsync the folder, so a crash or a power cut
+ * leaves the whole old file or the whole new one, and a report the host was told of survives. */
+export function durableWrite(file: string, body: string): void {
+  const dir = path.dirname(file);
+  const tmp = path.join(dir, `.${path.basename(file)}.${process.pid}.tmp`);
+  const data = Buffer.from(body, "utf8");
+  const fd = fs.openSync(tmp, CREATE_FLAGS, 0o600);
+  let renamed = false;
+  try {
+    try {
+      fs.fchmodSync(fd, 0o600); // O_CREAT's mode passes through the umask
+      for (let at = 0; at < data.length; ) at += fs.writeSync(fd, data, at, data.length - at);
+      fs.fsyncSync(fd);
+    } finally {
+      fs.closeSync(fd);
+    }
+    fs.renameSync(tmp, file);
+    renamed = true;
+    const dirFd = fs.openSync(dir, DIR_FLAGS);
+    try {
+      fs.fsyncSync(dirFd); // the rename itself survives a crash only once its folder is synced
+    } finally {
+      fs.closeSync(dirFd);
+    }
+  } finally {
+    if (!renamed) {
+      try {
+        fs.unlinkSync(tmp);
+      } catch {
+        // nothing left to remove
+      }
+    }
+  }
+}
+
+/** The bridge's one reader of state-dir files (the host's notices), by the host's rules
+ * (fsio.read_state_file): never a symlink (the file's or its folder's), never blocked on a FIFO
+ * or a device, at most `maxBytes` from `offset`. null when the file is absent; throws for a file
+ * that is not a regular one (left untouched). `size` is the file's whole size. */
+export function readStateFile(file: string, maxBytes: number, offset = 0): { bytes: Buffer; size: number } | null {
+  let fd: number;
+  try {
+    // node has no openat: the folder is checked just before the open (the state dir is 0700, ours).
+    if (fs.lstatSync(path.dirname(file)).isSymbolicLink()) throw new Error(`${path.dirname(file)}: a symlink`);
+    fd = fs.openSync(file, READ_FLAGS);
+  } catch (error: any) {
+    if (error && error.code === "ENOENT") return null;
+    throw error;
+  }
+  try {
+    const stat = fs.fstatSync(fd);
+    if (!stat.isFile()) throw new Error(`${file}: not a regular file`);
+    const length = Math.max(0, Math.min(stat.size - offset, maxBytes));
+    const bytes = Buffer.alloc(length);
+    let read = 0;
+    while (read < length) {
+      const got = fs.readSync(fd, bytes, read, length - read, offset + read);
+      if (got === 0) break;
+      read += got;
+    }
+    return { bytes: bytes.subarray(0, read), size: stat.size };
+  } finally {
+    fs.closeSync(fd);
+  }
 }
 
 /** A report to the host's inbox: <state>/mailbox/<key>/<ms>-<rand>.json (Inbox.post's format). */
@@ -33,7 +103,7 @@ export function post(kind: string, text: string): void {
     fs.mkdirSync(dir, { recursive: true, mode: 0o700 });
     const now = Date.now();
     const name = `${String(now).padStart(15, "0")}-${Math.random().toString(16).slice(2, 10)}.json`;
-    atomicWrite(path.join(dir, name), JSON.stringify({ kind, text, at: now, sender: "bridge" }));
+    durableWrite(path.join(dir, name), JSON.stringify({ kind, text, at: now, sender: "bridge" }));
   } catch {
     // The host notices a silent bridge; a failed report must never take the session down.
   }

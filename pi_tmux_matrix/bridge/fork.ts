@@ -4,7 +4,7 @@
 // agent run this writes the run's result (final assistant text, stop reason, usage, model) to
 // PI_FORK_RESULT_PATH and shuts pi down cleanly. The launch script prints the exit marker after
 // pi exits, so the parent learns the end even if this file is never written.
-import { atomicWrite, env, lastAssistant, textOf } from "./common.ts";
+import { durableWrite, env, lastAssistant, textOf } from "./common.ts";
 
 const FORK_CHILD_SYSTEM_PROMPT = [
   "You are a fork: a copy of an earlier session, started to do one task and report back.",
@@ -77,7 +77,7 @@ export function installFork(pi: any): void {
       sessionFile: ctx.sessionManager.getSessionFile() || null,
     };
     try {
-      atomicWrite(resultPath, JSON.stringify(result));
+      durableWrite(resultPath, JSON.stringify(result));
     } catch {
       // No artifact: the parent builds a failure result from the exit marker.
     }

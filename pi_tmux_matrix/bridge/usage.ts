@@ -7,7 +7,7 @@
 // writes it, with the last message's model and provider. A new file named starts a new sum.
 // Only a file directly in <state>/results/ named *.usage.json is ever written.
 import * as path from "node:path";
-import { STATE, atomicWrite, env, textOf } from "./common.ts";
+import { STATE, durableWrite, env, textOf } from "./common.ts";
 
 const LINE = "[pi-matrix] usage file ";
 const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,250}\.usage\.json$/;
@@ -76,7 +76,7 @@ export class UsageClaim {
       const claim: Record<string, unknown> = { ...this.counts, cost: { ...this.costs } };
       if (this.model !== null) claim.model = this.model;
       if (this.provider !== null) claim.provider = this.provider;
-      atomicWrite(this.file, JSON.stringify(claim));
+      durableWrite(this.file, JSON.stringify(claim));
     } catch {
       // no claim: the round's result says nothing of usage (never made-up numbers)
     }

@@ -7,9 +7,10 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
-from .. import procs
+from .. import procs, strictjson
 from ..dispatch import BACKEND_NAMES, TMUX
 from ..errors import EXIT_OK, ContractError, DispatchError, NotConfirmed, ResumeRefused
+from ..matrix.codec import MAX_ENTRY_BYTES as INPUT_MAX_BYTES
 from ..settings import load_settings
 from .base import STOP_WORD, age, confirmed, store_of
 from .names import resolve_job, resolve_key
@@ -192,8 +193,10 @@ def _adhoc_agents(args: argparse.Namespace) -> tuple[AdHocAgent, ...]:
 
     if args.agents_file is not None:
         try:
-            with open(args.agents_file, encoding="utf-8") as file:
-                text = file.read(1024 * 1024)
+            # A pipe stays welcome (--agents-file <(...)); one byte past the cap is read so that
+            # a larger file is refused as such, never parsed cut short.
+            with open(args.agents_file, "rb") as file:
+                text = file.read(INPUT_MAX_BYTES + 1)
         except OSError as exc:
             raise ContractError(
                 "--agents-file", f"cannot be read ({exc.strerror})", "give a JSON file"
@@ -204,11 +207,15 @@ def _adhoc_agents(args: argparse.Namespace) -> tuple[AdHocAgent, ...]:
     return parse_agents([_json(text, f"--agent #{n}") for n, text in enumerate(args.agent, start=1)])
 
 
-def _json(text: str, field: str) -> object:
+def _json(text: str | bytes, field: str) -> object:
+    """``text`` parsed with the bounds entries are read with (:mod:`~pi_tmux_matrix.strictjson`:
+    at most 1 MiB, nested at most 32 deep, no duplicate keys, no NaN); a usage error naming
+    ``field`` otherwise (exit 2, one line, never a traceback)."""
     try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise ContractError(field, f"is not JSON ({exc})", "quote the JSON as one argument") from None
+        return strictjson.loads(text, max_bytes=INPUT_MAX_BYTES)
+    except strictjson.StrictJSONError as exc:
+        fix = "quote the JSON as one argument (at most 1 MiB, nested at most 32 deep)"
+        raise ContractError(field, f"is not JSON ({exc})", fix) from None
 
 
 JOB_COLUMNS = (

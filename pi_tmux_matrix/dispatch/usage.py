@@ -21,15 +21,15 @@ is kept as ``invalid`` with the reason and never shown as numbers; no claim is n
 from __future__ import annotations
 
 import math
-import os
-import stat
 from collections.abc import Iterable
 from typing import Any, Final
 
 import attrs
 
 from .. import strictjson
+from ..errors import CorruptEntry
 from ..matrix.codec import conv
+from ..matrix.fsio import read_state_file
 
 __all__ = [
     "CLAIM_SUFFIX",
@@ -186,19 +186,13 @@ def read_claim(path: str) -> ClaimedUsage | None:
     """The claim at ``path`` as a result keeps it; None when there is none. Never raises: a
     claim that cannot be read is kept as invalid (a worker's file must not break a reader)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = read_state_file(path, max_bytes=MAX_CLAIM_BYTES)
     except FileNotFoundError:
         return None
+    except CorruptEntry as exc:
+        return ClaimedUsage(invalid=exc.reason)
     except OSError as exc:
         return ClaimedUsage(invalid=f"unreadable ({exc.strerror or exc})")
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return ClaimedUsage(invalid="not a regular file")
-        data = os.read(fd, MAX_CLAIM_BYTES + 1)
-    except OSError as exc:
-        return ClaimedUsage(invalid=f"unreadable ({exc.strerror or exc})")
-    finally:
-        os.close(fd)
     try:
         return ClaimedUsage(claimed=parse_claim(data))
     except ValueError as exc:

@@ -31,9 +31,10 @@ import attrs
 import pluggy
 
 from .. import procs, strictjson
-from ..errors import PiMatrixError, TmuxUnavailable
+from ..errors import CorruptEntry, PiMatrixError, TmuxUnavailable
 from ..inotify import DirWatch
 from ..inotify import available as inotify_available
+from ..matrix.fsio import open_state_file, read_state_file
 from ..matrix.mailbox import EventLog, Inbox, addressee, round_message
 from ..matrix.store import MatrixStore, now_ms
 from ..matrix.strays import stop_stray, stray_agent
@@ -192,7 +193,13 @@ class Watcher:
         """The agent's output: the host's log (followed, woken by inotify where there is one) or
         the pane's pipe (``pipe_fd``, tmux ``pipe-pane`` writing to the watcher's stdin)."""
         if self.follow is not None:
-            follow_fd = os.open(self.follow, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                follow_fd = open_state_file(self.follow)
+            except CorruptEntry as exc:
+                # A FIFO or a symlink where the host's log should be: never read. The round still
+                # ends, by the host's exit or the deadline, without the marker.
+                log.warning("%s: the log is not followed: %s", self.agent.key, exc)
+                return None, None
             dir_watch = DirWatch(self.follow, modify=True) if inotify_available() else None
             if dir_watch is not None:
                 selector.register(dir_watch.fd, selectors.EVENT_READ, "follow")
@@ -268,9 +275,9 @@ class Watcher:
         if not runs or not self.scanner.marker:
             return False
         try:
-            with open(runs[-1], "rb") as handle:
-                raw = strictjson.loads(handle.read(ARTIFACT_BYTES + 1), max_bytes=ARTIFACT_BYTES)
-        except (OSError, ValueError):
+            data = read_state_file(runs[-1], max_bytes=ARTIFACT_BYTES)
+            raw = strictjson.loads(data, max_bytes=ARTIFACT_BYTES)
+        except (OSError, ValueError, PiMatrixError):
             return False
         return isinstance(raw, dict) and self.scanner.marker in str(raw.get("text") or "")
 

@@ -19,8 +19,9 @@ from .. import pisession, strictjson
 from ..errors import DispatchError, PiMatrixError
 from ..errors import RunNotFound as NotFound
 from ..identity import validate_id
+from ..matrix.fsio import read_state_file
 from ..matrix.records import Records
-from ..matrix.store import MatrixStore, Problem, durable_write, read_bounded, read_tail
+from ..matrix.store import MatrixStore, Problem, durable_write
 from .model import RUN_SCHEMA_VERSION, ForkRun, RunStatus
 from .script import find_exit_code
 
@@ -74,18 +75,10 @@ class RunStore:
     ) -> str | None:
         """The file's text (None if absent or unreadable); with ``tail`` its last ``max_bytes``
         whatever its size, else all of it if it is at most ``max_bytes``."""
-        folder = self.records.root / run_id
         try:
-            fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            read = read_tail if tail else read_bounded
-            data = read(fd, name, str(folder / name), max_bytes)
+            data = read_state_file(self.records.root / run_id / name, max_bytes=max_bytes, tail=tail)
         except (OSError, PiMatrixError):
             return None
-        finally:
-            os.close(fd)
         return data.decode("utf-8", "replace")
 
     def result(self, run_id: str) -> dict[str, Any] | None:

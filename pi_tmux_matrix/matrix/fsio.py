@@ -3,7 +3,8 @@
 This room owns how a file reaches the disk and comes back: :func:`durable_write` (temp
 ``O_EXCL|O_NOFOLLOW`` 0600 -> fsync -> rename or link -> fsync the directory, so a reader or a
 crash sees the whole old version or the whole new one), :func:`durable_unlink`, the strict
-readers :func:`read_bounded` and :func:`read_tail` (never a symlink, never a FIFO), the safe
+readers :func:`read_bounded` and :func:`read_tail` (never a symlink, never a FIFO) and their
+path-based face :func:`read_state_file` (every other state-dir file a reader takes), the safe
 opening of a state directory (:func:`open_dir`: ours, 0700, never a symlink), and the
 generation tokens and timestamps every write carries. What the files mean is the business of
 the stores above it (``store``, ``records``).
@@ -31,8 +32,10 @@ __all__ = [
     "new_token",
     "now_ms",
     "open_dir",
+    "open_state_file",
     "opened_dir",
     "read_bounded",
+    "read_state_file",
     "read_tail",
 ]
 
@@ -119,48 +122,119 @@ def durable_unlink(dir_fd: int, name: str) -> None:
 
 
 # --- reading -----------------------------------------------------------------------------------
-def read_bounded(dir_fd: int, name: str, path: str, max_bytes: int) -> bytes:
-    """The bytes of a regular file of at most ``max_bytes``, never following a symlink and never
-    blocking on a FIFO. FileNotFoundError if absent; CorruptEntry (with the reason) otherwise."""
+# Every read of a state-dir file goes through :func:`_open_regular`: ``O_NOFOLLOW`` (a symlink is
+# refused, never followed out of the state dir), ``O_NONBLOCK`` (a FIFO, a tty or a device never
+# blocks the open), then ``fstat`` must say a regular file (a FIFO opened without blocking would
+# still block, or read nothing, at the first read). Callers add a size cap or read a tail.
+_UNSAFE_FIX: Final = "pi-matrix reads only regular files there; move it aside (it was left untouched)"
+
+
+def _open_regular(dir_fd: int, name: str, path: str, fix: str | None) -> tuple[int, os.stat_result]:
+    """``name`` in ``dir_fd`` opened for reading, with its ``fstat``; FileNotFoundError if absent,
+    CorruptEntry (the reason, and ``fix`` when given) for a symlink, a FIFO, a device, a directory."""
     try:
         fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         raise
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise CorruptEntry(path, "is a symlink (never followed)") from None
-        raise CorruptEntry(path, f"cannot open ({exc.strerror})") from None
+            raise CorruptEntry(path, "is a symlink (never followed)", fix=fix) from None
+        raise CorruptEntry(path, f"cannot open ({exc.strerror})", fix=fix) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
-            raise CorruptEntry(path, f"is not a regular file ({_kind(info.st_mode)})")
+            raise CorruptEntry(path, f"is not a regular file ({_kind(info.st_mode)})", fix=fix)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info
+
+
+def _read_open(
+    fd: int, info: os.stat_result, path: str, max_bytes: int, *, tail: bool, fix: str | None
+) -> bytes:
+    """Read the fd :func:`_open_regular` gave (and close it): all of it up to the cap, or its tail."""
+    try:
+        if tail:
+            return os.pread(fd, max_bytes, max(0, info.st_size - max_bytes))
         if info.st_size > max_bytes:
-            raise CorruptEntry(path, f"is {info.st_size} bytes, over the {max_bytes} byte cap")
-        return os.read(fd, info.st_size + 1)  # not the cap: a 1 MiB buffer per read costs
+            raise CorruptEntry(path, f"is {info.st_size} bytes, over the {max_bytes} byte cap", fix=fix)
+        # st_size + 1, not the cap: a 1 MiB buffer per read costs; the extra byte sees a file
+        # that grew since the fstat, and the cap still holds.
+        data = os.read(fd, min(info.st_size, max_bytes) + 1)
+        if len(data) > max_bytes:
+            raise CorruptEntry(path, f"is over the {max_bytes} byte cap", fix=fix)
+        return data
     except OSError as exc:
-        raise CorruptEntry(path, f"cannot read ({exc.strerror})") from None
+        raise CorruptEntry(path, f"cannot read ({exc.strerror})", fix=fix) from None
     finally:
         os.close(fd)
+
+
+def read_bounded(dir_fd: int, name: str, path: str, max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``, never following a symlink and never
+    blocking on a FIFO. FileNotFoundError if absent; CorruptEntry (with the reason) otherwise."""
+    fd, info = _open_regular(dir_fd, name, path, None)
+    return _read_open(fd, info, path, max_bytes, tail=False, fix=None)
 
 
 def read_tail(dir_fd: int, name: str, path: str, max_bytes: int) -> bytes:
     """The last ``max_bytes`` of a regular file (a growing log read while it is written), with
     :func:`read_bounded`'s rules: never a symlink, never a FIFO."""
+    fd, info = _open_regular(dir_fd, name, path, None)
+    return _read_open(fd, info, path, max_bytes, tail=True, fix=None)
+
+
+def open_state_file(path: str | os.PathLike[str]) -> int:
+    """An fd reading the regular file at ``path``, for a reader that follows a growing file (a
+    job's log) and so cannot take its bytes at once; every other reader uses
+    :func:`read_state_file`. The folder is opened ``O_NOFOLLOW`` too, so neither the file nor its
+    folder is ever a symlink followed. FileNotFoundError if absent; CorruptEntry saying why for a
+    symlink, a FIFO, a device or a directory (the file is left untouched)."""
+    dir_fd, name, shown = _open_parent(path)
     try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+        fd, _info = _open_regular(dir_fd, name, shown, _UNSAFE_FIX)
+    finally:
+        os.close(dir_fd)
+    return fd
+
+
+def read_state_file(path: str | os.PathLike[str], *, max_bytes: int, tail: bool = False) -> bytes:
+    """The bytes of the regular file at ``path``: the one way the product reads a file of the
+    state dir that is not an entry or a record (mailbox messages, usage claims, bridge artifacts,
+    fork run files, launch tickets go through the dir-fd readers above, which share its rules).
+
+    Never a symlink (the file's or its folder's), never blocking on a FIFO or a device, never more
+    than ``max_bytes``: a larger file is refused, or with ``tail`` its last ``max_bytes`` are read
+    (a log written while it is read). FileNotFoundError if absent (the caller's "none yet");
+    CorruptEntry with the path, the reason and the fix for anything else, the file left untouched.
+    """
+    dir_fd, name, shown = _open_parent(path)
+    try:
+        fd, info = _open_regular(dir_fd, name, shown, _UNSAFE_FIX)
+    finally:
+        os.close(dir_fd)
+    return _read_open(fd, info, shown, max_bytes, tail=tail, fix=_UNSAFE_FIX)
+
+
+def _open_parent(path: str | os.PathLike[str]) -> tuple[int, str, str]:
+    """The folder of ``path`` opened ``O_DIRECTORY|O_NOFOLLOW``, the file's name, and ``path`` as
+    shown in errors."""
+    shown = os.fspath(path)
+    parent, name = os.path.split(shown)
+    if not name:
+        raise CorruptEntry(shown, "names a folder, not a file", fix=_UNSAFE_FIX)
+    try:
+        dir_fd = os.open(parent or ".", DIR_FLAGS)
     except FileNotFoundError:
         raise
     except OSError as exc:
-        raise CorruptEntry(path, f"cannot open ({exc.strerror})") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise CorruptEntry(path, f"is not a regular file ({_kind(info.st_mode)})")
-        return os.pread(fd, max_bytes, max(0, info.st_size - max_bytes))
-    except OSError as exc:
-        raise CorruptEntry(path, f"cannot read ({exc.strerror})") from None
-    finally:
-        os.close(fd)
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise CorruptEntry(
+                shown, f"its folder {parent} is a symlink or not a folder (never followed)", fix=_UNSAFE_FIX
+            ) from None
+        raise CorruptEntry(shown, f"cannot open its folder ({exc.strerror})", fix=_UNSAFE_FIX) from None
+    return dir_fd, name, shown
 
 
 def _kind(mode: int) -> str:

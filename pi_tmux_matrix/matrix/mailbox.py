@@ -15,16 +15,19 @@ Three small append-or-drop channels beside the entries (never the entries themse
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
+import stat
 from pathlib import Path
 from typing import Any, Final
 
 import attrs
 
 from .. import strictjson
-from ..errors import ContractError, PiMatrixError, StoreError
+from ..errors import ContractError, CorruptEntry, PiMatrixError, StoreError
+from .fsio import DIR_FLAGS, read_bounded
 from .model import MAX_REASON, MAX_TEXT, Outcome
 from .store import MatrixStore, now_ms
 
@@ -119,7 +122,7 @@ def round_message(
 def parse_round(text: str) -> RoundEnd | None:
     """A ``round`` message's body, or None when it is not one."""
     try:
-        raw: Any = json.loads(text)
+        raw: Any = strictjson.loads(text, max_bytes=MAX_MESSAGE_BYTES)  # a host's input: bounded
         outcome = _ROUND_OUTCOMES[raw["outcome"]]
         path = raw.get("path")
         return RoundEnd(
@@ -140,6 +143,13 @@ def _append_line(path: Path, record: dict[str, Any]) -> None:
         os.close(fd)
 
 
+def _regular(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
 def _write_all(fd: int, data: bytes) -> None:
     while data:
         data = data[os.write(fd, data) :]
@@ -151,14 +161,16 @@ class Inbox:
     def __init__(self, store: MatrixStore, key: str) -> None:
         self.store = store
         self.key = key
+        self._reported: set[str] = set()  # files left in the queue that are not messages, said once
 
     @property
     def path(self) -> Path:
         return self.store.root / "mailbox" / self.key
 
     def post(self, kind: str, text: str = "", sender: str | None = None, *, to: str | None = None) -> Path:
-        """Queue a command (atomic: temp + rename, so the host never reads half of it), addressed
-        to the host generation ``to`` when the sender knows it (see :class:`Message`)."""
+        """Queue a command (durable: temp, fsync, rename, fsync the folder, so the host never reads
+        half of it and an acknowledged message survives a crash), addressed to the host generation
+        ``to`` when the sender knows it (see :class:`Message`)."""
         body = encode_message(kind, text, sender, to=to)
         name = f"{now_ms():015d}-{os.urandom(4).hex()}.json"
         tmp = self.path / f".{name}.tmp"
@@ -180,27 +192,61 @@ class Inbox:
                 f"{self.key}: the message could not be queued ({exc.strerror or exc}); nothing was sent",
                 path=str(tmp), errno=exc.errno,
             ) from None  # fmt: skip
+        try:
+            # The folder too, as fsio.durable_write does: a message its sender was told of
+            # survives a crash (the rename alone may not).
+            dir_fd = os.open(directory, DIR_FLAGS)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            raise StoreError(
+                f"{self.key}: the message is queued but may not survive a crash ({exc.strerror or exc})",
+                path=str(final), errno=exc.errno,
+            ) from None  # fmt: skip
         return final
 
     def take(self) -> list[Message]:
-        """Every queued command, oldest first, removed from the queue."""
+        """Every queued command, oldest first, removed from the queue.
+
+        Read with the state dir's rules (:func:`~.fsio.read_bounded`): the folder and each message
+        are never a symlink followed, a FIFO or a device is never read (it would block the host, or
+        hand it another file's bytes) and is left where it is, reported once; a regular file too
+        large or not a message is taken and dropped, as it always was."""
         try:
-            names = sorted(n for n in os.listdir(self.path) if n.endswith(".json") and not n.startswith("."))
-        except FileNotFoundError:
+            dir_fd = os.open(self.path, DIR_FLAGS)
+        except OSError as exc:
+            # No mail yet; or a symlink (or a file) where the folder should be: nothing is taken
+            # from it, and nothing in it deleted.
+            if exc.errno != errno.ENOENT and "" not in self._reported:
+                self._reported.add("")
+                log.warning(
+                    "%s: mail not taken: %s is not a real folder (%s)", self.key, self.path, exc.strerror
+                )
             return []
+        try:
+            return self._take(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def _take(self, dir_fd: int) -> list[Message]:
+        names = sorted(n for n in os.listdir(dir_fd) if n.endswith(".json") and not n.startswith("."))
         messages: list[Message] = []
         for name in names:
-            path = self.path / name
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC)
-            except OSError:
+                data = read_bounded(dir_fd, name, str(self.path / name), MAX_MESSAGE_BYTES)
+            except FileNotFoundError:
                 continue
+            except CorruptEntry as exc:
+                if not _regular(dir_fd, name):
+                    if name not in self._reported:
+                        self._reported.add(name)
+                        log.warning("%s: not taken: %s", self.key, exc.reason)
+                    continue
+                data = b""  # too large: taken and dropped below, never half-read
             try:
-                data = os.read(fd, MAX_MESSAGE_BYTES + 1)
-            finally:
-                os.close(fd)
-            try:
-                os.unlink(path)
+                os.unlink(name, dir_fd=dir_fd)
             except FileNotFoundError:
                 continue  # another reader took it first: it is theirs, never handled twice
             try:

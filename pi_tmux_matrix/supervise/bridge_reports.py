@@ -9,7 +9,6 @@ on, as a session switch).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any, Final
@@ -19,7 +18,8 @@ import attrs
 from .. import strictjson
 from ..errors import PiMatrixError
 from ..identity import validate_id
-from ..matrix.mailbox import EventLog
+from ..matrix.fsio import read_state_file
+from ..matrix.mailbox import MAX_MESSAGE_BYTES, EventLog
 
 __all__ = [
     "BRIDGE_KINDS",
@@ -100,9 +100,11 @@ class BridgeReports:
         if self.result_pointer is None:
             return ""
         try:
-            with open(self.result_pointer, "rb") as handle:
-                artifact = strictjson.loads(handle.read(RESULT_TEXT_BYTES + 1), max_bytes=RESULT_TEXT_BYTES)
-        except (OSError, strictjson.StrictJSONError):
+            # The pointer is the bridge's word: a FIFO, a symlink or a huge file there is no
+            # artifact (never a host hung on a read, never a file followed out of the state dir).
+            data = read_state_file(self.result_pointer, max_bytes=RESULT_TEXT_BYTES)
+            artifact = strictjson.loads(data, max_bytes=RESULT_TEXT_BYTES)
+        except (OSError, PiMatrixError, strictjson.StrictJSONError):
             return ""
         text = artifact.get("text") if isinstance(artifact, dict) else None
         return text.strip() if isinstance(text, str) else ""
@@ -110,7 +112,8 @@ class BridgeReports:
     def receive(self, kind: str, text: str, events: EventLog) -> SessionReport | None:
         """Take one report into ``events``; an identity report comes back for the host to follow."""
         try:
-            report = json.loads(text)
+            # Strict and bounded: a report nested 10,000 deep is garbled, not a host's RecursionError.
+            report = strictjson.loads(text, max_bytes=MAX_MESSAGE_BYTES)
             if not isinstance(report, dict):
                 raise TypeError("not an object")
         except (ValueError, TypeError) as exc:

@@ -18,7 +18,6 @@ watch, wind-down and grace window) and ``timers`` (the loop's clocks).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import selectors
@@ -31,12 +30,12 @@ from typing import IO, Final
 
 import attrs
 
-from .. import procs
+from .. import procs, strictjson
 from ..contract import LaunchContract
 from ..errors import PiMatrixError
 from ..identity import AgentIdentityContract, Mode, ProcessIdentity, Role, validate_id, validate_task_ref
 from ..matrix import lifecycle
-from ..matrix.mailbox import AgentNotices, EventLog, Message
+from ..matrix.mailbox import MAX_MESSAGE_BYTES, AgentNotices, EventLog, Message
 from ..matrix.model import Entry, ExitKind, Status
 from ..matrix.store import MatrixStore, now_ms
 from ..settings import MatrixSettings
@@ -253,7 +252,8 @@ class AgentHost:
 
     def _switch_from_message(self, text: str) -> None:
         try:
-            request = json.loads(text)
+            # Strict and bounded: a request nested 10,000 deep is refused, not a RecursionError.
+            request = strictjson.loads(text, max_bytes=MAX_MESSAGE_BYTES)
             self.switch_session(
                 str(request["sessionId"]),
                 session_file=request.get("sessionFile"),

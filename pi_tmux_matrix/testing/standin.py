@@ -39,6 +39,7 @@ import os
 import re
 import select
 import signal
+import stat
 import sys
 import time
 import uuid
@@ -55,6 +56,7 @@ ENV_BLOCKED_MARKER = "PI_MATRIX_BLOCKED_MARKER"
 MARKER_LINE = re.compile(r"\[pi-matrix\] marker code ([0-9A-Za-z]+)")
 # The round's usage claim file, as the marker instruction names it.
 USAGE_LINE = re.compile(r"\[pi-matrix\] usage file (\S+)")
+NOTICES_READ_BYTES = 1 << 20  # of the notices file per poll (the bridge reads as much)
 
 
 class Session:
@@ -201,18 +203,26 @@ class Agent:
 def _notices(path: str | None, offset: int) -> tuple[list[dict[str, Any]], int]:
     if not path:
         return [], offset
+    # The state dir's read rules, as the pi bridge keeps them (the stand-in imports nothing of the
+    # matrix, like the agent it stands in for): never a symlink, never blocked on a FIFO, bounded.
     try:
-        with open(path, "rb") as handle:
-            handle.seek(offset)
-            data = handle.read()
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return [], offset
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return [], offset
+        data = os.pread(fd, NOTICES_READ_BYTES, offset)
+    except OSError:
+        return [], offset
+    finally:
+        os.close(fd)
     complete = data[: data.rfind(b"\n") + 1]
     found: list[dict[str, Any]] = []
     for line in complete.splitlines():
         try:
             value = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # a line nested too deep is skipped like a torn one
             continue
         if isinstance(value, dict):
             found.append(value)
