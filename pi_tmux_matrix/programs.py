@@ -7,7 +7,9 @@ hidden verb is all a new program needs. The argv is a list, never a shell string
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -159,8 +161,19 @@ def spawn_detached(
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` (a list, never a shell) in its own session with no stdin, its output appended
     to ``log_path`` (0600, never through a symlink): a process that outlives whoever started it."""
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    # Non-blocking, then a regular file only: a FIFO planted at the log's name would otherwise hold
+    # this open (and whoever fires, resumes or rehosts) until something reads it.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
+        fd = os.open(log_path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:  # a FIFO nobody reads: say what it is, not "no such device"
+            raise OSError(errno.EINVAL, "not a regular file (move it aside)", str(log_path)) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (move it aside)", str(log_path))
+        os.set_blocking(fd, True)
         return subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, cwd=cwd, env=env,
             start_new_session=True, close_fds=True,

@@ -142,3 +142,49 @@ def test_a_window_title_a_program_sets_never_breaks_or_shifts_the_pane_listing(t
     renamed = next(p for p in panes if p.window_name.startswith("ev"))
     assert not any(c in renamed.window_name for c in "\n\t\x1b"), renamed.window_name
     assert all(p.pane_id.startswith("%") and p.pane_id != "%99" for p in panes)
+
+
+# -- files the product appends to ---------------------------------------------------------------------
+
+
+def _in_child(code: str, *args: str) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=30, check=False
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"hung: {code}")
+
+
+def test_a_fifo_at_a_repositorys_info_exclude_never_hangs_making_a_lane(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@localhost"]
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True, timeout=30)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "init"], check=True, timeout=30)
+    exclude = repo / ".git" / "info" / "exclude"
+    exclude.unlink(missing_ok=True)
+    os.mkfifo(exclude)
+    code = (
+        "import sys\nfrom pi_tmux_matrix.dispatch.lanes import ensure_lane\n"
+        "from pi_tmux_matrix.errors import LaneError\n"
+        "try:\n    ensure_lane(sys.argv[1], 'lane-1')\n"
+        "except LaneError as exc:\n    print('LaneError', exc)\n"
+    )
+    done = _in_child(code, str(repo))
+    assert done.stdout.startswith("LaneError") and "info/exclude" in done.stdout, done.stdout + done.stderr
+    assert "not a regular file" in done.stdout
+    assert exclude.is_fifo()  # left as it was
+
+
+def test_a_fifo_at_a_detached_agents_log_never_hangs_its_start(tmp_path: Path) -> None:
+    log = tmp_path / "job.agent.log"
+    os.mkfifo(log)
+    code = (
+        "import sys\nfrom pathlib import Path\nfrom pi_tmux_matrix.programs import spawn_detached\n"
+        "try:\n    spawn_detached(['true'], Path(sys.argv[1]))\nexcept OSError as exc:\n"
+        "    print('OSError', exc)\n"
+    )
+    done = _in_child(code, str(log))
+    assert done.stdout.startswith("OSError") and "regular file" in done.stdout, done.stdout + done.stderr
+    assert log.is_fifo()

@@ -20,6 +20,7 @@ import contextlib
 import errno
 import fcntl
 import os
+import stat
 import subprocess
 import time
 from collections.abc import Iterator
@@ -357,20 +358,33 @@ def remove_lane(state: LaneState) -> str:
         return f"worktree removed; branch {lane.branch} deleted (merged)"
 
 
+_EXCLUDE_MAX_BYTES: Final = 1024 * 1024  # far above any real exclude file
+
+
 def _exclude(common_dir: str) -> None:
-    """Add ``.worktrees/`` to ``info/exclude`` once, so lanes never show in ``git status``."""
+    """Add ``.worktrees/`` to ``info/exclude`` once, so lanes never show in ``git status``. The
+    file is the repository's: read and appended without following a symlink, without blocking on
+    a FIFO, and only while it is a regular file of at most :data:`_EXCLUDE_MAX_BYTES`."""
     info = os.path.join(common_dir, "info")
     os.makedirs(info, exist_ok=True)
     path = os.path.join(info, "exclude")
+    flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
-    except FileNotFoundError:
-        text = ""
-    if any(line.strip() in (EXCLUDE_LINE, f"/{EXCLUDE_LINE}") for line in text.splitlines()):
-        return
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(("" if not text or text.endswith("\n") else "\n") + EXCLUDE_LINE + "\n")
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        raise LaneError(f"{path}: cannot open it ({exc.strerror}); make it a regular file") from None
+    try:
+        info_stat = os.fstat(fd)
+        if not stat.S_ISREG(info_stat.st_mode) or info_stat.st_size > _EXCLUDE_MAX_BYTES:
+            raise LaneError(
+                f"{path}: not a regular file of at most {_EXCLUDE_MAX_BYTES} bytes; move it aside"
+            )
+        text = os.pread(fd, _EXCLUDE_MAX_BYTES, 0).decode("utf-8", errors="replace")
+        if any(line.strip() in (EXCLUDE_LINE, f"/{EXCLUDE_LINE}") for line in text.splitlines()):
+            return
+        os.write(fd, (("" if not text or text.endswith("\n") else "\n") + EXCLUDE_LINE + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
