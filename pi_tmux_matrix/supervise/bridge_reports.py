@@ -9,7 +9,6 @@ on, as a session switch).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any, Final
@@ -19,7 +18,7 @@ import attrs
 from .. import strictjson
 from ..errors import PiMatrixError
 from ..identity import validate_id
-from ..matrix.mailbox import EventLog
+from ..matrix.mailbox import MAX_MESSAGE_BYTES, EventLog
 
 __all__ = [
     "BRIDGE_KINDS",
@@ -110,7 +109,8 @@ class BridgeReports:
     def receive(self, kind: str, text: str, events: EventLog) -> SessionReport | None:
         """Take one report into ``events``; an identity report comes back for the host to follow."""
         try:
-            report = json.loads(text)
+            # Bounded: a report nested thousands deep is garbled, never a RecursionError.
+            report = strictjson.loads(text, max_bytes=MAX_MESSAGE_BYTES)
             if not isinstance(report, dict):
                 raise TypeError("not an object")
         except (ValueError, TypeError) as exc:

@@ -18,7 +18,6 @@ watch, wind-down and grace window) and ``timers`` (the loop's clocks).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import selectors
@@ -31,12 +30,12 @@ from typing import IO, Final
 
 import attrs
 
-from .. import procs
+from .. import procs, strictjson
 from ..contract import LaunchContract
 from ..errors import PiMatrixError
 from ..identity import AgentIdentityContract, Mode, ProcessIdentity, Role, validate_id, validate_task_ref
 from ..matrix import lifecycle
-from ..matrix.mailbox import AgentNotices, EventLog, Message
+from ..matrix.mailbox import MAX_MESSAGE_BYTES, AgentNotices, EventLog, Message
 from ..matrix.model import Entry, ExitKind, Status
 from ..matrix.store import MatrixStore, now_ms
 from ..settings import MatrixSettings
@@ -116,7 +115,7 @@ class AgentHost:
         self.out = out or sys.stdout
         self.role = spec.role or spec.contract.role
         self.me = procs.current()
-        self.record = OwnRecord(store, spec.identity.key(self.role))
+        self.record = OwnRecord(store, spec.identity.key(self.role), events_cap=settings.events_max_bytes)
         self.agent = AgentChild(
             self.record, mode=spec.mode, is_pi=spec.identity.is_pi, stop_grace_s=spec.stop_grace_s,
             out=self.out, die_with_host=self.role is Role.MASTER,
@@ -253,7 +252,7 @@ class AgentHost:
 
     def _switch_from_message(self, text: str) -> None:
         try:
-            request = json.loads(text)
+            request = strictjson.loads(text, max_bytes=MAX_MESSAGE_BYTES)  # bounded: never a RecursionError
             self.switch_session(
                 str(request["sessionId"]),
                 session_file=request.get("sessionFile"),
