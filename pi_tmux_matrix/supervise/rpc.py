@@ -108,7 +108,7 @@ def loggable(event: dict[str, Any]) -> dict[str, Any] | None:
         return None
     for chars, items in ((RECORD_CHARS, RECORD_ITEMS), (RECORD_CHARS // 10, RECORD_ITEMS // 4)):
         record = _bounded(event, chars, items, RECORD_DEPTH)
-        size = len(json.dumps(record, ensure_ascii=False))
+        size = len(json.dumps(record))  # ASCII-escaped: never fewer bytes than the line written
         if size <= RECORD_BYTES:
             return record  # type: ignore[no-any-return]
     return {"type": _bounded(kind, 200, 1, 1), "truncated": f"an event of {size}+ bytes once bounded"}
