@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULTS",
     "ENV_AGENT_DIR",
     "ENV_STATE_DIR",
+    "EVENTS_MAX_BYTES",
     "FIELDS",
     "FORK_FIELDS",
     "ForkSettings",
@@ -41,6 +42,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SETTINGS_MAX_BYTES: Final = 1024 * 1024
+EVENTS_MAX_BYTES: Final = 4 * 1024 * 1024  # eventsMaxBytes' default
 
 # camelCase key -> (default, low, high); bounds from seed 000.
 BOUNDS: Final[dict[str, tuple[int, int, int]]] = {
@@ -51,6 +53,9 @@ BOUNDS: Final[dict[str, tuple[int, int, int]]] = {
     "maxConcurrentAgents": (3, 1, 64),
     # Running fork runs per working directory (seed 003's MAX_CONCURRENT_FORKS).
     "maxConcurrentForks": (3, 1, 64),
+    # Each agent's events file (issue 28): past this many bytes it is rotated to ``.jsonl.1``
+    # (one old generation kept, so an agent's events take at most twice this on disk).
+    "eventsMaxBytes": (EVENTS_MAX_BYTES, 64 * 1024, 1024 * 1024 * 1024),
 }
 # Not whole numbers: the on/off switch, and variables set in every fork child (seed 003's
 # pi-fork.environment; the forced PI_FORK/PI_OFFLINE/... always win over them).
@@ -96,6 +101,7 @@ class MatrixSettings:
     watcher_poll_ms: int = 25_000
     max_concurrent_agents: int = 3
     max_concurrent_forks: int = 3
+    events_max_bytes: int = EVENTS_MAX_BYTES
     fork_environment: Mapping[str, str] = attrs.field(factory=dict)  # the alias's own value
     fork: ForkSettings = attrs.field(factory=ForkSettings)
     sources: Mapping[str, str] = attrs.field(factory=dict, eq=False)
@@ -108,6 +114,7 @@ FIELDS = {
     "watcherPollMs": "watcher_poll_ms",
     "maxConcurrentAgents": "max_concurrent_agents",
     "maxConcurrentForks": "max_concurrent_forks",
+    "eventsMaxBytes": "events_max_bytes",
     "forkEnvironment": "fork_environment",
 }
 
@@ -229,11 +236,12 @@ def _coerce(key: str, value: Any, path: Path) -> Any:
     # from 1e400) float is a type error too: milliseconds are whole numbers.
     fractional = isinstance(value, float) and not value.is_integer()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or fractional:
+        unit = " of milliseconds" if key.endswith("Ms") else " of bytes" if key.endswith("Bytes") else ""
         log.warning(
             "%s: processMatrix.%s must be a whole number%s, not %r; using default %d",
             path,
             key,
-            "" if key.startswith("maxConcurrent") else " of milliseconds",
+            unit,
             value,
             default,
         )

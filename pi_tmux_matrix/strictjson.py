@@ -8,6 +8,7 @@ no duplicate keys (a duplicate key is how a hand-edited or spliced file hides a 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 __all__ = ["StrictJSONError", "loads"]
@@ -38,35 +39,33 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 _DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
 
 
+# A JSON string (escapes included; an unterminated one runs to the end, so no text is scanned
+# twice: linear time whatever the input) and a run of anything but a bracket: what the depth
+# scan strips, in C, so only the structure's own brackets are left to walk in Python.
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
 def _depth_ok(text: str | bytes, limit: int) -> bool:
-    # A cheap scan before parsing: brackets inside strings can only overcount, which errs on
-    # the side of rejecting, and the real parser never sees a structure that could exhaust
-    # the interpreter's recursion limit.
+    # A cheap check before parsing, so the real parser never sees a structure that could exhaust
+    # the interpreter's recursion limit. Counting every bracket first is enough for most texts;
+    # past the limit, strings are stripped (their brackets are text, not structure) and the
+    # remaining brackets walked. The parser stops at an unterminated string, so what follows one
+    # is never structure to it either.
     if isinstance(text, bytes):
         opens = text.count(b"[") + text.count(b"{")
     else:
         opens = text.count("[") + text.count("{")
     if opens <= limit:
         return True
-    depth = 0
-    in_string = False
-    escaped = False
     data = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
-    for ch in data:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
+    depth = 0
+    for ch in _NOT_BRACKET.sub("", _STRING.sub("", data)):
+        if ch in "[{":
             depth += 1
             if depth > limit:
                 return False
-        elif ch in "]}":
+        else:
             depth -= 1
     return True
 

@@ -28,8 +28,14 @@ class Reply:
     text: str = ""
     tool: str | None = None  # a tool call instead of text: the tool's name
     arguments: dict[str, Any] = field(default_factory=dict)
+    # The tool call's arguments as the model's raw JSON text, sent as is instead of ``arguments``
+    # (a structure Python's encoder would refuse, e.g. nested thousands deep).
+    raw_arguments: str | None = None
     delay_s: float = 0.0  # before the first byte
     chunk_delay_s: float = 0.0  # between streamed chunks (a slow stream)
+    # Stream the text in pieces of this many characters (a long answer in many deltas); 0: in
+    # words when ``chunk_delay_s`` is set, else in one piece.
+    chunk_chars: int = 0
     status: int = 200  # an HTTP error instead of a stream
 
 
@@ -113,7 +119,7 @@ class FakeLLM:
                     owner.authorizations.append(self.headers.get("authorization"))
                 try:
                     request = json.loads(self.rfile.read(length) or b"{}")
-                except ValueError:
+                except (ValueError, RecursionError):  # e.g. a conversation holding a deep tool call
                     request = {}
                 reply = owner.next_reply(request)
                 if reply.delay_s:
@@ -153,11 +159,12 @@ class FakeLLM:
 def _events(reply: Reply) -> list[dict[str, Any]]:
     usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
     if reply.tool is not None:
+        arguments = reply.raw_arguments if reply.raw_arguments is not None else json.dumps(reply.arguments)
         call = {
             "index": 0,
             "id": f"call_{int(time.time() * 1000)}",
             "type": "function",
-            "function": {"name": reply.tool, "arguments": json.dumps(reply.arguments)},
+            "function": {"name": reply.tool, "arguments": arguments},
         }
         return [
             {
@@ -167,10 +174,14 @@ def _events(reply: Reply) -> list[dict[str, Any]]:
             },
             {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}], "usage": usage},
         ]
-    words = reply.text.split(" ") if reply.chunk_delay_s else [reply.text]
+    if reply.chunk_chars > 0:
+        size = reply.chunk_chars
+        pieces = [reply.text[i : i + size] for i in range(0, len(reply.text), size)]
+    else:
+        words = reply.text.split(" ") if reply.chunk_delay_s else [reply.text]
+        pieces = [word if i == 0 else " " + word for i, word in enumerate(words)]
     events: list[dict[str, Any]] = []
-    for i, word in enumerate(words):
-        piece = word if i == 0 else " " + word
+    for piece in pieces:
         events.append({"choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]})
     events.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": usage})
     return events

@@ -402,7 +402,6 @@ NOT_THE_STATE_DIR: dict[str, set[str]] = {
     "cli/demo.py": {"pi_provider", "setup"},  # the package's own example files
     "pytest_plugin.py": {"set"},  # a test's own settings.json
     "testing/standin.py": {"__init__", "_notices"},  # the stand-in agent (it imports nothing of the matrix)
-    "matrix/mailbox.py": {"tail"},  # EventLog.tail: events/, moved to the one reader by its own change
 }
 
 

@@ -39,6 +39,7 @@ FIELD = {
     "watcherPollMs": "watcher_poll_ms",
     "maxConcurrentAgents": "max_concurrent_agents",
     "maxConcurrentForks": "max_concurrent_forks",
+    "eventsMaxBytes": "events_max_bytes",
     "forkEnvironment": "fork_environment",
 }
 DEFAULT_SOURCES = dict.fromkeys(FIELD.values(), "default")
@@ -90,6 +91,7 @@ def test_seed_defaults_and_bounds() -> None:
         "watcherPollMs": 25_000,
         "maxConcurrentAgents": 3,
         "maxConcurrentForks": 3,
+        "eventsMaxBytes": 4 * 1024 * 1024,
         "forkEnvironment": {},
     }
     assert BOUNDS == {
@@ -98,6 +100,7 @@ def test_seed_defaults_and_bounds() -> None:
         "watcherPollMs": (25_000, 1_000, 600_000),
         "maxConcurrentAgents": (3, 1, 64),
         "maxConcurrentForks": (3, 1, 64),
+        "eventsMaxBytes": (4 * 1024 * 1024, 64 * 1024, 1024 * 1024 * 1024),
     }
 
 
@@ -119,6 +122,7 @@ def test_agent_dir_file_applies(agent_file: Path, project: Path, caplog: pytest.
         "watcher_poll_ms": str(agent_file),
         "max_concurrent_agents": "default",
         "max_concurrent_forks": "default",
+        "events_max_bytes": "default",
         "fork_environment": "default",
     }
     assert warnings_of(caplog) == []
@@ -138,6 +142,7 @@ def test_project_overrides_agent_per_key(agent_file: Path, project: Path) -> Non
         "watcher_poll_ms": str(agent_file),
         "max_concurrent_agents": "default",
         "max_concurrent_forks": "default",
+        "events_max_bytes": "default",
         "fork_environment": "default",
     }
 
@@ -659,3 +664,16 @@ def test_runs_fork_settings_shows_what_is_in_force(agent_file: Path, project: Pa
     shown = json.loads(done.stdout)
     assert shown["costFooter"] is False and shown["environment"] == ["SECRET_TOKEN"]
     assert "s3cr3t" not in done.stdout  # names only: values may be secrets
+
+
+def test_events_max_bytes_is_a_size_in_bytes(
+    agent_file: Path, project: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 28.3: each agent's events file rotates at ``eventsMaxBytes``; a wrong value says
+    what it must be, in bytes (not milliseconds)."""
+    write(agent_file, section(eventsMaxBytes=1_000_000))
+    assert load_settings(cwd=project).events_max_bytes == 1_000_000
+    write(agent_file, section(eventsMaxBytes="4M"))
+    assert load_settings(cwd=project).events_max_bytes == 4 * 1024 * 1024
+    (record,) = warnings_of(caplog)
+    assert "processMatrix.eventsMaxBytes must be a whole number of bytes, not '4M'" in record.getMessage()

@@ -75,7 +75,8 @@ class Watcher:
     def __attrs_post_init__(self) -> None:
         self.jobs = JobStore(self.store)
         self.scanner = MarkerScanner(self.agent.nonce)
-        self.events = EventLog(self.store, self.agent.key)
+        # Its line per round never rotates the file: the agent's host does, at its eventsMaxBytes.
+        self.events = EventLog(self.store, self.agent.key, max_bytes=None)
 
     # -- the result ---------------------------------------------------------------------------------
     def write(

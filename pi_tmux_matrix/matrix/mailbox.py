@@ -9,7 +9,9 @@ Three small append-or-drop channels beside the entries (never the entries themse
 * ``mailbox/<key>.agent.jsonl``: notices for the agent itself (``PI_MATRIX_MAILBOX``), read by
   the pi bridge extension and delivered into the session (each has an id the bridge
   acknowledges once pi's conversation has it: a ``notice_taken`` event).
-* ``events/<key>.jsonl``: what the host saw (rpc events, steer notices, exits), for ``show``.
+* ``events/<key>.jsonl``: what the host saw (rpc events, steer notices, exits), for ``show``;
+  each line bounded, the file rotated to ``events/<key>.jsonl.1`` past ``eventsMaxBytes``
+  (one old generation kept), and read back only as a bounded tail.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import attrs
 
 from .. import strictjson
 from ..errors import ContractError, CorruptEntry, PiMatrixError, StoreError
-from .fsio import DIR_FLAGS, read_bounded
+from ..settings import EVENTS_MAX_BYTES
+from .fsio import DIR_FLAGS, opened_dir, read_bounded, read_tail
 from .model import MAX_REASON, MAX_TEXT, Outcome
 from .store import MatrixStore, now_ms
 
@@ -51,13 +54,33 @@ log = logging.getLogger(__name__)
 # the job watcher's word that a round ended with the agent's marker (round), and a background
 # fork's result for the session (fork_result).
 MESSAGE_KINDS: Final = frozenset(
-    {"steer", "prompt", "abort", "stop", "wake", "switch", "identity", "result", "bridge", "round",
-     "fork_result"}
+    {
+        "steer",
+        "prompt",
+        "abort",
+        "stop",
+        "wake",
+        "switch",
+        "identity",
+        "result",
+        "bridge",
+        "round",
+        "fork_result",
+    }
 )
 MAX_MESSAGE_BYTES: Final = 64 * 1024
 ROUND_TEXT_CHARS: Final = MAX_TEXT  # of a round's own output a watcher sends its host
 _ROUND_OUTCOMES: Final = {"done": Outcome.DONE, "blocked": Outcome.BLOCKED}
 _O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+# O_NONBLOCK: a FIFO planted at the name refuses at once (ENXIO without a reader) instead of
+# hanging the writer; anything that opens but is not a regular file is refused after fstat.
+_APPEND_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC
+# One events line at most (a bigger record is replaced by a marker naming its size): what
+# ``EventLog.tail`` parses, so every line written can be read back.
+EVENT_LINE_BYTES: Final = 64 * 1024
+# How much of the events (the newest file, then the old generation) ``EventLog.tail`` reads:
+# whatever the files' size, ``show`` and its kin hold at most this much.
+EVENTS_TAIL_BYTES: Final = 256 * 1024
 
 
 def encode_message(
@@ -134,9 +157,28 @@ def parse_round(text: str) -> RoundEnd | None:
         return None
 
 
+def _line(record: dict[str, Any]) -> bytes:
+    # A lone surrogate (JSON may escape one, e.g. "\\ud800" in a model's tool call) cannot be
+    # UTF-8: written back as the same JSON escape instead of failing the whole line.
+    return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace")
+
+
+def _open_append(path: Path) -> int:
+    """``path`` opened to append, or OSError: never a symlink, never a FIFO or another
+    non-regular file (a writer must never block on one)."""
+    fd = os.open(path, _APPEND_FLAGS, 0o600)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return fd
+
+
 def _append_line(path: Path, record: dict[str, Any]) -> None:
-    data = (json.dumps(record, ensure_ascii=False) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | _O_CLOEXEC, 0o600)
+    _append_line_bytes(path, _line(record))
+
+
+def _append_line_bytes(path: Path, data: bytes) -> None:
+    fd = _open_append(path)
     try:
         os.write(fd, data)  # one write with O_APPEND: concurrent appenders never interleave a line
     finally:
@@ -148,6 +190,31 @@ def _regular(dir_fd: int, name: str) -> bool:
         return stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
     except OSError:
         return False
+
+
+def _append_capped(path: Path, data: bytes, max_bytes: int) -> None:
+    """Append ``data`` to ``path``; first, if that would take the file past ``max_bytes``, move
+    the file to ``<path>.1`` (replacing the old generation) and start a new one."""
+    fd = _open_append(path)
+    try:
+        info = os.fstat(fd)
+        if info.st_size and info.st_size + len(data) > max_bytes:
+            old = path.with_name(path.name + ".1")
+            try:
+                now = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                now = None
+            # Only the file we hold: another writer (the host, a watcher) may have rotated it
+            # already, and the new one it started must not become the old generation.
+            if now is not None and (now.st_dev, now.st_ino) == (info.st_dev, info.st_ino):
+                os.replace(path, old)
+            os.close(fd)
+            fd = -1
+            fd = _open_append(path)
+        os.write(fd, data)  # one write with O_APPEND: concurrent appenders never interleave a line
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -304,36 +371,74 @@ class AgentNotices:
 
 
 class EventLog:
-    """``events/<key>.jsonl``: the host's record of what happened, newest last."""
+    """``events/<key>.jsonl``: the host's record of what happened, newest last.
 
-    def __init__(self, store: MatrixStore, key: str) -> None:
+    Bounded three ways: each line (:data:`EVENT_LINE_BYTES`), the file (rotated to
+    ``<key>.jsonl.1`` past ``max_bytes``, the ``eventsMaxBytes`` setting: at most twice that on
+    disk per key), and what is read back (:data:`EVENTS_TAIL_BYTES`).
+    """
+
+    def __init__(self, store: MatrixStore, key: str, max_bytes: int | None = EVENTS_MAX_BYTES) -> None:
         self.store = store
         self.key = key
+        # None: a writer that does not know the setting (a job's watcher, a line per round)
+        # appends without rotating; the key's host, which writes nearly everything, rotates.
+        self.max_bytes = max_bytes
 
     @property
     def path(self) -> Path:
         return self.store.root / "events" / f"{self.key}.jsonl"
 
+    @property
+    def old_path(self) -> Path:
+        """The previous generation, once the file has been rotated."""
+        return self.store.root / "events" / f"{self.key}.jsonl.1"
+
     def write(self, event: str, /, **fields: Any) -> None:
         """Append one event. Best effort: the entry is the truth and the log its story, so a full
         disk (or any refusal) costs the line, never the host that writes it."""
+        at = now_ms()
+        data = _line({**fields, "event": event, "at": at})
+        if len(data) > EVENT_LINE_BYTES:
+            # The callers bound what they record; this is the backstop that keeps every line
+            # readable by tail() and the file's growth linear in what happened.
+            cut = f"a {len(data)} byte record, over the {EVENT_LINE_BYTES} byte line cap"
+            data = _line({"event": event, "at": at, "truncated": cut})
         try:
             self.store.side_dir("events")
-            _append_line(self.path, {**fields, "event": event, "at": now_ms()})
+            if self.max_bytes is None:
+                _append_line_bytes(self.path, data)
+            else:
+                _append_capped(self.path, data, self.max_bytes)
         except (OSError, PiMatrixError) as exc:
             log.warning("%s: event %r not recorded: %s", self.key, event, exc)
 
     def tail(self, count: int = 20) -> list[dict[str, Any]]:
-        """The last ``count`` events (bad lines skipped)."""
+        """The last ``count`` events (bad lines skipped), from at most :data:`EVENTS_TAIL_BYTES`
+        of the newest file and, when that is short, the old generation's end. Read with the state
+        dir's own rules: never a symlink, never a FIFO (nothing blocks), only a bounded tail."""
+        data = b""
         try:
-            with open(self.path, "rb") as handle:
-                lines = handle.read()[-256 * 1024 :].splitlines()[-count:]
-        except OSError:
-            return []
+            with opened_dir(self.store.root / "events", create=False) as dir_fd:
+                if dir_fd is None:
+                    return []
+                for path in (self.path, self.old_path):
+                    want = EVENTS_TAIL_BYTES - len(data)
+                    try:
+                        chunk = read_tail(dir_fd, path.name, str(path), want)
+                    except FileNotFoundError:
+                        chunk = b""
+                    if len(chunk) >= want:
+                        # Started mid-file: the first piece is the end of a line, not a line.
+                        data = chunk.partition(b"\n")[2] + data
+                        break
+                    data = chunk + data
+        except (OSError, PiMatrixError):
+            pass  # unreadable (a FIFO, a symlink, not ours): what was read so far, if anything
         events: list[dict[str, Any]] = []
-        for line in lines:
+        for line in data.splitlines()[-count:]:
             try:
-                value = strictjson.loads(line, max_bytes=64 * 1024)
+                value = strictjson.loads(line, max_bytes=EVENT_LINE_BYTES)
             except strictjson.StrictJSONError:
                 continue
             if isinstance(value, dict):

@@ -115,7 +115,7 @@ class AgentHost:
         self.out = out or sys.stdout
         self.role = spec.role or spec.contract.role
         self.me = procs.current()
-        self.record = OwnRecord(store, spec.identity.key(self.role))
+        self.record = OwnRecord(store, spec.identity.key(self.role), events_cap=settings.events_max_bytes)
         self.agent = AgentChild(
             self.record, mode=spec.mode, is_pi=spec.identity.is_pi, stop_grace_s=spec.stop_grace_s,
             out=self.out, die_with_host=self.role is Role.MASTER,

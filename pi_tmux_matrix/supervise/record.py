@@ -19,6 +19,7 @@ from ..inotify import available as inotify_available
 from ..matrix.mailbox import AgentNotices, EventLog, Inbox, Message
 from ..matrix.model import Entry
 from ..matrix.store import MatrixStore
+from ..settings import EVENTS_MAX_BYTES
 
 __all__ = ["OwnRecord"]
 
@@ -36,6 +37,7 @@ class OwnRecord:
     superseded: bool = False  # a newer process generation owns the entry: we never write it again
     # Told once when a newer generation is found (with its registration); unset, a warning is logged.
     on_superseded: Callable[[str | None], None] | None = None
+    events_cap: int = EVENTS_MAX_BYTES  # the eventsMaxBytes setting: where the events file rotates
     events: EventLog = attrs.field(init=False)
     inbox: Inbox = attrs.field(init=False)
     notices: AgentNotices = attrs.field(init=False)
@@ -48,7 +50,7 @@ class OwnRecord:
     def rekey(self, key: str) -> None:
         """Follow the agent to another key (a session switch): its own events, mail and notices."""
         self.key = key
-        self.events = EventLog(self.store, key)
+        self.events = EventLog(self.store, key, self.events_cap)
         self.inbox = Inbox(self.store, key)
         self.notices = AgentNotices(self.store, key)
 

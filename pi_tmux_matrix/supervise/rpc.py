@@ -3,6 +3,14 @@ prompt, follow-up prompts, steer lines, abort), and its JSON event stream read b
 stdout, each event recorded and shown in the pane the way a person reads it.
 
 In any other mode there is no pipe: ``send`` answers False and there is nothing to read.
+
+Everything the child writes is hostile input (pi echoes the model's tool calls): each line is
+held to :data:`LINE_MAX_BYTES` (an endless line without a newline never grows the buffer past
+it) and parsed with the project's bounded parser (size and :data:`MAX_DEPTH`); a line that fails
+is recorded raw (truncated) and supervision goes on. What is recorded is bounded too: pi's
+streaming ``message_update`` (the whole message so far, every time) is not recorded, the final
+``message_end`` is, and every recorded event's long strings and lists are cut with a marker
+(:func:`loggable`), so the events file grows with what happened, not with its square.
 """
 
 from __future__ import annotations
@@ -15,12 +23,32 @@ from collections.abc import Callable
 from contextlib import suppress
 from typing import IO, Any, Final, Literal
 
-__all__ = ["RPC_TAG", "RpcPipe", "Tell", "command_for"]
+from .. import strictjson
+from ..matrix.mailbox import MAX_MESSAGE_BYTES
+
+__all__ = ["RPC_TAG", "RpcPipe", "Tell", "command_for", "loggable"]
 
 RPC_TAG: Final = "rpc"  # the selector's tag for the child's stdout
 READ_BYTES: Final = 65536
 LAST_MESSAGE_CHARS: Final = 2000  # of the assistant's latest text, kept as the run's summary
 RAW_LINE_CHARS: Final = 2000  # of a line that is not JSON, recorded as it came
+# One line of pi's event stream at most. Real lines are the size of a message or a run's
+# messages (agent_end carries them all; pi cuts each tool result to 50 KB), so this is far
+# above them; a longer line is recorded raw (its head) and skipped to its newline.
+LINE_MAX_BYTES: Final = 16 * 1024 * 1024
+# Nesting of one event at most: pi's own structure is about 6 deep around a tool call's
+# arguments, so this leaves the model's arguments ~58 levels and never lets the parser recurse
+# towards the interpreter's limit (a call nested 3,000 deep killed the host with RecursionError).
+MAX_DEPTH: Final = 64
+# pi writes "type" first: a streaming update is known, and dropped, without parsing it (each
+# carries the whole message so far, twice: parsing them all costs the square of the answer).
+_STREAMING_UPDATE: Final = b'{"type":"message_update"'
+# What one recorded event may hold: strings and lists cut with a marker, nesting cut below
+# RECORD_DEPTH; a record still over RECORD_BYTES is cut harder, then reduced to its type.
+RECORD_CHARS: Final = 4000
+RECORD_ITEMS: Final = 64
+RECORD_DEPTH: Final = 16
+RECORD_BYTES: Final = 32 * 1024
 
 # What the host tells its agent; a bridged interactive pi gets the same as a mailbox notice.
 Tell = Literal["steer", "prompt", "abort", "shutdown", "fork_result"]
@@ -42,11 +70,48 @@ def command_for(kind: Tell, text: str) -> dict[str, Any]:
 def fork_result_text(payload: str) -> str:
     """The labelled text of a ``fork_result`` notice (its JSON payload's ``text``)."""
     try:
-        value = json.loads(payload)
-    except ValueError:
+        value = strictjson.loads(payload, max_bytes=MAX_MESSAGE_BYTES)
+    except strictjson.StrictJSONError:  # RecursionError too: the payload comes through the mailbox
         return payload
     text = value.get("text") if isinstance(value, dict) else None
     return text if isinstance(text, str) else payload
+
+
+def _bounded(value: Any, chars: int, items: int, depth: int) -> Any:
+    """``value`` with every string cut to ``chars``, every list and object to ``items``, and
+    nothing nested deeper than ``depth`` more levels; each cut says how much it left out."""
+    if isinstance(value, str):
+        return value if len(value) <= chars else f"{value[:chars]}…[{len(value) - chars} more chars]"
+    if isinstance(value, (dict, list)) and depth <= 0:
+        return "…[nested deeper]"
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for n, (key, item) in enumerate(value.items()):
+            if n == items:
+                out["…"] = f"{len(value) - items} more keys"
+                break
+            out[key[:chars]] = _bounded(item, chars, items, depth - 1)
+        return out
+    if isinstance(value, list):
+        kept = [_bounded(item, chars, items, depth - 1) for item in value[:items]]
+        if len(value) > items:
+            kept.append(f"…[{len(value) - items} more items]")
+        return kept
+    return value  # a number, true/false or null
+
+
+def loggable(event: dict[str, Any]) -> dict[str, Any] | None:
+    """What of one rpc event goes to the events file: None for a streaming ``message_update``
+    (its final state comes as ``message_end``), else the event bounded to :data:`RECORD_BYTES`."""
+    kind = event.get("type")
+    if kind == "message_update":
+        return None
+    for chars, items in ((RECORD_CHARS, RECORD_ITEMS), (RECORD_CHARS // 10, RECORD_ITEMS // 4)):
+        record = _bounded(event, chars, items, RECORD_DEPTH)
+        size = len(json.dumps(record))  # ASCII-escaped: never fewer bytes than the line written
+        if size <= RECORD_BYTES:
+            return record  # type: ignore[no-any-return]
+    return {"type": _bounded(kind, 200, 1, 1), "truncated": f"an event of {size}+ bytes once bounded"}
 
 
 class RpcPipe:
@@ -57,7 +122,8 @@ class RpcPipe:
         self._record = record  # the host's event log at the time of each event (it follows switches)
         self._stdin: IO[bytes] | None = None
         self._stdout: IO[bytes] | None = None
-        self._buffer = b""
+        self._line = bytearray()  # the line being read (never more than LINE_MAX_BYTES)
+        self._skipping = False  # the rest of an over-long line, read and dropped up to its newline
         self.last_message = ""  # the assistant's latest text: the summary of the run when it ends
 
     def attach(self, child: subprocess.Popen[bytes]) -> None:
@@ -118,19 +184,50 @@ class RpcPipe:
             self._consume(chunk)
 
     def _consume(self, chunk: bytes) -> None:
-        self._buffer += chunk
-        *lines, self._buffer = self._buffer.split(b"\n")
-        for line in lines:
-            text = line.decode("utf-8", "replace").strip()
-            if not text:
-                continue
-            try:
-                event = json.loads(text)
-            except ValueError:
-                event = {"raw": text[:RAW_LINE_CHARS]}
-            if isinstance(event, dict):
-                self._record(event)
-                self._show(event)
+        start = 0
+        while True:
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            if not self._skipping:
+                if len(self._line) + len(piece) > LINE_MAX_BYTES:
+                    head = bytes(self._line[:RAW_LINE_CHARS]) + piece[:RAW_LINE_CHARS]
+                    self._bad(head, f"a line over {LINE_MAX_BYTES} bytes, skipped to its end")
+                    self._line.clear()
+                    self._skipping = True
+                else:
+                    self._line += piece
+            if end < 0:
+                return
+            if self._skipping:
+                self._skipping = False
+            else:
+                line = bytes(self._line)
+                self._line.clear()
+                self._take(line)
+            start = end + 1
+
+    def _take(self, line: bytes) -> None:
+        """One whole line: parsed with bounds, recorded (bounded) and shown; a bad one recorded raw."""
+        if line.startswith(_STREAMING_UPDATE):
+            return
+        text = line.decode("utf-8", "replace").strip()
+        if not text:
+            return
+        try:
+            event = strictjson.loads(text, max_bytes=LINE_MAX_BYTES, max_depth=MAX_DEPTH)
+        except strictjson.StrictJSONError as exc:
+            self._bad(line, str(exc))
+            return
+        if isinstance(event, dict):
+            record = loggable(event)
+            if record is not None:
+                self._record(record)
+            self._show(event)
+
+    def _bad(self, line: bytes, why: str) -> None:
+        """A line that is not an event we take: its head, as it came, and why."""
+        text = line[: RAW_LINE_CHARS * 4].decode("utf-8", "replace").strip()[:RAW_LINE_CHARS]
+        self._record({"raw": text, "error": why[:200]})
 
     def _show(self, event: dict[str, Any]) -> None:
         """What a person (and the dispatcher's watcher) reads in the pane: the assistant's text as
