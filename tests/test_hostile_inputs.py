@@ -188,3 +188,55 @@ def test_a_fifo_at_a_detached_agents_log_never_hangs_its_start(tmp_path: Path) -
     done = _in_child(code, str(log))
     assert done.stdout.startswith("OSError") and "regular file" in done.stdout, done.stdout + done.stderr
     assert log.is_fifo()
+
+
+# -- reports a bridge posts ---------------------------------------------------------------------------
+
+
+def test_a_result_report_naming_a_file_outside_the_artifacts_is_recorded_never_read(tmp_path: Path) -> None:
+    from pi_tmux_matrix.matrix.mailbox import EventLog
+    from pi_tmux_matrix.matrix.store import MatrixStore
+    from pi_tmux_matrix.supervise.bridge_reports import BridgeReports
+
+    store = MatrixStore(tmp_path / "state")
+    events = EventLog(store, "worker-w1")
+    events.write("registered")  # the state dir made as the store makes it (0700)
+    artifacts = store.root / "artifacts"
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps({"text": "SECRET-OUTSIDE"}))
+    own = artifacts / "worker-w1" / "run-0001.json"
+    own.parent.mkdir(parents=True)
+    own.write_text(json.dumps({"text": "the worker's answer"}))
+    reports = BridgeReports(artifacts=str(artifacts))
+    for pointer in (
+        str(outside),
+        str(artifacts / "worker-w1" / ".." / ".." / "outside.json"),
+        "run-0001.json",
+    ):
+        reports.receive("result", json.dumps({"path": pointer, "run": 1}), events)
+        assert reports.last_text() == "", pointer
+    refused = [e for e in events.tail(50) if e.get("event") == "bridge_pointer_refused"]
+    assert len(refused) == 3
+    reports.receive("result", json.dumps({"path": str(own), "run": 1}), events)
+    assert reports.last_text() == "the worker's answer"
+
+
+def test_what_a_search_left_out_or_withheld_is_recorded_with_its_count_and_reason(tmp_path: Path) -> None:
+    from pi_tmux_matrix.matrix.mailbox import EventLog
+    from pi_tmux_matrix.matrix.store import MatrixStore
+    from pi_tmux_matrix.supervise.bridge_reports import BridgeReports
+
+    events = EventLog(MatrixStore(tmp_path / "state"), "worker-w1")
+    reports = BridgeReports()
+    reports.receive("bridge", json.dumps({"event": "search_filtered", "tool": "grep", "removed": 3}), events)
+    withheld = {"event": "search_withheld", "tool": "find", "reason": "x" * 5000}
+    reports.receive("bridge", json.dumps(withheld), events)
+    reports.receive(
+        "bridge", json.dumps({"event": "search_filtered", "tool": "grep", "removed": "many"}), events
+    )
+    got = [(e["event"], e.get("tool"), e.get("removed"), len(e.get("reason") or "")) for e in events.tail(10)]
+    assert got == [
+        ("search_filtered", "grep", 3, 0),
+        ("search_withheld", "find", None, 1000),
+        ("search_filtered", "grep", None, 0),
+    ]

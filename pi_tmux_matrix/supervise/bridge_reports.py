@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Any, Final
 
 import attrs
@@ -36,6 +37,7 @@ BRIDGE_REPORT_S: Final = 20  # how long a pi child with the bridge gets to repor
 ENVELOPE_TEXT_CHARS: Final = 1000  # of a tool_blocked report's tool, path or reason
 # What the pi bridge reports from inside the session (never an owner's command).
 BRIDGE_KINDS: Final = ("identity", "result", "bridge")
+_RUN_NAME: Final = re.compile(r"run-[0-9]{1,12}\.json")
 RESULT_TEXT_BYTES: Final = 256 * 1024  # an artifact read for its text (the bridge keeps 16,000 chars)
 # Events that show the bridge (or a new host) spoke after a ``bridge_silent``: the bridge is heard.
 _HEARD: Final = frozenset(
@@ -69,6 +71,9 @@ class SessionReport:
 class BridgeReports:
     """What the host knows from its agent's bridge."""
 
+    # Where result artifacts live (``<state dir>/artifacts``): a result report naming any other
+    # file is recorded, never read (its text would reach the master's conversation as the round's).
+    artifacts: str | None = None
     expected_by: float | None = None  # monotonic time by which a bridged pi should have reported
     seen: bool = False  # the bridge has reported at least once
     result_pointer: str | None = None  # the bridge's latest result artifact
@@ -109,6 +114,16 @@ class BridgeReports:
         text = artifact.get("text") if isinstance(artifact, dict) else None
         return text.strip() if isinstance(text, str) else ""
 
+    def _artifact(self, pointer: object) -> bool:
+        """A result artifact's path as the bridge writes it: ``<artifacts>/<key>/run-NNNN.json``."""
+        if not isinstance(pointer, str) or not os.path.isabs(pointer) or self.artifacts is None:
+            return False
+        folder, name = os.path.split(os.path.normpath(pointer))
+        return (
+            os.path.dirname(folder) == os.path.normpath(self.artifacts)
+            and _RUN_NAME.fullmatch(name) is not None
+        )
+
     def receive(self, kind: str, text: str, events: EventLog) -> SessionReport | None:
         """Take one report into ``events``; an identity report comes back for the host to follow."""
         try:
@@ -124,8 +139,10 @@ class BridgeReports:
             return _identity(report, events)
         if kind == "result":
             pointer = report.get("path")
-            if isinstance(pointer, str) and os.path.isabs(pointer):
+            if self._artifact(pointer):
                 self.result_pointer = pointer
+            elif pointer is not None:
+                events.write("bridge_pointer_refused", path=str(pointer)[:ENVELOPE_TEXT_CHARS])
             events.write(
                 "agent_result", path=pointer, run=report.get("run"), stop_reason=report.get("stopReason")
             )
@@ -146,10 +163,24 @@ class BridgeReports:
             )
         elif report.get("event") in ("tool_blocked", "envelope_refused"):
             _envelope_report(report, events)
+        elif report.get("event") in ("search_filtered", "search_withheld"):
+            _search_report(report, events)
         else:
             what = report.get("event")
             events.write("bridge", what=what if isinstance(what, str) else None)
         return None
+
+
+def _search_report(report: dict[str, Any], events: EventLog) -> None:
+    """The envelope left lines out of a search, or withheld it whole: recorded with the tool and
+    the count (or the reason), bounded, so ``show`` and the events tell what the model did not see."""
+    tool, removed, reason = report.get("tool"), report.get("removed"), report.get("reason")
+    events.write(
+        str(report["event"]),
+        tool=tool[:32] if isinstance(tool, str) else None,
+        removed=removed if type(removed) is int and 0 <= removed < 10**9 else None,
+        reason=reason[:ENVELOPE_TEXT_CHARS] if isinstance(reason, str) else None,
+    )
 
 
 def _envelope_report(report: dict[str, Any], events: EventLog) -> None:

@@ -126,7 +126,7 @@ class AgentHost:
             self.record, self.agent, self.role, self.me, settings.adoption_grace_ms / 1000,
             beat_window_s=(2 * settings.heartbeat_ms + settings.watcher_poll_ms) / 1000,
         )  # fmt: skip
-        self.reports = BridgeReports()
+        self.reports = BridgeReports(artifacts=str(store.root / "artifacts"))
         self.rounds = Rounds(self.record, self.reports, self.record.events)
         self._selector: selectors.BaseSelector | None = None
         self._watches: list[tuple[int, Callable[[], None]]] = []  # the program's own fds
