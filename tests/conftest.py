@@ -10,6 +10,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+from helpers import Reaper
+
 from pi_tmux_matrix.contract import ENV_STATE_DIR, NEVER_INHERITED
 from pi_tmux_matrix.matrix.store import MatrixStore
 
@@ -71,3 +73,13 @@ def state_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def store(state_dir: Path) -> MatrixStore:
     return MatrixStore(state_dir)
+
+
+@pytest.fixture
+def reaper() -> Iterator[Reaper]:
+    """Every process a test starts, killed by pid (identity-checked) at teardown."""
+    tracked = Reaper()
+    try:
+        yield tracked
+    finally:
+        tracked.cleanup()

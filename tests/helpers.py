@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.identity import AgentIdentityContract, Role
 from pi_tmux_matrix.matrix.model import Entry, Status
-from pi_tmux_matrix.matrix.store import now_ms
+from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
 
 
 def make_identity(session: str = "s1", **changes: Any) -> AgentIdentityContract:
@@ -148,3 +149,43 @@ def job_on_host(store: Any, cwd: Path, host: Any, session: str) -> Any:
         profile="stand-in", team=None, agents=(agent,), backend=SUBPROCESS,
     )  # fmt: skip
     return JobStore(store).create(job)
+
+
+class Reaper:
+    """Every process a test starts, killed by pid (identity-checked) at teardown."""
+
+    def __init__(self, beat_s: float = 1.0) -> None:
+        self.beat_s = beat_s  # a registered parent's heartbeat (the lower bound of heartbeatMs)
+        self.popens: list[subprocess.Popen[Any]] = []
+        self.identities: list[procs.ProcessIdentity] = []
+
+    def popen(self, popen: subprocess.Popen[Any]) -> subprocess.Popen[Any]:
+        self.popens.append(popen)
+        return popen
+
+    def identity(self, identity: procs.ProcessIdentity) -> procs.ProcessIdentity:
+        self.identities.append(identity)
+        return identity
+
+    def sleeper(self) -> subprocess.Popen[bytes]:
+        """A live process that is no master (a process the test can kill)."""
+        popen = spawn_sleeper(120)
+        self.popen(popen)
+        return popen
+
+    def parent(self, store: MatrixStore, session: str) -> subprocess.Popen[bytes]:
+        """A live parent session: a process registered as a running master of ``session`` that
+        heartbeats (a worker counts any other parent lost), which the test can kill or stop."""
+        return self.popen(spawn_registered_parent(store.root, session, self.beat_s))
+
+    def cleanup(self) -> None:
+        for identity in reversed(self.identities):
+            # Only ever the very process recorded (pidfd + start time), never a reused pid.
+            procs.send_signal(identity, signal.SIGKILL)
+        for popen in reversed(self.popens):
+            if popen.poll() is None:
+                os.kill(popen.pid, signal.SIGCONT)  # a test may have stopped it
+                popen.kill()
+            popen.wait(timeout=30)
+        for identity in self.identities:
+            procs.wait_for_exit(identity, timeout=10)

@@ -48,3 +48,47 @@ def fd_shim(folder: Path) -> Path:
     )
     shim.chmod(0o755)
     return folder
+
+
+def pi_jiti() -> Path:
+    """pi's own TypeScript loader, beside the pi the tests run (to run a bridge module in node)."""
+    jiti = Path(pi_bin()).resolve().parent.parent / "jiti" / "lib" / "jiti.mjs"
+    if not jiti.exists():
+        jiti = Path(pi_bin()).parent.parent / "jiti" / "lib" / "jiti.mjs"
+    if not jiti.exists():
+        pytest.skip(f"no jiti at {jiti} (it comes with pi)")
+    return jiti
+
+
+_BRIDGE_HARNESS = """import {{ createJiti }} from {jiti};
+{no_poll}const handlers = {{}};
+const pi = new Proxy({{}}, {{
+  get: (_target, name) => {{
+    if (name === "on") return (event, fn) => {{ (handlers[event] ||= []).push(fn); }};
+    if (name === "sendUserMessage") return (body) => console.log(JSON.stringify({{ sent: body }}));
+    return () => undefined;
+  }},
+}});
+const bridge = await createJiti(import.meta.url).import({bridge});
+bridge.default(pi);
+const session = {{ getSessionId: () => "s1", getSessionFile: () => null }};
+const ctx = {{ isIdle: () => true, sessionManager: session }};
+for (const fn of handlers.session_start || []) await fn({{}}, ctx);
+console.log(JSON.stringify({{ ready: true }}));
+{alive}setTimeout(() => process.exit(0), 60000);
+"""
+
+
+def bridge_harness(bridge: Path, *, poll: bool = True, alive: bool = False) -> str:
+    """A node script that loads the bridge into a stand-in pi API (each message pi is sent printed
+    as a JSON line ``{"sent": …}``, then ``{"ready": true}``). ``poll=False`` takes away the
+    bridge's safety-net poll (only its watch can deliver); ``alive`` prints ``{"alive": true}``
+    every 0.5 s (pi itself was never blocked)."""
+    no_poll = "globalThis.setInterval = () => ({ unref() {} }); // no safety-net poll: only the watch\n"
+    beat = "setInterval(() => console.log(JSON.stringify({ alive: true })), 500); // pi never blocked\n"
+    return _BRIDGE_HARNESS.format(
+        jiti=json.dumps(str(pi_jiti())),
+        bridge=json.dumps(str(bridge)),
+        no_poll="" if poll else no_poll,
+        alive=beat if alive else "",
+    )

@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_hostile_readers import jiti_path
+from pi_support import pi_jiti
 
 from pi_tmux_matrix.bridge import bridge_path
 from pi_tmux_matrix.matrix.mailbox import Inbox
@@ -57,7 +57,7 @@ def _durable_steps(seen: list[list[str]], final: Path) -> None:
 
 
 def test_the_bridges_report_and_artifact_are_fsynced_renamed_and_their_folder_fsynced(tmp_path: Path) -> None:
-    jiti = jiti_path()
+    jiti = pi_jiti()
     state = tmp_path / "state"
     artifacts = state / "artifacts" / "worker-t1"
     artifacts.mkdir(parents=True)

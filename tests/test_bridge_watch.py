@@ -13,28 +13,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from test_envelope import pi_jiti
+from pi_support import bridge_harness, pi_jiti
 
 from pi_tmux_matrix.bridge import bridge_path
-
-HARNESS = """import {{ createJiti }} from {jiti};
-globalThis.setInterval = () => ({{ unref() {{}} }}); // no safety-net poll: only the watch delivers
-const handlers = {{}};
-const pi = new Proxy({{}}, {{
-  get: (_target, name) => {{
-    if (name === "on") return (event, fn) => {{ (handlers[event] ||= []).push(fn); }};
-    if (name === "sendUserMessage") return (body) => console.log(JSON.stringify({{ sent: body }}));
-    return () => undefined;
-  }},
-}});
-const bridge = await createJiti(import.meta.url).import({bridge});
-bridge.default(pi);
-const session = {{ getSessionId: () => "s1", getSessionFile: () => null }};
-const ctx = {{ isIdle: () => true, sessionManager: session }};
-for (const fn of handlers.session_start || []) await fn({{}}, ctx);
-console.log(JSON.stringify({{ ready: true }}));
-setTimeout(() => process.exit(0), 60000);
-"""
 
 
 def read_line(proc: subprocess.Popen[str], timeout: float) -> dict[str, object] | None:
@@ -53,7 +34,7 @@ def test_a_notice_reaches_pi_as_it_is_appended_with_no_poll_at_all(tmp_path: Pat
     (state / "mailbox").mkdir(parents=True)
     notices = state / "mailbox" / "worker-t1.agent.jsonl"  # not there yet: the folder is watched
     script = tmp_path / "harness.mjs"
-    script.write_text(HARNESS.format(jiti=json.dumps(str(jiti)), bridge=json.dumps(str(bridge_path()))))
+    script.write_text(bridge_harness(bridge_path(), poll=False))
     modules = jiti.parent.parent.parent  # .pi-cli/node_modules: what pi's loader resolves from
     env = dict(
         os.environ, NODE_PATH=str(modules), TMPDIR=str(tmp_path), PI_MATRIX_KEY="worker-t1",

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from fake_llm import FakeLLM, Reply, write_pi_agent_dir
 from helpers import read_events
-from pi_support import fd_shim, pi_bin
+from pi_support import fd_shim, pi_bin, pi_jiti
 from test_dispatch import Lab, wait_for
 
 from pi_tmux_matrix.bridge import bridge_path
@@ -44,15 +44,6 @@ def envlab(tmp_path: Path, tmux_socket: str) -> Iterator[PiLab]:
             yield lab, llm
         finally:
             lab.cleanup()
-
-
-def pi_jiti() -> Path:
-    """pi's own TypeScript loader (it comes with the pinned pi), to run a bridge module in node."""
-    pi_bin()
-    jiti = Path(__file__).resolve().parent.parent / ".pi-cli" / "node_modules" / "jiti" / "lib" / "jiti.mjs"
-    if not jiti.exists():
-        pytest.skip(f"no jiti at {jiti} (it comes with pi)")
-    return jiti
 
 
 def _profile(lab: Lab, name: str, *, tools: list[str], write_paths: list[str]) -> None:

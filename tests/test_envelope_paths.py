@@ -20,8 +20,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from pi_support import pi_bin
-from test_envelope import pi_jiti
+from pi_support import pi_bin, pi_jiti
 
 from pi_tmux_matrix.bridge import bridge_path
 

@@ -19,9 +19,9 @@ from typing import Any
 
 from fake_llm import Reply
 from helpers import read_events
-from pi_support import fd_shim
+from pi_support import fd_shim, pi_jiti
 from test_dispatch import wait_for
-from test_envelope import PiLab, _profile, _run_worker, _tool_results, envlab, pi_jiti  # noqa: F401
+from test_envelope import PiLab, _profile, _run_worker, _tool_results, envlab  # noqa: F401
 
 from pi_tmux_matrix.bridge import bridge_path
 

@@ -15,13 +15,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from helpers import dir_digest, read_events, spawn_registered_parent, spawn_sleeper
+from helpers import Reaper, dir_digest, read_events
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.cli import main
@@ -90,54 +90,6 @@ def settles(what: str, probe: Callable[[], object], expected: object, *, timeout
 
 
 # --- processes ----------------------------------------------------------------------------------
-class Reaper:
-    """Every process a test starts, killed by pid (identity-checked) at teardown."""
-
-    def __init__(self) -> None:
-        self.popens: list[subprocess.Popen[Any]] = []
-        self.identities: list[ProcessIdentity] = []
-
-    def popen(self, popen: subprocess.Popen[Any]) -> subprocess.Popen[Any]:
-        self.popens.append(popen)
-        return popen
-
-    def identity(self, identity: ProcessIdentity) -> ProcessIdentity:
-        self.identities.append(identity)
-        return identity
-
-    def sleeper(self) -> subprocess.Popen[bytes]:
-        """A live process that is no master (a process the test can kill)."""
-        popen = spawn_sleeper(120)
-        self.popen(popen)
-        return popen
-
-    def parent(self, store: MatrixStore, session: str) -> subprocess.Popen[bytes]:
-        """A live parent session: a process registered as a running master of ``session`` that
-        heartbeats (a worker counts any other parent lost), which the test can kill or stop."""
-        return self.popen(spawn_registered_parent(store.root, session, BEAT_S))
-
-    def cleanup(self) -> None:
-        for identity in reversed(self.identities):
-            # Only ever the very process recorded (pidfd + start time), never a reused pid.
-            procs.send_signal(identity, signal.SIGKILL)
-        for popen in reversed(self.popens):
-            if popen.poll() is None:
-                os.kill(popen.pid, signal.SIGCONT)  # a test may have stopped it
-                popen.kill()
-            popen.wait(timeout=30)
-        for identity in self.identities:
-            procs.wait_for_exit(identity, timeout=10)
-
-
-@pytest.fixture
-def reaper() -> Iterator[Reaper]:
-    tracked = Reaper()
-    try:
-        yield tracked
-    finally:
-        tracked.cleanup()
-
-
 @pytest.fixture(autouse=True)
 def lower_bound_settings(isolated_env: Path) -> Path:
     """``$PI_CODING_AGENT_DIR/settings.json`` with every timing at its lower bound."""

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from pi_support import pi_bin
+from pi_support import bridge_harness, pi_jiti
 from test_bridge_watch import read_line
 from test_names import plant_job
 
@@ -292,32 +292,6 @@ def test_runs_reads_a_forks_files_only_when_they_are_regular(
 
 
 # --- the pi bridge's reader ------------------------------------------------------------------------
-POLLING_HARNESS = """import {{ createJiti }} from {jiti};
-const handlers = {{}};
-const pi = new Proxy({{}}, {{
-  get: (_target, name) => {{
-    if (name === "on") return (event, fn) => {{ (handlers[event] ||= []).push(fn); }};
-    if (name === "sendUserMessage") return (body) => console.log(JSON.stringify({{ sent: body }}));
-    return () => undefined;
-  }},
-}});
-const bridge = await createJiti(import.meta.url).import({bridge});
-bridge.default(pi);
-const session = {{ getSessionId: () => "s1", getSessionFile: () => null }};
-const ctx = {{ isIdle: () => true, sessionManager: session }};
-for (const fn of handlers.session_start || []) await fn({{}}, ctx);
-console.log(JSON.stringify({{ ready: true }}));
-setInterval(() => console.log(JSON.stringify({{ alive: true }})), 500); // pi itself never blocked
-setTimeout(() => process.exit(0), 60000);
-"""
-
-
-def jiti_path() -> Path:
-    """pi's own TypeScript loader, beside the pinned pi (``$PI_MATRIX_PI_BIN`` or ``.pi-cli/``)."""
-    jiti = Path(pi_bin()).parent.parent / "jiti" / "lib" / "jiti.mjs"
-    if not jiti.exists():
-        pytest.skip(f"no jiti at {jiti} (it comes with pi)")
-    return jiti
 
 
 def _notice(text: str) -> str:
@@ -341,14 +315,12 @@ def _sent_within(proc: subprocess.Popen[str], seconds: float) -> tuple[list[str]
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_bridge_reads_its_notices_only_from_a_regular_file(tmp_path: Path, kind: str) -> None:
-    jiti = jiti_path()
+    jiti = pi_jiti()
     state = tmp_path / "state"
     notices = state / "mailbox" / "worker-t1.agent.jsonl"
     target = plant(notices, kind)
     script = tmp_path / "harness.mjs"
-    script.write_text(
-        POLLING_HARNESS.format(jiti=json.dumps(str(jiti)), bridge=json.dumps(str(bridge_path())))
-    )
+    script.write_text(bridge_harness(bridge_path(), alive=True))
     env = dict(
         os.environ, NODE_PATH=str(jiti.parent.parent.parent), TMPDIR=str(tmp_path), PI_MATRIX_KEY="worker-t1",
         PI_MATRIX_STATE_DIR=str(state), PI_MATRIX_MAILBOX=str(notices),

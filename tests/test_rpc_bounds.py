@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 from fake_llm import FakeLLM, Reply, write_pi_agent_dir
-from helpers import make_entry
+from helpers import Reaper, make_entry
 from pi_support import pi_bin
-from test_host import Host, Reaper, pi_matrix, wait_for
+from test_host import Host, pi_matrix, wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.cli.top import detail_lines
@@ -45,15 +45,6 @@ DEEP = 3_000  # the nesting of the issue's tool call
 
 
 # --- fixtures -----------------------------------------------------------------------------------
-@pytest.fixture
-def reaper() -> Iterator[Reaper]:
-    tracked = Reaper()
-    try:
-        yield tracked
-    finally:
-        tracked.cleanup()
-
-
 @pytest.fixture
 def work(tmp_path: Path) -> Path:
     path = tmp_path / "work"
