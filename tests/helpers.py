@@ -167,6 +167,23 @@ class Reaper:
         self.identities.append(identity)
         return identity
 
+    def logged(
+        self, cmd: list[str], log: Path, *, cwd: Path, env: dict[str, str]
+    ) -> subprocess.Popen[bytes]:
+        """``cmd`` in a session of its own, its output to ``log``, reaped at teardown."""
+        with open(log, "wb") as output:
+            return self.popen(
+                subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=subprocess.STDOUT,
+                    cwd=cwd,
+                    env=env,
+                    start_new_session=True,
+                )
+            )
+
     def sleeper(self) -> subprocess.Popen[bytes]:
         """A live process that is no master (a process the test can kill)."""
         popen = spawn_sleeper(120)

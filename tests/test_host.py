@@ -251,12 +251,7 @@ def start_host(
     log = work.parent / "logs" / f"{session}-{len(reaper.popens)}.log"
     log.parent.mkdir(exist_ok=True)
     env = {**os.environ, "STANDIN_STEP_S": "0.05"}
-    with open(log, "wb") as output:
-        popen = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, cwd=work, env=env,
-            start_new_session=True,
-        )  # fmt: skip
-    reaper.popen(popen)
+    popen = reaper.logged(cmd, log, cwd=work, env=env)
     key = f"{'worker' if parent is not None else 'master'}-{session}"
     return Host(popen=popen, key=key, session_file=session_file, store=store, log=log)
 

@@ -82,12 +82,7 @@ def pi_host(reaper: Reaper, store: MatrixStore, work: Path, session: str, prompt
     tmp = work.parent / "tmp"
     tmp.mkdir(exist_ok=True)
     env = dict(os.environ, PI_OFFLINE="1", NO_PROXY="127.0.0.1,localhost", TMPDIR=str(tmp))
-    with open(log, "wb") as output:
-        popen = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT, cwd=work, env=env,
-            start_new_session=True,
-        )  # fmt: skip
-    reaper.popen(popen)
+    popen = reaper.logged(cmd, log, cwd=work, env=env)
     return Host(popen=popen, key=f"master-{session}", session_file=work / "none", store=store, log=log)
 
 
