@@ -3,7 +3,7 @@ the host and the watcher; a stop that leaves a survivor; a superseded host and i
 ``fork --wait`` waiter's own final stop under pid reuse.
 
 A full disk is forced at our own write seams only (``fsio._write_all``: entries and records, the
-results among them; ``mailbox._write_all``: the mailbox; ``mailbox._append_line``: the event log and
+results among them; ``mailbox._write_all``: the mailbox; ``mailbox._append``: the event log and
 the agent's notices), in the process under test, through a ``sitecustomize`` on its
 ``PYTHONPATH``: every other process (the host a stop reaches, the test) writes as usual.
 """
@@ -35,7 +35,7 @@ ENOSPC_LINE = "No space left on device"
 SEAMS = {
     "records": "fsio._write_all = _full",
     "mailbox": "mailbox._write_all = _full",
-    "events": "mailbox._append_line = _full",
+    "events": "mailbox._append = _full",
 }
 
 

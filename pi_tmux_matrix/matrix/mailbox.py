@@ -174,15 +174,7 @@ def _open_append(path: Path) -> int:
 
 
 def _append_line(path: Path, record: dict[str, Any]) -> None:
-    _append_line_bytes(path, _line(record))
-
-
-def _append_line_bytes(path: Path, data: bytes) -> None:
-    fd = _open_append(path)
-    try:
-        os.write(fd, data)  # one write with O_APPEND: concurrent appenders never interleave a line
-    finally:
-        os.close(fd)
+    _append(path, _line(record))
 
 
 def _regular(dir_fd: int, name: str) -> bool:
@@ -192,13 +184,15 @@ def _regular(dir_fd: int, name: str) -> bool:
         return False
 
 
-def _append_capped(path: Path, data: bytes, max_bytes: int) -> None:
-    """Append ``data`` to ``path``; first, if that would take the file past ``max_bytes``, move
-    the file to ``<path>.1`` (replacing the old generation) and start a new one."""
+def _append(path: Path, data: bytes, max_bytes: int | None = None) -> None:
+    """The one append to a line file (the events, an agent's notices): ``data`` as one write with
+    ``O_APPEND``, so concurrent appenders never interleave a line. With ``max_bytes``, a file that
+    the write would take past it is first moved to ``<path>.1`` (replacing the old generation)
+    and a new one started."""
     fd = _open_append(path)
     try:
         info = os.fstat(fd)
-        if info.st_size and info.st_size + len(data) > max_bytes:
+        if max_bytes is not None and info.st_size and info.st_size + len(data) > max_bytes:
             old = path.with_name(path.name + ".1")
             try:
                 now = os.stat(path, follow_symlinks=False)
@@ -211,7 +205,7 @@ def _append_capped(path: Path, data: bytes, max_bytes: int) -> None:
             os.close(fd)
             fd = -1
             fd = _open_append(path)
-        os.write(fd, data)  # one write with O_APPEND: concurrent appenders never interleave a line
+        os.write(fd, data)
     finally:
         if fd >= 0:
             os.close(fd)
@@ -406,10 +400,7 @@ class EventLog:
             data = _line({"event": event, "at": at, "truncated": cut})
         try:
             self.store.side_dir("events")
-            if self.max_bytes is None:
-                _append_line_bytes(self.path, data)
-            else:
-                _append_capped(self.path, data, self.max_bytes)
+            _append(self.path, data, self.max_bytes)
         except (OSError, PiMatrixError) as exc:
             log.warning("%s: event %r not recorded: %s", self.key, event, exc)
 
