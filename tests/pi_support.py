@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_PI = ROOT / ".pi-cli" / "node_modules" / ".bin" / "pi"
+# scripts/install-pi's wrapper: pi on the node it needs (node 22 from .pi-cli/ when the system's is older).
+DEFAULT_PI = ROOT / ".pi-cli" / "bin" / "pi"
 
 
 def pi_bin() -> str:
@@ -21,7 +22,7 @@ def pi_bin() -> str:
     path = Path(configured) if configured else DEFAULT_PI
     problem = None
     if shutil.which("node") is None:
-        problem = "node is not installed (pi needs Node.js 20+)"
+        problem = "node is not installed (pi needs Node.js; run 'bash scripts/install-pi')"
     elif not os.access(path, os.X_OK):
         problem = f"no pi at {path}; run 'bash scripts/install-pi' or set PI_MATRIX_PI_BIN"
     if problem is not None:

@@ -40,6 +40,7 @@ FIELD = {
     "maxConcurrentAgents": "max_concurrent_agents",
     "maxConcurrentForks": "max_concurrent_forks",
     "forkEnvironment": "fork_environment",
+    "masterProjectTrust": "master_project_trust",
 }
 DEFAULT_SOURCES = dict.fromkeys(FIELD.values(), "default")
 
@@ -91,6 +92,7 @@ def test_seed_defaults_and_bounds() -> None:
         "maxConcurrentAgents": 3,
         "maxConcurrentForks": 3,
         "forkEnvironment": {},
+        "masterProjectTrust": "pi",
     }
     assert BOUNDS == {
         "heartbeatMs": (30_000, 1_000, 600_000),
@@ -120,6 +122,7 @@ def test_agent_dir_file_applies(agent_file: Path, project: Path, caplog: pytest.
         "max_concurrent_agents": "default",
         "max_concurrent_forks": "default",
         "fork_environment": "default",
+        "master_project_trust": "default",
     }
     assert warnings_of(caplog) == []
 
@@ -139,6 +142,7 @@ def test_project_overrides_agent_per_key(agent_file: Path, project: Path) -> Non
         "max_concurrent_agents": "default",
         "max_concurrent_forks": "default",
         "fork_environment": "default",
+        "master_project_trust": "default",
     }
 
 

@@ -144,9 +144,10 @@ class Checker:
             raise self.fail(field, exc.problem, exc.fix) from None
 
 
+# -a/--approve too: a worker never trusts the project's .pi/ (launch-profiles.md#project-trust).
 _PI_AUTHORITY_FLAGS: Final = frozenset(
     {"--tools", "--no-tools", "-nt", "--no-builtin-tools", "-nbt", "-e", "--extension", "--no-extensions",
-     "-ne"}
+     "-ne", "--approve", "-a"}
 )  # fmt: skip
 
 
@@ -169,7 +170,7 @@ def check_command(check: Checker, value: object, provider: str) -> None:
         flag = word.split("=", 1)[0]
         if provider == "pi" and flag in _PI_AUTHORITY_FLAGS:
             raise check.fail(
-                f"command[{index}]", f"{shown(word)} sets pi's tools or extensions",
+                f"command[{index}]", f"{shown(word)} sets pi's tools, extensions or project trust",
                 "use the profile's tools and extensions fields instead",
             )  # fmt: skip
         if AGENT_LAUNCHING_TOOLS & set(re.split(r"[,= ]", word)):
