@@ -27,7 +27,7 @@ const pi = new Proxy({{}}, {{
     return () => undefined;
   }},
 }});
-const bridge = await createJiti(import.meta.url).import({bridge});
+const bridge = await createJiti(import.meta.url, {{ alias: {alias} }}).import({bridge});
 bridge.default(pi);
 const session = {{ getSessionId: () => "s1", getSessionFile: () => null }};
 const ctx = {{ isIdle: () => true, sessionManager: session }};
@@ -53,8 +53,18 @@ def test_a_notice_reaches_pi_as_it_is_appended_with_no_poll_at_all(tmp_path: Pat
     (state / "mailbox").mkdir(parents=True)
     notices = state / "mailbox" / "worker-t1.agent.jsonl"  # not there yet: the folder is watched
     script = tmp_path / "harness.mjs"
-    script.write_text(HARNESS.format(jiti=json.dumps(str(jiti)), bridge=json.dumps(str(bridge_path()))))
     modules = jiti.parent.parent.parent  # .pi-cli/node_modules: what pi's loader resolves from
+    # pi 1.x (@earendil-works) aliases the old package names for extensions, as its loader does.
+    alias = {
+        f"@mariozechner/{name}": str(modules / "@earendil-works" / name)
+        for name in ("pi-tui",)
+        if not (modules / "@mariozechner" / name).exists() and (modules / "@earendil-works" / name).exists()
+    }
+    script.write_text(
+        HARNESS.format(
+            jiti=json.dumps(str(jiti)), bridge=json.dumps(str(bridge_path())), alias=json.dumps(alias)
+        )
+    )
     env = dict(
         os.environ, NODE_PATH=str(modules), TMPDIR=str(tmp_path), PI_MATRIX_KEY="worker-t1",
         PI_MATRIX_STATE_DIR=str(state), PI_MATRIX_MAILBOX=str(notices),
