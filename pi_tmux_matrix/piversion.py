@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import shutil
+import stat
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -55,6 +56,7 @@ NEWEST_SUPPORTED: Final[tuple[int, int]] = (1, 6)  # any 1.6.x
 TRUST_FLAGS_SINCE: Final[Version] = (0, 79, 0)
 # Only a small file is read as a possible wrapper script (install-pi's is ~200 bytes).
 _WRAPPER_MAX_BYTES: Final = 8192
+_PACKAGE_MAX_BYTES: Final = 256 * 1024  # pi 1.6's package.json is ~4 KB
 _CLI_JS: Final = re.compile(r"""["']?([^"'\s]*pi-coding-agent/dist/cli\.js)["']?""")
 _VERSION: Final = re.compile(r"(\d+)\.(\d+)\.(\d+)")
 _BARE: Final = re.compile(r"v?\d+\.\d+\.\d+")
@@ -98,6 +100,24 @@ class PiInfo:
         return self.version is not None and self.version >= since
 
 
+def _small_text(path: str, limit: int = _WRAPPER_MAX_BYTES) -> str | None:
+    """A small regular file's text (a wrapper script), or None: never blocks on a FIFO or device,
+    never reads more than a wrapper's size."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        return os.read(fd, limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def program_length(argv: Sequence[str]) -> int:
     """How many leading words of ``argv`` are the program: 2 for ``node …/cli.js`` (pi's flags go
     after both), else 1."""
@@ -124,21 +144,16 @@ def _package_dir_of(command: Sequence[str]) -> Path | None:
     real = os.path.realpath(program)
     if real.endswith(os.path.join("pi-coding-agent", "dist", "cli.js")):
         return Path(real).parent.parent
-    try:
-        if os.path.getsize(real) > _WRAPPER_MAX_BYTES:
-            return None
-        with open(real, "rb") as handle:
-            head = handle.read(_WRAPPER_MAX_BYTES).decode("utf-8", "replace")
-    except OSError:
-        return None
-    found = _CLI_JS.search(head)
+    head = _small_text(real)
+    found = _CLI_JS.search(head) if head is not None else None
     return Path(os.path.realpath(found[1])).parent.parent if found else None
 
 
 def _from_package(folder: Path) -> PiInfo | None:
+    text = _small_text(str(folder / "package.json"), _PACKAGE_MAX_BYTES)
     try:
-        document = json.loads((folder / "package.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        document = json.loads(text) if text is not None else None
+    except ValueError:
         return None
     if not isinstance(document, dict) or not str(document.get("name", "")).endswith("pi-coding-agent"):
         return None
@@ -187,15 +202,10 @@ def node_for(command: Sequence[str]) -> str | None:
     if command and os.path.basename(command[0]).startswith("node"):
         return shutil.which(command[0])
     program = shutil.which(command[0]) if command else None
-    if program is not None and not os.path.realpath(program).endswith(".js"):
-        try:
-            if os.path.getsize(program) <= _WRAPPER_MAX_BYTES:
-                with open(program, "rb") as handle:
-                    found = _NODE_IN_WRAPPER.search(handle.read().decode("utf-8", "replace"))
-                if found and os.access(found[1], os.X_OK):
-                    return found[1]
-        except OSError:
-            pass
+    text = _small_text(program) if program is not None else None
+    found = _NODE_IN_WRAPPER.search(text) if text is not None else None
+    if found and os.access(found[1], os.X_OK):
+        return found[1]
     return shutil.which("node")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -70,6 +71,27 @@ def test_the_version_and_node_need_come_from_package_json_however_pi_is_started(
         assert info.knows(TRUST_FLAGS_SINCE) and is_pi_program(command)
     assert program_length(["node", cli, "-p", "x"]) == 2 and program_length([str(wrapper), "-p"]) == 1
     assert pi_info([str(tmp_path / "nothing-here")], ask=False) == PiInfo(None)
+    fifo = tmp_path / "pi-fifo"  # an argv[0] that would block a plain open(): never read
+    os.mkfifo(fifo)
+    fifo.chmod(0o755)
+    assert pi_info([str(fifo)], ask=False) == PiInfo(None) and not is_pi_program([str(fifo)])
+
+
+def test_doctor_reports_a_pi_outside_the_range_and_a_node_older_than_it_needs(tmp_path: Path) -> None:
+    wrapper = fake_pi(tmp_path, "1.9.0", node=">=99.0.0")
+    cli = tmp_path / "node_modules" / "@earendil-works" / "pi-coding-agent" / "dist" / "cli.js"
+    cli.write_text("#!/usr/bin/env node\nconsole.log('1.9.0');\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(tmp_path / "state"), "doctor", "--json"],
+        env={**os.environ, "PI_MATRIX_PI_COMMAND": json.dumps([str(wrapper)])},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    checks = {c["check"]: c for c in json.loads(done.stdout)["checks"]}
+    pi, node = checks["pi"], checks["pi's node"]
+    assert not pi["ok"] and "1.9.0, outside the supported range 0.73.1 … 1.6.x" in pi["detail"], pi
+    assert "bash scripts/install-pi" in pi["fix"]
+    assert not node["ok"] and "pi 1.9.0 needs node >=99.0.0" in node["detail"], node
+    assert done.returncode == 0  # advisory checks: doctor fails only on what it requires
 
 
 @pytest.mark.parametrize(
