@@ -45,6 +45,7 @@ __all__ = [
     "ENV_PARENT_START",
     "ENV_PI_COMMAND",
     "ENV_PROFILE",
+    "ENV_PROJECT_TRUST",
     "ENV_STATE_DIR",
     "ENV_TASK_REF",
     "ENV_TMUX",
@@ -99,6 +100,8 @@ ENV_USAGE_FILE: Final = "PI_MATRIX_USAGE_FILE"
 ENV_STATE_DIR: Final = _settings.ENV_STATE_DIR
 ENV_AGENT_DIR: Final = _settings.ENV_AGENT_DIR
 ENV_PI_COMMAND: Final = "PI_MATRIX_PI_COMMAND"
+# How the bridge answers pi's project_trust event (pi >= 0.79): "yes", "no", or unset (pi decides).
+ENV_PROJECT_TRUST: Final = "PI_MATRIX_PROJECT_TRUST"
 ENV_TMUX_SOCKET: Final = "PI_MATRIX_TMUX_SOCKET"
 ENV_TMUX: Final = "TMUX"  # set by tmux in every pane: "<socket path>,<server pid>,<session>"
 # Every PI_MATRIX_* name is the product's: a profile may not set one (it would forge a marker,

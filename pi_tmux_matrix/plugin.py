@@ -8,7 +8,7 @@ relaunch of a dead worker. With ``processMatrix.enabled: false`` it is simply no
 
 from __future__ import annotations
 
-from .contract import LaunchContract
+from .contract import ENV_PROJECT_TRUST, LaunchContract
 from .dispatch.hookspecs import hookimpl
 from .dispatch.model import AgentLaunch, Relaunch
 
@@ -29,7 +29,12 @@ class MatrixPlugin:
             allowed_paths=launch.allowed_paths,
             worktree_lane=launch.lane,
         )
-        return contract.to_env()
+        env = contract.to_env()
+        if getattr(launch.profile, "provider", None) == "pi":
+            # A worker never trusts the project's .pi/ (see dispatch/providers.py): the bridge
+            # answers pi's project_trust event "no" where the --no-approve flag could not be given.
+            env[ENV_PROJECT_TRUST] = "no"
+        return env
 
     @hookimpl
     def launch_argv(self, launch: AgentLaunch) -> list[str] | None:

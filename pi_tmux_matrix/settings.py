@@ -32,6 +32,7 @@ __all__ = [
     "EVENTS_MAX_BYTES",
     "FIELDS",
     "FORK_FIELDS",
+    "PROJECT_TRUST_CHOICES",
     "ForkSettings",
     "MatrixSettings",
     "agent_dir",
@@ -62,11 +63,16 @@ BOUNDS: Final[dict[str, tuple[int, int, int]]] = {
 DEFAULTS: Final[dict[str, Any]] = {
     "enabled": True,
     "forkEnvironment": {},
+    "masterProjectTrust": "pi",
     **{k: v[0] for k, v in BOUNDS.items()},
 }
 _ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 FORK_SECTION: Final = "pi-fork"
 THINKING_LEVELS: Final = ("off", "minimal", "low", "medium", "high", "xhigh")  # pi's --thinking
+# How a master's pi (>= 0.79) answers "Trust project folder?": as pi itself decides (its trust.json,
+# its defaultProjectTrust, else its dialog), or decided ahead. Read from the agent dir's settings
+# only: a project must not be able to grant itself trust.
+PROJECT_TRUST_CHOICES: Final = ("pi", "trust", "never")
 
 
 @attrs.frozen(kw_only=True)
@@ -103,6 +109,7 @@ class MatrixSettings:
     max_concurrent_forks: int = 3
     events_max_bytes: int = EVENTS_MAX_BYTES
     fork_environment: Mapping[str, str] = attrs.field(factory=dict)  # the alias's own value
+    master_project_trust: str = "pi"  # one of PROJECT_TRUST_CHOICES
     fork: ForkSettings = attrs.field(factory=ForkSettings)
     sources: Mapping[str, str] = attrs.field(factory=dict, eq=False)
 
@@ -116,6 +123,7 @@ FIELDS = {
     "maxConcurrentForks": "max_concurrent_forks",
     "eventsMaxBytes": "events_max_bytes",
     "forkEnvironment": "fork_environment",
+    "masterProjectTrust": "master_project_trust",
 }
 
 
@@ -231,6 +239,14 @@ def _coerce(key: str, value: Any, path: Path) -> Any:
         return None
     if key == "forkEnvironment":
         return _environment(value, path, "processMatrix.forkEnvironment")
+    if key == "masterProjectTrust":
+        if value in PROJECT_TRUST_CHOICES:
+            return value
+        log.warning(
+            '%s: processMatrix.masterProjectTrust must be one of "pi", "trust", "never", not %r; using "pi"',
+            path, value,
+        )  # fmt: skip
+        return None
     default, low, high = BOUNDS[key]
     # bool is an int subclass: `true` is a type error, not 1 ms. A fractional (or infinite,
     # from 1e400) float is a type error too: milliseconds are whole numbers.
@@ -287,6 +303,12 @@ def load_settings(
         for key, value in section.items():
             if key not in DEFAULTS:
                 log.warning("%s: unknown setting processMatrix.%s ignored", path, str(key)[:60])
+                continue
+            if key == "masterProjectTrust" and path != files[0]:
+                log.warning(
+                    "%s: processMatrix.masterProjectTrust is read from %s only (a project cannot "
+                    "grant itself trust); ignored here", path, files[0],
+                )  # fmt: skip
                 continue
             coerced = _coerce(key, value, path)
             if coerced is not None:

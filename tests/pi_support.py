@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_PI = ROOT / ".pi-cli" / "node_modules" / ".bin" / "pi"
+# scripts/install-pi's wrapper: pi on the node it needs (node 22 from .pi-cli/ when the system's is older).
+DEFAULT_PI = ROOT / ".pi-cli" / "bin" / "pi"
 
 
 def pi_bin() -> str:
@@ -22,7 +23,7 @@ def pi_bin() -> str:
     path = Path(configured) if configured else DEFAULT_PI
     problem = None
     if shutil.which("node") is None:
-        problem = "node is not installed (pi needs Node.js 20+)"
+        problem = "node is not installed (pi needs Node.js; run 'bash scripts/install-pi')"
     elif not os.access(path, os.X_OK):
         problem = f"no pi at {path}; run 'bash scripts/install-pi' or set PI_MATRIX_PI_BIN"
     if problem is not None:
@@ -51,13 +52,16 @@ def fd_shim(folder: Path) -> Path:
 
 
 def pi_jiti() -> Path:
-    """pi's own TypeScript loader, beside the pi the tests run (to run a bridge module in node)."""
-    jiti = Path(pi_bin()).resolve().parent.parent / "jiti" / "lib" / "jiti.mjs"
-    if not jiti.exists():
-        jiti = Path(pi_bin()).parent.parent / "jiti" / "lib" / "jiti.mjs"
-    if not jiti.exists():
-        pytest.skip(f"no jiti at {jiti} (it comes with pi)")
-    return jiti
+    """pi's own TypeScript loader, beside the pi the tests run (to run a bridge module in node):
+    ``<prefix>/bin/pi`` (install-pi's wrapper) or ``<prefix>/node_modules/.bin/pi`` (npm's link)."""
+    pi = Path(pi_bin())
+    candidates = [pi.parent.parent / "node_modules" / "jiti", pi.parent.parent / "jiti"]
+    candidates.append(pi.resolve().parent.parent / "jiti")
+    for folder in candidates:
+        jiti = folder / "lib" / "jiti.mjs"
+        if jiti.exists():
+            return jiti
+    pytest.skip(f"no jiti beside {pi} (it comes with pi)")
 
 
 _BRIDGE_HARNESS = """import {{ createJiti }} from {jiti};
@@ -69,7 +73,7 @@ const pi = new Proxy({{}}, {{
     return () => undefined;
   }},
 }});
-const bridge = await createJiti(import.meta.url).import({bridge});
+const bridge = await createJiti(import.meta.url, {{ alias: {alias} }}).import({bridge});
 bridge.default(pi);
 const session = {{ getSessionId: () => "s1", getSessionFile: () => null }};
 const ctx = {{ isIdle: () => true, sessionManager: session }};
@@ -86,8 +90,17 @@ def bridge_harness(bridge: Path, *, poll: bool = True, alive: bool = False) -> s
     every 0.5 s (pi itself was never blocked)."""
     no_poll = "globalThis.setInterval = () => ({ unref() {} }); // no safety-net poll: only the watch\n"
     beat = "setInterval(() => console.log(JSON.stringify({ alive: true })), 500); // pi never blocked\n"
+    jiti = pi_jiti()
+    modules = jiti.parent.parent.parent  # pi's node_modules: what its loader resolves from
+    # pi 1.x (@earendil-works) maps the old package names an extension imports, as its loader does.
+    alias = {
+        f"@mariozechner/{name}": str(modules / "@earendil-works" / name)
+        for name in ("pi-tui",)
+        if not (modules / "@mariozechner" / name).exists() and (modules / "@earendil-works" / name).exists()
+    }
     return _BRIDGE_HARNESS.format(
-        jiti=json.dumps(str(pi_jiti())),
+        jiti=json.dumps(str(jiti)),
+        alias=json.dumps(alias),
         bridge=json.dumps(str(bridge)),
         no_poll="" if poll else no_poll,
         alive=beat if alive else "",

@@ -208,6 +208,10 @@ def test_cost_footer_false_shows_no_footer(flab: tuple[Lab, FakeLLM]) -> None:
     priced(lab)
     (lab.work / ".pi").mkdir()
     (lab.work / ".pi" / "settings.json").write_text(json.dumps({"pi-fork": {"costFooter": False}}))
+    # A project setting: pi 0.79+ asks whether to trust the folder; the master trusts it ahead.
+    settings = json.loads((lab.agent_dir / "settings.json").read_text())
+    settings.setdefault("processMatrix", {})["masterProjectTrust"] = "trust"
+    (lab.agent_dir / "settings.json").write_text(json.dumps(settings))
 
     def respond(request: dict[str, Any]) -> Reply:
         if is_fork(request):

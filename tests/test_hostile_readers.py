@@ -370,6 +370,7 @@ NOT_THE_STATE_DIR: dict[str, set[str]] = {
     # dir goes through fsio there.
     "pisession.py": {"_read_session"},
     "gitcmd.py": {"_pointer"},  # a lane's .git pointer (in the repository, O_NOFOLLOW|O_NONBLOCK)
+    "piversion.py": {"small_text"},  # pi's own files: wrapper, package.json, trust.json (O_NONBLOCK)
     "cli/dispatch.py": {"_adhoc_agents"},  # --agents-file: the user's file (a pipe welcome)
     "cli/demo.py": {"pi_provider", "setup"},  # the package's own example files
     "pytest_plugin.py": {"set"},  # a test's own settings.json

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = [sys.executable, "-m", "pi_tmux_matrix.standin"]
-PINNED = ROOT / ".pi-cli" / "node_modules" / ".bin" / "pi"
+PINNED = ROOT / ".pi-cli" / "bin" / "pi"  # scripts/install-pi's wrapper (pi on the node it needs)
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -84,8 +84,11 @@ def test_doctor_finds_the_pinned_install_and_never_suggests_an_unpinned_one(tmp_
     assert f"PI_MATRIX_PI_COMMAND='{json.dumps([str(PINNED)])}'" in done.stdout
     assert "npm install -g" not in done.stdout
     ok = run(tmp_path, "doctor", "--json", PI_MATRIX_PI_COMMAND=json.dumps([str(PINNED)]))
-    pi = next(c for c in json.loads(ok.stdout)["checks"] if c["check"] == "pi")
-    assert pi["ok"] and "0.73.1" in pi["detail"], pi
+    checks = {c["check"]: c for c in json.loads(ok.stdout)["checks"]}
+    # Issue 29.4: the version against the supported range, and pi's node against its engines.node.
+    assert checks["pi"]["ok"] and "1.6.0 (supported: 0.73.1 … 1.6.x)" in checks["pi"]["detail"], checks
+    node = checks["pi's node"]
+    assert node["ok"] and "pi 1.6.0 needs node >=22.19.0" in node["detail"], node
 
 
 def test_doctor_prints_settings_as_settings_json_spells_them(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ FIELD = {
     "maxConcurrentForks": "max_concurrent_forks",
     "eventsMaxBytes": "events_max_bytes",
     "forkEnvironment": "fork_environment",
+    "masterProjectTrust": "master_project_trust",
 }
 DEFAULT_SOURCES = dict.fromkeys(FIELD.values(), "default")
 
@@ -93,6 +94,7 @@ def test_seed_defaults_and_bounds() -> None:
         "maxConcurrentForks": 3,
         "eventsMaxBytes": 4 * 1024 * 1024,
         "forkEnvironment": {},
+        "masterProjectTrust": "pi",
     }
     assert BOUNDS == {
         "heartbeatMs": (30_000, 1_000, 600_000),
@@ -124,6 +126,7 @@ def test_agent_dir_file_applies(agent_file: Path, project: Path, caplog: pytest.
         "max_concurrent_forks": "default",
         "events_max_bytes": "default",
         "fork_environment": "default",
+        "master_project_trust": "default",
     }
     assert warnings_of(caplog) == []
 
@@ -144,6 +147,7 @@ def test_project_overrides_agent_per_key(agent_file: Path, project: Path) -> Non
         "max_concurrent_forks": "default",
         "events_max_bytes": "default",
         "fork_environment": "default",
+        "master_project_trust": "default",
     }
 
 

@@ -30,6 +30,14 @@ export default function (pi: any) {
   installFork(pi);
   // The envelope: a worker's under its host; a fork child's (private roots only) without one.
   installEnvelope(pi);
+  // pi >= 0.79 asks "Trust project folder?" before it loads a project's .pi/ resources; an
+  // extension given with -e is asked first. pi-matrix decided at launch (PI_MATRIX_PROJECT_TRUST:
+  // "no" for every worker, the master's per processMatrix.masterProjectTrust); unset, pi decides
+  // (its trust.json, defaultProjectTrust, or its dialog). An older pi never emits the event.
+  const trust = process.env.PI_MATRIX_PROJECT_TRUST;
+  if (trust === "yes" || trust === "no") {
+    pi.on("project_trust", async () => ({ trusted: trust, remember: false }));
+  }
   if (!underHost()) return;
   let ctxRef: any = null;
   let offset = 0;

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .. import procs
 from ..contract import ENV_PI_COMMAND
 from ..errors import EXIT_FAILED, EXIT_OK, ContractError
+from ..piversion import node_for, parse_version, pi_info, supported, supported_range
 from ..programs import pi_command
 from ..settings import FIELDS, agent_dir, load_settings, resolve_state_dir
 
@@ -90,16 +91,16 @@ def checks(state_flag: str | None) -> list[dict[str, Any]]:
             "node",
             node_version is not None,
             node_version or "not found",
-            "install Node.js 20+",
+            "install Node.js (pi 1.6 needs 22.19+; 'bash scripts/install-pi' brings one)",
             required=False,
         )
     )
-    found.append(_pi_check())
+    found.extend(_pi_check())
     return found
 
 
-PI_PIN: Final = "0.73.1"  # the pi scripts/install-pi installs, and the tests run against
-PINNED_BIN: Final = Path(".pi-cli") / "node_modules" / ".bin" / "pi"
+PI_PIN: Final = "1.6.0"  # the pi scripts/install-pi installs, and the tests run against
+PINNED_BIN: Final = Path(".pi-cli") / "bin" / "pi"  # install-pi's wrapper: pi on the node it needs
 
 
 def pinned_installs() -> list[Path]:
@@ -114,17 +115,62 @@ def pinned_installs() -> list[Path]:
     return seen
 
 
-def _pi_check() -> dict[str, Any]:
-    """pi as the product starts it (``$PI_MATRIX_PI_COMMAND``, else ``pi`` on PATH); when that
-    finds none, the pinned install of ``scripts/install-pi`` is named with the line that uses it."""
+def _version_checks(command: list[str], answered: str) -> list[dict[str, Any]]:
+    """pi's version against the supported range, and its node against what that pi needs
+    (its package.json's engines.node)."""
+    info = pi_info(command)
+    version = info.version or parse_version(answered)
+    shown = " ".join(command)
+    found: list[dict[str, Any]] = []
+    if info.version is not None and version is not None and answered.startswith("it did not"):
+        found.append(_check("pi", False, f"{shown}: pi {info.text}, but {answered}",
+                            "see the pi's node check below", required=False))
+    elif version is None or not supported(version):
+        what = ".".join(map(str, version)) if version else f"an unreadable version ({answered!r})"
+        found.append(_check(
+            "pi", False, f"{shown}: {what}, outside the supported range {supported_range()}",
+            f"install a supported pi: 'bash scripts/install-pi' (pi {PI_PIN}, and node 22 when "
+            f"needed) in a pi-matrix checkout, then "
+            f"export {ENV_PI_COMMAND}='[\"/path/to/the/checkout/{PINNED_BIN}\"]'",
+            required=False,
+        ))  # fmt: skip
+    else:
+        detail = f"{shown}: {answered} (supported: {supported_range()})"
+        found.append(_check("pi", True, detail, required=False))
+    node = node_for(command)
+    node_text = _version([node, "--version"]) if node else None
+    node_version = parse_version(node_text or "")
+    need = info.node_need
+    if need is None:
+        detail = f"{node or 'no node'} {node_text or ''}".rstrip() + " (pi's engines.node not found)"
+        found.append(_check("pi's node", node_version is not None, detail, "install Node.js", required=False))
+        return found
+    wanted = ">=" + ".".join(map(str, need))
+    ok = node_version is not None and node_version >= need
+    found.append(_check(
+        "pi's node", ok, f"{node} {node_text or '(no version)'}; pi {info.text} needs node {wanted}",
+        f"'bash scripts/install-pi' installs node 22 next to pi when the system's is older, and "
+        f"{PINNED_BIN} runs pi on it; or install Node.js {wanted}",
+        required=False,
+    ))  # fmt: skip
+    return found
+
+
+def _pi_check() -> list[dict[str, Any]]:
+    """pi as the product starts it (``$PI_MATRIX_PI_COMMAND``, else ``pi`` on PATH), with its
+    version and node checked; when that finds none, the pinned install of ``scripts/install-pi``
+    is named with the line that uses it."""
     try:
         command = pi_command()
     except ContractError as exc:
-        return _check("pi", False, f"{ENV_PI_COMMAND}: {exc.problem}", exc.fix, required=False)
+        return [_check("pi", False, f"{ENV_PI_COMMAND}: {exc.problem}", exc.fix, required=False)]
     program = shutil.which(command[0])
     version = _version([*command, "--version"]) if program else None
     if version is not None:
-        return _check("pi", True, f"{' '.join(command)}: {version}", required=False)
+        return _version_checks(command, version)
+    if program is not None and pi_info(command).version is not None:
+        # Its package.json is found but it does not run: most often a node older than it needs.
+        return _version_checks(command, "it did not answer --version")
     # Found but silent is not "not found": the user's command runs, it only does not answer.
     shown = " ".join(command)
     missing = f"{command[0]!r} not found" if program is None else f"'{shown} --version' gave no version"
@@ -133,14 +179,14 @@ def _pi_check() -> dict[str, Any]:
         if pinned is not None:
             where = f"{missing}; the pinned install {binary} ({pinned}) is not in use"
             use = f"export {ENV_PI_COMMAND}='{json.dumps([str(binary)])}'"
-            return _check("pi", False, where, f"use it: {use}", required=False)
-    return _check(
+            return [_check("pi", False, where, f"use it: {use}", required=False)]
+    return [_check(
         "pi", False, missing,
-        f"install the pinned pi {PI_PIN}: 'bash scripts/install-pi' in a pi-matrix checkout (it runs "
-        f"'npm install --prefix .pi-cli @mariozechner/pi-coding-agent@{PI_PIN}'), then "
-        f"export {ENV_PI_COMMAND}='[\"/path/to/the/checkout/{PINNED_BIN}\"]'",
+        f"install the pinned pi {PI_PIN}: 'bash scripts/install-pi' in a pi-matrix checkout (it installs "
+        f"@earendil-works/pi-coding-agent@{PI_PIN} into .pi-cli/, with node 22 when the system's is "
+        f"older), then export {ENV_PI_COMMAND}='[\"/path/to/the/checkout/{PINNED_BIN}\"]'",
         required=False,
-    )  # fmt: skip
+    )]  # fmt: skip
 
 
 def cmd_doctor(args: argparse.Namespace, io: Io) -> int:

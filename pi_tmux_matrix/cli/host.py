@@ -25,6 +25,7 @@ from ..contract import (
 from ..errors import ContractError, PiMatrixError
 from ..identity import ID_PATTERN, AgentIdentityContract, Mode, validate_id
 from ..matrix.tickets import LaunchTickets, Taken
+from ..piversion import is_pi_program
 from ..programs import agent_argv
 from ..settings import load_settings
 from ..supervise.host import AgentHost, HostHooks, HostSpec
@@ -97,13 +98,27 @@ def _abs(path: str | None) -> str | None:
 
 
 def provider_of(argv: list[str], named: str | None = None) -> str | None:
-    """The agent CLI: ``named`` (``--provider``) if given, else ARGV[0]'s name when it is an id."""
+    """The agent CLI: ``named`` (``--provider``) if given; ``pi`` when ARGV starts pi whatever its
+    name (``node …/pi-coding-agent/dist/cli.js``, a link to it, a wrapper script naming it);
+    else ARGV[0]'s name when it is an id. A name that looks like a pi's but is not ``pi``
+    (``pi-1.6.0``) is refused: whether it gets the bridge must not be a guess."""
     if named:
         return validate_id(named, "--provider")
-    if argv:
-        name = os.path.basename(argv[0])
-        if ID_PATTERN.fullmatch(name):
-            return name
+    if not argv:
+        return None
+    name = os.path.basename(argv[0])
+    if name == "pi" or is_pi_program(argv):
+        return "pi"
+    if name.startswith(("pi-", "pi_", "pi.")) and name != "pi-matrix":
+        raise ContractError(
+            "--provider",
+            f"missing: ARGV[0] {name!r} may be pi under another name, and only a pi started as pi "
+            "gets the bridge (handoffs, the tmux_agent_manager tool, the envelope)",
+            "give --provider pi to run it as pi with the bridge, or --provider <its name> to run it "
+            "as another CLI",
+        )
+    if ID_PATTERN.fullmatch(name):
+        return name
     return None
 
 

@@ -134,6 +134,8 @@ def describe(
         lines.append(f"  child        pid {entry.child_pid} start {entry.child_proc_start}")
     if entry.task_ref:
         lines.append(f"  task         {entry.task_ref}")
+    if entry.agent_version is not None:
+        lines.append(f"  version      {entry.identity.provider or 'agent'} {entry.agent_version}")
     for name, value in attrs.asdict(entry.identity).items():
         if value not in (None, (), []):
             shown = value.value if hasattr(value, "value") else value

@@ -26,7 +26,9 @@ from ..identity import AgentIdentityContract, Mode, Role, validate_id, validate_
 from ..matrix import lifecycle
 from ..matrix.model import Entry, Handoff, Status
 from ..matrix.store import MatrixStore, now_ms
+from ..piversion import program_length
 from ..programs import agent_argv
+from ..projecttrust import master_trust
 from ..settings import load_settings
 from ..supervise.claim import check_claim, live_master, stray_agent, take_over
 from ..supervise.feed import EntryFeed
@@ -81,6 +83,7 @@ def register(sub: Any, epilog: str) -> None:
     how.add_argument(
         "--headless", action="store_true", help="only report foreign orphans; write nothing for them"
     )
+    master.add_argument("--provider", metavar="NAME", help="the agent CLI (default: ARGV[0]'s name)")
     master.add_argument("--once", action="store_true", help="return after activation")
     master.add_argument(
         "--json", action="store_true", help="with --once: print the activation report as JSON"
@@ -203,7 +206,9 @@ def _bridged_pi(
     restarted master continues its conversation); and the cwd pi runs it in."""
     from ..bridge import bridge_path
 
-    head, rest = argv[:1], argv[1:]
+    # pi's flags go after the program: `pi`, or `node …/cli.js`.
+    at = program_length(argv)
+    head, rest = argv[:at], argv[at:]
     added = [_BRIDGE_FLAG, str(bridge_path())]
     session_file = None
     if not any(word.split("=", 1)[0] in _SESSION_FLAGS for word in rest):
@@ -364,15 +369,21 @@ def _master_contract(args: argparse.Namespace) -> LaunchContract:
     return contract
 
 
-def _master_identity(
-    argv: list[str], contract: LaunchContract, session_id: str, mode: Mode, previous: Entry | None
+def _master_identity(  # noqa: PLR0917 (one call site; each argument is a different thing)
+    args: argparse.Namespace, argv: list[str], contract: LaunchContract, session_id: str, mode: Mode,
+    previous: Entry | None, io: Io,
 ) -> tuple[list[str], AgentIdentityContract]:
-    """The agent's argv (a pi gets the bridge and its session's one file) and the master's identity."""
-    provider = provider_of(argv)
+    """The agent's argv (a pi gets the bridge, its session's one file and its project-trust
+    decision) and the master's identity."""
+    provider = provider_of(argv, args.provider)
     session_file: str | None = None
     cwd = os.getcwd()
     if provider == "pi":
         argv, session_file, cwd = _bridged_pi(argv, session_id, cwd, previous)
+        # pi >= 0.79's "Trust project folder?": decided (or left to pi), and said, before pi starts.
+        argv, said = master_trust(argv, cwd, mode is Mode.INTERACTIVE)
+        if said is not None:
+            io.err.write(f"pi-matrix: project trust: {said}\n")
     identity = AgentIdentityContract(
         agent_id=contract.agent_id or f"master-{session_id[:12]}",
         session_id=session_id,
@@ -408,7 +419,7 @@ def cmd_master(args: argparse.Namespace, io: Io) -> int:
     # (and again under the entry's lock as the master registers).
     previous = store.find(f"{Role.MASTER.value}-{session_id}")
     check_claim(previous, takeover=args.takeover)
-    argv, identity = _master_identity(argv, contract, session_id, mode, previous)
+    argv, identity = _master_identity(args, argv, contract, session_id, mode, previous, io)
     # A print-mode pi ends after one run: a handoff cannot wake it, so it is printed instead.
     bridged = identity.provider == "pi" and mode is not Mode.PRINT and _BRIDGE_FLAG in argv
     session = _MasterSession(

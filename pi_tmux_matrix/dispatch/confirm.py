@@ -47,7 +47,8 @@ def check_programs(planned: Sequence[PlannedAgent], env: Mapping[str, str]) -> N
         if found is None:
             where = "is not an executable file" if os.sep in program else "is not on PATH"
             hint = (
-                "install pi (npm i -g @mariozechner/pi-coding-agent) or set PI_MATRIX_PI_COMMAND"
+                "install pi (npm i -g @earendil-works/pi-coding-agent; pi-matrix's scripts/install-pi) "
+                "or set PI_MATRIX_PI_COMMAND"
                 if os.path.basename(program) == "pi"
                 else f"install it or fix the command of profile {plan.launch.profile.name!r}"
             )

@@ -36,6 +36,7 @@ from .profile_checks import (
     MAX_EXTENSIONS,
     MAX_TEXT_CHARS,
     MAX_WRITE_PATHS,
+    PI_PROCESS_TOOLS,
     PROVIDERS,
     PYTHON_WORD,
     TASK_WORD,
@@ -155,7 +156,7 @@ class WorkerLaunchProfile:
         and tools, and bash is never confined (it runs with the user's full rights)."""
         paths = self.is_pi and bool(self.write_paths)
         tools = self.is_pi and self.tools is not None
-        bash = not tools or "bash" in (self.tools or ())
+        bash = not tools or bool(PI_PROCESS_TOOLS.intersection(self.tools or ()))
         if paths and not bash:
             return "confined: paths and tools"
         if paths:

@@ -31,6 +31,7 @@ __all__ = [
     "MAX_TEXT_CHARS",
     "MAX_WRITE_PATHS",
     "PI_BUILTIN_TOOLS",
+    "PI_PROCESS_TOOLS",
     "PROVIDERS",
     "PYTHON_WORD",
     "TASK_WORD",
@@ -82,12 +83,15 @@ TOOL_PATTERN: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 # Tools that start other agents (the master's tmux_agent_manager, seed 003's fork, pi's subagent
 # example): never in a worker's ceiling. The bridge's envelope.ts keeps the same list.
 AGENT_LAUNCHING_TOOLS: Final = frozenset({"tmux_agent_manager", "fork", "subagent"})
-# pi's own tools: `allToolNames` in pi 0.73.1's dist/core/tools/index.js (tests/test_profiles.py
-# holds this list against the installed pi, so a pi that adds one fails there, not silently).
+# pi's own tools: `allToolNames` in dist/core/tools/index.js of every supported pi (0.73.1 has the
+# first seven; 1.x adds `powershell`). tests/test_profiles.py holds this list against the
+# installed pi, so a pi that adds one fails there, not silently.
 # A pi profile's `tools` may name these and what its own extensions provide (`extension_tools`);
 # pi takes any other name in --tools without a word and the worker simply lacks that tool. The
 # bridge's own tools (tmux_agent_manager, fork) all launch agents, so no worker ever has them.
-PI_BUILTIN_TOOLS: Final = ("read", "bash", "edit", "write", "grep", "find", "ls")
+PI_BUILTIN_TOOLS: Final = ("read", "bash", "powershell", "edit", "write", "grep", "find", "ls")
+# pi's tools that run commands with the user's rights: the envelope never confines them.
+PI_PROCESS_TOOLS: Final = frozenset({"bash", "powershell"})
 # Authority the dispatcher grants per launch; a profile setting one would forge it.
 RESERVED_ENV: Final = CONTRACT_ENV
 
@@ -152,9 +156,10 @@ class Checker:
             raise self.fail(field, exc.problem, exc.fix) from None
 
 
+# -a/--approve too: a worker never trusts the project's .pi/ (launch-profiles.md#project-trust).
 _PI_AUTHORITY_FLAGS: Final = frozenset(
     {"--tools", "--no-tools", "-nt", "--no-builtin-tools", "-nbt", "-e", "--extension", "--no-extensions",
-     "-ne"}
+     "-ne", "--approve", "-a"}
 )  # fmt: skip
 
 
@@ -177,7 +182,7 @@ def check_command(check: Checker, value: object, provider: str) -> None:
         flag = word.split("=", 1)[0]
         if provider == "pi" and flag in _PI_AUTHORITY_FLAGS:
             raise check.fail(
-                f"command[{index}]", f"{shown(word)} sets pi's tools or extensions",
+                f"command[{index}]", f"{shown(word)} sets pi's tools, extensions or project trust",
                 "use the profile's tools and extensions fields instead",
             )  # fmt: skip
         if AGENT_LAUNCHING_TOOLS & set(re.split(r"[,= ]", word)):

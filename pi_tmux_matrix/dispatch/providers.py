@@ -16,6 +16,8 @@ import attrs
 
 from ..errors import ContractError, ProfileError
 from ..identity import Mode, validate_id
+from ..piversion import TRUST_FLAGS_SINCE, pi_info, warn_unsupported
+from ..programs import agent_argv
 from .profile import PYTHON_WORD, TASK_WORD, WorkerLaunchProfile
 
 __all__ = ["MAX_TASK_ARG_BYTES", "AgentCommand", "agent_command"]
@@ -112,6 +114,10 @@ def _pi(
     session_file: str | None,
     lane: str | None,
 ) -> tuple[list[str], str | None]:
+    # Read before any flag is added: the command alone names the pi (its package.json; no
+    # process is started for it).
+    info = pi_info(agent_argv(argv), ask=False)
+    warn_unsupported(info)
     if profile.mode is Mode.RPC:
         argv += ["--mode", "rpc"]
     elif profile.mode is Mode.PRINT:
@@ -127,6 +133,14 @@ def _pi(
     # No discovered extensions: a worker could have planted one in the project's .pi/ (seed 002:
     # agent hosts load only what they name). The bridge and the profile's own come with -e.
     argv.append("--no-extensions")
+    # Nor is the project trusted (pi >= 0.79 asks "Trust project folder?" before it loads
+    # .pi/settings.json, skills, prompts, SYSTEM.md, mcp.json or extensions, and an unanswered
+    # dialog would hold the worker forever): a worker never loads project-local pi resources,
+    # as the envelope never lets it load .pi/ code. AGENTS.md context files are not trust-gated
+    # and still load. An older pi has no dialog and no flag; a pi whose version cannot be read
+    # is answered by the bridge instead (PI_MATRIX_PROJECT_TRUST=no, see plugin.py).
+    if info.knows(TRUST_FLAGS_SINCE):
+        argv.append("--no-approve")
     for extension in profile.extensions:
         argv += ["-e", extension]
     if profile.append_system_prompt is not None:

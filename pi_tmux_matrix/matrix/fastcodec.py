@@ -50,6 +50,7 @@ FIELDS: Final[dict[type[Any], frozenset[str]]] = {
             "reason", "generation", "registration", "pid", "procStart", "bootId", "parentPid",
             "parentSessionId", "parentProcStart", "taskRef", "taskSummary", "childPid",
             "childProcStart", "heartbeatAt", "directive", "resumable", "handoffs", "exit",
+            "agentVersion",
         }
     ),
     AgentIdentityContract: frozenset(
@@ -180,7 +181,9 @@ def _entry(doc: dict[str, Any]) -> Entry:
     get = _object(doc, _ENTRY).get
     strings = (doc["key"], get("generation", ""), get("registration", ""), get("taskSummary", ""))
     numbers = (doc["createdAt"], doc["updatedAt"], get("schemaVersion", SCHEMA_VERSION))
-    optional_strings = (get("reason"), get("bootId"), get("parentSessionId"), get("taskRef"))
+    optional_strings = (
+        get("reason"), get("bootId"), get("parentSessionId"), get("taskRef"), get("agentVersion"),
+    )  # fmt: skip
     optional_numbers = (
         get("pid"), get("procStart"), get("parentPid"), get("parentProcStart"), get("childPid"),
         get("childProcStart"), get("heartbeatAt"),
@@ -194,7 +197,7 @@ def _entry(doc: dict[str, Any]) -> Entry:
         raise _Unsure
     directive, resumable, ended = get("directive"), get("resumable"), get("exit")
     key, generation, registration, task_summary = strings
-    reason, boot_id, parent_session_id, task_ref = optional_strings
+    reason, boot_id, parent_session_id, task_ref, agent_version = optional_strings
     pid, proc_start, parent_pid, parent_proc_start, child_pid, child_proc_start, heartbeat_at = (
         optional_numbers
     )
@@ -209,7 +212,7 @@ def _entry(doc: dict[str, Any]) -> Entry:
         directive=None if directive is None else _directive(directive),
         resumable=None if resumable is None else _payload(resumable),
         handoffs=[_handoff(h) for h in handoffs],
-        exit=None if ended is None else _exit(ended),
+        exit=None if ended is None else _exit(ended), agent_version=agent_version,
     )  # fmt: skip
 
 

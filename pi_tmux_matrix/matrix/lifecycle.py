@@ -65,6 +65,7 @@ def new_entry(
     task_ref: str | None = None,
     task_summary: str = "",
     status: Status = Status.RUNNING,
+    agent_version: str | None = None,
 ) -> Entry:
     """The entry a process writes when it registers (the store stamps the tokens)."""
     declared_pid = parent.pid if parent is not None else parent_pid
@@ -84,6 +85,7 @@ def new_entry(
         parent_proc_start=parent.start_ticks if parent is not None and role is Role.WORKER else None,
         task_ref=task_ref,
         task_summary=bounded(task_summary),
+        agent_version=agent_version,
     )
 
 

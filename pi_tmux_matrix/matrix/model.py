@@ -239,6 +239,8 @@ class Entry:
     resumable: ResumablePayload | None = None
     handoffs: tuple[Handoff, ...] = attrs.field(default=(), converter=_to_handoffs, validator=_check_handoffs)
     exit: ExitRecord | None = None
+    # The agent CLI's version when known at launch (pi's, from its package.json): which pi ran.
+    agent_version: str | None = attrs.field(default=None, validator=_max_len("agentVersion", MAX_REASON))
 
     def __attrs_post_init__(self) -> None:
         # The key is derived from the identity; a record whose key disagrees with it is a

@@ -38,6 +38,7 @@ from ..matrix import lifecycle
 from ..matrix.mailbox import MAX_MESSAGE_BYTES, AgentNotices, EventLog, Message
 from ..matrix.model import Entry, ExitKind, Status
 from ..matrix.store import MatrixStore, now_ms
+from ..piversion import agent_version
 from ..settings import MatrixSettings
 from .bridge_reports import BRIDGE_KINDS, BridgeReports, SessionReport
 from .child import AgentChild, child_env, exit_code_of
@@ -109,8 +110,7 @@ class AgentHost:
         err: IO[str] | None = None,
     ) -> None:
         self.spec = spec
-        self.store = store
-        self.settings = settings
+        self.store, self.settings = store, settings
         self.hooks = hooks or HostHooks()
         self.out = out or sys.stdout
         self.role = spec.role or spec.contract.role
@@ -169,9 +169,9 @@ class AgentHost:
                 self.worker.parent = procs.identify(contract.parent_pid)
         entry = lifecycle.new_entry(
             role=self.role, identity=self.spec.identity, process=self.me, now=now_ms(),
-            parent=self.worker.parent, parent_pid=contract.parent_pid,
-            parent_session_id=contract.parent_session, task_ref=contract.task_ref,
-            task_summary=self.spec.task_summary,
+            parent=self.worker.parent, parent_pid=contract.parent_pid, task_ref=contract.task_ref,
+            parent_session_id=contract.parent_session, task_summary=self.spec.task_summary,
+            agent_version=agent_version(self.spec.argv, self.spec.identity),
         )  # fmt: skip
         if self.spec.take_over is not None:
             entry = lifecycle.with_child(entry, self.spec.take_over)
