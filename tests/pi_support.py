@@ -64,6 +64,17 @@ def pi_jiti() -> Path:
     pytest.skip(f"no jiti beside {pi} (it comes with pi)")
 
 
+def pi_dist() -> Path:
+    """The ``dist`` folder of the pi the tests run (``@earendil-works`` from 0.74, ``@mariozechner``
+    before), to import pi's own modules (its tools) in node."""
+    modules = pi_jiti().parent.parent.parent
+    for scope in ("@earendil-works", "@mariozechner"):
+        dist = modules / scope / "pi-coding-agent" / "dist"
+        if dist.is_dir():
+            return dist
+    pytest.skip(f"no pi-coding-agent package in {modules}")
+
+
 _BRIDGE_HARNESS = """import {{ createJiti }} from {jiti};
 {no_poll}const handlers = {{}};
 const pi = new Proxy({{}}, {{

@@ -19,7 +19,7 @@ from typing import Any
 
 from fake_llm import Reply
 from helpers import read_events
-from pi_support import fd_shim, pi_jiti
+from pi_support import fd_shim, pi_dist, pi_jiti
 from test_dispatch import wait_for
 from test_envelope import PiLab, _profile, _run_worker, _tool_results, envlab  # noqa: F401
 
@@ -65,8 +65,7 @@ def run_filter(
     """Each call run by pi's own grep or find tool on ``work`` (or each synthetic ``event``),
     then envelope.ts's filterSearch with ``root`` as the private root; the answers in order."""
     jiti = pi_jiti()
-    dist = jiti.parent.parent.parent / "@mariozechner" / "pi-coding-agent" / "dist"
-    tools = dist / "core" / "tools" / "index.js"
+    tools = pi_dist() / "core" / "tools" / "index.js"
     module = bridge_path().parent / "envelope.ts"
     script = base / "filter.mjs"
     w = json.dumps(str(work))
@@ -168,11 +167,13 @@ def test_each_line_is_judged_by_the_file_it_names(tmp_path: Path) -> None:
     file (which the worker may read) lose the truncated text; an error naming paths is withheld."""
     work = tree(tmp_path, split=False)
     (work / "[1 results limit reached]").write_text("")
+    # Two matches for a limit of one: pi 1.x notes the limit only once a further match proves it.
+    (work / "notes" / "two.txt").write_text("limit-me 1\nlimit-me 2\n")
     grep, find, limited, error, aborted, truncated, bracket = run_filter(
         tmp_path, work,
         [{"tool": "grep", "args": {"pattern": "token="}},
          {"tool": "find", "args": {"pattern": "*"}},
-         {"tool": "grep", "args": {"pattern": "token=", "limit": 1, "glob": "plain.txt"}}],
+         {"tool": "grep", "args": {"pattern": "limit-me", "limit": 1, "glob": "two.txt"}}],
         [{"tool": "grep", "isError": True,
           "content": [{"type": "text", "text": f"rg: {work}/secrets/x: Permission denied (os error 13)"}]},
          {"tool": "grep", "isError": True, "content": [{"type": "text", "text": "Operation aborted"}]},
