@@ -18,7 +18,7 @@
 //     own UI (resume / adopt / clean up / leave) and the answer is carried out through the CLI;
 //     without a UI (print, rpc) they are only reported.
 import { Type } from "typebox";
-import { type Cli, cliError, runCli } from "./cli.ts";
+import { type Cli, cliError, runCli, runCliAsync } from "./cli.ts";
 import { env, post, role } from "./common.ts";
 import type { Delivery, Mode } from "./delivery.ts";
 import { toolWords } from "./toolwords.ts";
@@ -448,7 +448,9 @@ export function installMaster(pi: any, delivery: Delivery): void {
   });
 
   async function askAboutOrphans(ctx: any): Promise<void> {
-    const scan = runCli(["scan", "--json"], ctx?.cwd);
+    // Not blocking pi: a handoff the host posts as pi reports ready goes in (and is acknowledged)
+    // while the scan runs (issue 29.6), not half a second later.
+    const scan = await runCliAsync(["scan", "--json"], ctx?.cwd);
     if (scan.code !== 0) return;
     let rows: any[] = [];
     try {

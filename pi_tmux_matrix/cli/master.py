@@ -1,9 +1,7 @@
 """The ``master`` verb: a master session's activation, its agent, and its workers' handoffs.
 
-Owns the relauncher the master recovers exact orphans with, the activation report as text and
-JSON, the bridged pi argv, and how a worker's handoff reaches the master (posted to a bridged
-pi, printed otherwise).
-"""
+Owns the relauncher for exact orphans, the activation report (text, JSON), the bridged pi argv,
+and how a worker's handoff reaches the master (posted to a bridged pi, printed otherwise)."""
 
 from __future__ import annotations
 
@@ -236,6 +234,7 @@ class _MasterSession:
     awaiting: dict[str, str] = attrs.field(factory=dict)  # handoff id -> entry key, posted to pi
     replaced: Entry | None = None  # the record this master's registration replaced
     acks: ThreadPoolExecutor | None = None  # the running host's (see ACK_THREADS); none for --once
+    ready: bool = False  # the bridge has reported: handoffs held until then were posted
 
     def claim(self, previous: Entry | None) -> None:
         """Under the entry's lock, as this master registers: one master per session (--takeover
@@ -332,10 +331,12 @@ class _MasterSession:
             host.add_watch(feed.fd, lambda: self._deliver(feed.changed()))
 
     def on_wake(self, host: AgentHost) -> None:
-        # pi took some handoffs (its bridge's report just came in): acknowledge them now.
-        taken = {key for hid, key in self.awaiting.items() if hid in host.reports.handoffs_accepted}
-        if taken:
-            self._deliver(taken)
+        # pi took some handoffs (its bridge's report just came in): acknowledge them now. The
+        # bridge's first report (pi is ready, issue 29.6): what was held for it is posted now.
+        keys: set[str] | None = {k for h, k in self.awaiting.items() if h in host.reports.handoffs_accepted}
+        if host.reports.seen and not self.ready:
+            self.ready, keys = True, None
+        self._deliver(keys)
 
     def _deliver(self, keys: set[str] | None) -> None:
         if self.master is not None and keys != set():
@@ -372,7 +373,7 @@ def _master_contract(args: argparse.Namespace) -> LaunchContract:
 def _master_identity(  # noqa: PLR0917 (one call site; each argument is a different thing)
     args: argparse.Namespace, argv: list[str], contract: LaunchContract, session_id: str, mode: Mode,
     previous: Entry | None, io: Io,
-) -> tuple[list[str], AgentIdentityContract]:
+) -> tuple[list[str], AgentIdentityContract]:  # fmt: skip
     """The agent's argv (a pi gets the bridge, its session's one file and its project-trust
     decision) and the master's identity."""
     provider = provider_of(argv, args.provider)
