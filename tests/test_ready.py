@@ -15,7 +15,7 @@ import pytest
 from fake_llm import FakeLLM, Reply, write_pi_agent_dir
 from helpers import make_entry, make_identity, read_events
 from pi_support import pi_bin
-from test_dispatch import Lab
+from test_dispatch import Lab, wait_for
 
 from pi_tmux_matrix.cli.listing import describe
 from pi_tmux_matrix.identity import ProcessIdentity
@@ -185,3 +185,39 @@ def test_fire_waits_until_a_real_pi_is_ready_and_every_view_says_so(pilab: tuple
     assert "working (ready)" in jobs, jobs
     (job,) = json.loads(_cli(lab, "jobs", "--json").stdout)
     assert job["agents"][0]["readyAt"] == ready_at
+
+
+def test_a_session_switch_keeps_the_ready_time_of_the_same_loaded_agent(lab: Lab) -> None:
+    from pi_tmux_matrix.matrix.mailbox import Inbox
+
+    lab.start_master()
+    fired = lab.fire("Say hello.")  # the stand-in reports in as the pi bridge does (-e …/bridge.ts)
+    (agent,) = fired.job.agents
+    ready_at = wait_for(
+        "the report", lambda: e.ready_at if (e := lab.store.find(agent.key)) is not None else None
+    )
+    Inbox(lab.store, agent.key).post("switch", json.dumps({"sessionId": "next-1"}), sender="test")
+    moved = wait_for(
+        "the switched entry with its agent",
+        lambda: e if (e := lab.store.find("worker-next-1")) is not None and e.child_pid else None,
+    )
+    assert moved.ready_at == ready_at  # the same pi, still loaded: not "loading" again
+    old = lab.store.get(agent.key)
+    assert old.reason == "session_switched" and old.ready_at == ready_at
+
+
+def test_an_agent_with_no_bridge_is_ready_once_running_and_no_view_says_loading(lab: Lab) -> None:
+    lab.start_master()
+    assert lab.master is not None
+    agent_json = json.dumps({"provider": "custom", "name": "plain", "command": "sleep 60"})
+    done = _cli(
+        lab, "fire", "--agent", agent_json, "--path", str(lab.work), "--socket", lab.socket,
+        "--parent-pid", str(lab.master.pid), "--parent-session", lab.master.identity.session_id,
+        "--wait-ready", "20", "--", "30",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ready  " in done.stdout and "running (no bridge to report more)" in done.stdout
+    (entry,) = [e for e in lab.store.list().entries if e.key.startswith("worker-")]
+    assert entry.ready_at is None and entry.readiness is None
+    assert "loading" not in _cli(lab, "ls").stdout
+    assert "has no bridge to report it: ready once running" in _cli(lab, "show", entry.key).stdout
