@@ -215,6 +215,7 @@ def entries(draw: st.DrawFn) -> Entry:
         child_pid=draw(opt(big_ints)),
         child_proc_start=draw(opt(big_ints)),
         heartbeat_at=draw(opt(ms)),
+        ready_at=draw(opt(ms)),
         directive=draw(opt(directives)),
         resumable=draw(opt(payloads(identity))),
         handoffs=tuple(draw(st.lists(handoffs, max_size=3))),
@@ -308,6 +309,7 @@ def pool_entry(rng: random.Random) -> Entry:
         child_pid=maybe(number()),
         child_proc_start=maybe(number()),
         heartbeat_at=maybe(number()),
+        ready_at=maybe(number()),
         directive=maybe(
             Directive(
                 kind=rng.choice(list(DirectiveKind)),

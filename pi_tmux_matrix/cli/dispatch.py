@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from .. import procs, strictjson
 from ..dispatch import BACKEND_NAMES, TMUX
+from ..dispatch.ready import READY_S
 from ..errors import EXIT_OK, ContractError, DispatchError, NotConfirmed, ResumeRefused
 from ..matrix.codec import MAX_ENTRY_BYTES as INPUT_MAX_BYTES
 from ..settings import load_settings
 from .base import STOP_WORD, age, confirmed, store_of
+from .fire_report import check_wait_ready, report_fire
 from .names import resolve_job, resolve_key
 from .render import Column, Row, print_table, tree_indent
 from .usage import job_usage_lines, write_usage
@@ -77,6 +79,11 @@ def register(sub: Any, epilog: str) -> None:
     fire.add_argument(
         "--json", action="store_true", help="print the job id and each agent's key, target, pid"
     )
+    fire.add_argument(
+        "--wait-ready", type=float, nargs="?", const=READY_S, metavar="SECONDS",
+        help=f"then wait until each agent is ready (pi: its bridge reported in; others: running), "
+        f"at most SECONDS (default {READY_S:g}); exit 1 naming any agent that is not",
+    )  # fmt: skip
     fire.set_defaults(handler=cmd_fire, takes_argv=True)
 
     jobs = sub.add_parser("jobs", help="dispatcher jobs, reconciled with tmux and process identity", **common)
@@ -172,19 +179,10 @@ def cmd_fire(args: argparse.Namespace, io: Io) -> int:
     )  # fmt: skip
     if args.force and args.launch_key is None:
         raise ContractError("--force", "given without --launch-key", "force replaces a job named by its key")
-    result = dispatcher_of(args, args.path).fire(request)
-    if args.json:
-        dump_json(io, result.to_json())
-        return EXIT_OK
-    verb = "would launch" if result.dry_run else "launched"
-    task = result.job.task_ref or "no task ref"
-    io.out.write(f"job {result.job.id} ({task}): {verb} {len(result.job.agents)} agent(s)\n")
-    for planned, agent in zip(result.planned, result.job.agents, strict=True):
-        where = agent.where
-        io.out.write(f"  {agent.agent_id}  {agent.key}  {agent.profile}  lane {agent.lane or '-'}  {where}\n")
-        if result.dry_run:
-            io.out.write(f"    cwd  {planned.cwd}\n    argv {json.dumps(list(planned.argv))}\n")
-    return EXIT_OK
+    dispatcher = dispatcher_of(args, args.path)
+    check_wait_ready(args.wait_ready, enabled=dispatcher.settings.enabled)
+    result = dispatcher.fire(request)
+    return report_fire(io, args, dispatcher.store, result)
 
 
 def _adhoc_agents(args: argparse.Namespace) -> tuple[AdHocAgent, ...]:
@@ -247,6 +245,9 @@ def _job_rows(io: Io, view: ListedJob) -> list[Row]:
     for i, shown in enumerate(view.agents):
         agent, result = shown.agent, shown.result
         outcome = "working" if result is None else result.kind.value
+        if result is None and shown.readiness is not None:
+            # A pi agent's process runs a second before pi has loaded: its bridge says when.
+            outcome = "starting (pi loading)" if shown.readiness == "loading" else "working (ready)"
         if result is not None and result.detail:
             outcome += f" ({result.detail})"
         cells = (

@@ -78,7 +78,7 @@ def cmd_ls(args: argparse.Namespace, io: Io) -> int:
             Row(
                 (
                     entry.key, entry.role.value,
-                    entry.status.value + (f" ({entry.reason})" if entry.reason else ""),
+                    entry.status_text,
                     "yes" if live else (unsupervised(entry) or "no"), str(entry.pid or "-"),
                     str(entry.parent_pid or "-"), entry.identity.lane or "-", entry.task_ref or "-",
                     age(entry.created_at, now), age(entry.heartbeat_at, now),
@@ -110,6 +110,18 @@ def cmd_show(args: argparse.Namespace, io: Io) -> int:
     return EXIT_OK
 
 
+def _ready_text(entry: Entry, now: int) -> str:
+    """When the agent was ready: its bridge's report (pi loaded), or why there is none."""
+    if entry.ready_at is not None:
+        after = max(0, entry.ready_at - entry.created_at) / 1000
+        return f"{age(entry.ready_at, now)} ago ({after:.1f}s after it registered)"
+    if not entry.identity.is_pi:
+        return f"- ({entry.identity.provider} has no bridge to report it: ready once running)"
+    if entry.readiness == "loading":
+        return "not yet (pi loading)"
+    return "- (pi's bridge never reported in)"
+
+
 def describe(
     entry: Entry, alive: bool, blocked: list[dict[str, Any]], start_failure: str | None
 ) -> list[str]:
@@ -136,6 +148,7 @@ def describe(
         lines.append(f"  task         {entry.task_ref}")
     if entry.agent_version is not None:
         lines.append(f"  version      {entry.identity.provider or 'agent'} {entry.agent_version}")
+    lines.append(f"  ready        {_ready_text(entry, now)}")
     for name, value in attrs.asdict(entry.identity).items():
         if value not in (None, (), []):
             shown = value.value if hasattr(value, "value") else value

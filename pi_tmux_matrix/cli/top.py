@@ -169,7 +169,8 @@ def collect(store: MatrixStore, usage: Usage) -> Snapshot:
         live = alive[entry.key]
         cpu, rss = used.get(entry.key, (None, None))
         cells = (
-            entry.key, entry.status.value, "yes" if live else (unsupervised(entry) or "no"),
+            entry.key, entry.status.value + (f" ({entry.readiness})" if entry.readiness else ""),
+            "yes" if live else (unsupervised(entry) or "no"),
             "-" if cpu is None else f"{cpu:.1f}", "-" if rss is None else _bytes(rss),
             age(entry.created_at, now), entry.identity.lane or "-", entry.task_ref or "-",
             age(entry.heartbeat_at, now), str(len(entry.undelivered)), targets.get(entry.key, "-"),

@@ -96,6 +96,8 @@ class AgentView(_Subscriptable):
     tmux: TmuxState
     result: AgentResult | None  # the current round's
     results: tuple[AgentResult, ...]  # every round's, oldest first
+    ready_at: int | None = None  # the entry's readyAt: when its pi bridge reported in
+    readiness: str | None = None  # the entry's: "ready", "loading", None (ended, or no bridge)
 
     def to_json(self) -> dict[str, object]:
         agent = self.agent
@@ -111,6 +113,7 @@ class AgentView(_Subscriptable):
             "hostPid": agent.host_pid,
             "hostAlive": self.host_alive,
             "status": self.status.value if self.status is not None else None,
+            "readyAt": self.ready_at,
             "tmux": self.tmux,
             "result": None if self.result is None else result_json(self.result),
             "results": [result_json(r) for r in self.results],
@@ -238,6 +241,8 @@ def job_view(
                 tmux=(tmux_state or {}).get(agent.agent_id, "unknown" if agent.in_tmux else "n/a"),
                 result=next((r for r in rounds if r.round == agent.round), None),
                 results=rounds,
+                ready_at=entry.ready_at if entry is not None else None,
+                readiness=entry.readiness if entry is not None else None,
             )
         )
     finished = sum(1 for view in agents if view.result is not None)

@@ -50,7 +50,7 @@ FIELDS: Final[dict[type[Any], frozenset[str]]] = {
             "reason", "generation", "registration", "pid", "procStart", "bootId", "parentPid",
             "parentSessionId", "parentProcStart", "taskRef", "taskSummary", "childPid",
             "childProcStart", "heartbeatAt", "directive", "resumable", "handoffs", "exit",
-            "agentVersion",
+            "agentVersion", "readyAt",
         }
     ),
     AgentIdentityContract: frozenset(
@@ -186,7 +186,7 @@ def _entry(doc: dict[str, Any]) -> Entry:
     )  # fmt: skip
     optional_numbers = (
         get("pid"), get("procStart"), get("parentPid"), get("parentProcStart"), get("childPid"),
-        get("childProcStart"), get("heartbeatAt"),
+        get("childProcStart"), get("heartbeatAt"), get("readyAt"),
     )  # fmt: skip
     _typed(strings, _STR)
     _typed(numbers, _INT)
@@ -198,9 +198,10 @@ def _entry(doc: dict[str, Any]) -> Entry:
     directive, resumable, ended = get("directive"), get("resumable"), get("exit")
     key, generation, registration, task_summary = strings
     reason, boot_id, parent_session_id, task_ref, agent_version = optional_strings
-    pid, proc_start, parent_pid, parent_proc_start, child_pid, child_proc_start, heartbeat_at = (
-        optional_numbers
-    )
+    (
+        pid, proc_start, parent_pid, parent_proc_start, child_pid, child_proc_start, heartbeat_at,
+        ready_at,
+    ) = optional_numbers  # fmt: skip
     return Entry(
         key=key, role=_ROLES[doc["role"]], status=_STATUSES[doc["status"]],
         identity=_identity(doc["identity"]), created_at=numbers[0], updated_at=numbers[1],
@@ -213,6 +214,7 @@ def _entry(doc: dict[str, Any]) -> Entry:
         resumable=None if resumable is None else _payload(resumable),
         handoffs=[_handoff(h) for h in handoffs],
         exit=None if ended is None else _exit(ended), agent_version=agent_version,
+        ready_at=ready_at,
     )  # fmt: skip
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "make_resumable",
     "mark_delivered",
     "new_entry",
+    "ready",
     "record_round",
     "record_terminal",
     "release_launch",
@@ -124,9 +125,11 @@ def release_launch(entry: Entry) -> Entry:
     return entry.moved(Status.RESUMABLE, reason=RELAUNCH_FAILED)
 
 
-def with_child(entry: Entry, child: ProcessIdentity) -> Entry:
-    """Name the agent process, so a dead host never leaves a live child unknown."""
-    return attrs.evolve(entry, child_pid=child.pid, child_proc_start=child.start_ticks)
+def with_child(entry: Entry, child: ProcessIdentity, ready_at: int | None = None) -> Entry:
+    """Name the agent process, so a dead host never leaves a live child unknown (and, after a
+    session switch, when that same agent was ready: it is still loaded)."""
+    ready_at = entry.ready_at if ready_at is None else ready_at
+    return attrs.evolve(entry, child_pid=child.pid, child_proc_start=child.start_ticks, ready_at=ready_at)
 
 
 def with_identity(entry: Entry, **changes: Any) -> Entry:
@@ -140,6 +143,19 @@ def with_identity(entry: Entry, **changes: Any) -> Entry:
     if payload is not None:
         payload = attrs.evolve(payload, identity=identity)
     return attrs.evolve(entry, identity=identity, resumable=payload)
+
+
+def ready(entry: Entry, now: int, session_file: str | None = None) -> Entry | None:
+    """The bridge reported in (pi's session_start): the agent is ready, recorded once, with pi's
+    session file when it completes the identity. None (no write) when there is nothing new: a
+    second report (pi's /new, /resume, /fork and a reload report again) keeps the first time, and
+    an ended agent is not made ready by a report that arrived after its end."""
+    changed = entry
+    if session_file and session_file != entry.identity.session_file:
+        changed = with_identity(changed, session_file=session_file)
+    if entry.ready_at is None and entry.status not in (Status.TERMINAL, Status.CLOSED):
+        changed = attrs.evolve(changed, ready_at=now)
+    return None if changed is entry else changed
 
 
 def heartbeat(entry: Entry, now: int) -> Entry:

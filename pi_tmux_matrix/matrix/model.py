@@ -241,6 +241,10 @@ class Entry:
     exit: ExitRecord | None = None
     # The agent CLI's version when known at launch (pi's, from its package.json): which pi ran.
     agent_version: str | None = attrs.field(default=None, validator=_max_len("agentVersion", MAX_REASON))
+    # When the agent was ready (Unix ms): its pi bridge reported in at pi's session_start, so pi
+    # has loaded and reads its mailbox. None until then, and always for an agent with no bridge
+    # (another CLI, a pi without -e): only the bridge knows; "running" is only the process started.
+    ready_at: int | None = None
 
     def __attrs_post_init__(self) -> None:
         # The key is derived from the identity; a record whose key disagrees with it is a
@@ -284,6 +288,21 @@ class Entry:
         if self.child_pid is None or self.child_proc_start is None or self.boot_id is None:
             return None
         return ProcessIdentity(self.child_pid, self.child_proc_start, self.boot_id)
+
+    @property
+    def readiness(self) -> str | None:
+        """What the views add to a live pi agent's status: ``ready`` once its bridge reported in,
+        ``loading`` until then; None for an ended agent and for one with no bridge (another CLI,
+        which is ready once running)."""
+        if not self.identity.is_pi or self.status not in (Status.LAUNCHING, Status.RUNNING):
+            return None
+        return "loading" if self.ready_at is None else "ready"
+
+    @property
+    def status_text(self) -> str:
+        """The status as ``ls`` and ``top`` show it: ``running (ready)``, ``terminal (reason)``."""
+        notes = [note for note in (self.reason, self.readiness) if note]
+        return self.status.value + (f" ({', '.join(notes)})" if notes else "")
 
     @property
     def undelivered(self) -> tuple[Handoff, ...]:

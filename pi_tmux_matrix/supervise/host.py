@@ -232,7 +232,7 @@ class AgentHost:
         old_key = self.key
         if session_id == self.spec.identity.session_id:
             return
-        now = now_ms()
+        now, ready_at = now_ms(), self.entry.ready_at if self.entry else None  # the same pi: still ready
         self.record.write(
             lambda e: lifecycle.close(e, "session_switched", now) if e.can_move_to(Status.CLOSED) else None
         )
@@ -244,7 +244,7 @@ class AgentHost:
         self.register()
         child = self.agent.identity
         if child is not None:
-            self.record.write(lambda e: lifecycle.with_child(e, child))
+            self.record.write(lambda e: lifecycle.with_child(e, child, ready_at))
         self.events.write("session_switched", previous=old_key)
         self.record.watch_mail(self._selector, INBOX_TAG)
         if self.hooks.on_switch is not None:
@@ -264,17 +264,17 @@ class AgentHost:
 
     def _follow_session(self, report: SessionReport) -> None:
         """pi's real session: a different id (pi chose its own, /new, /resume, /fork) is a session
-        switch; the same one completes the entry's identity with pi's session file."""
+        switch; the same one completes the entry's identity with pi's session file. Either way the
+        agent is ready (``readyAt``; a switch's new entry from this report, as the same pi is up)."""
         entry = self.entry
         if report.session_id not in {
             self.spec.identity.session_id,
             entry.identity.session_id if entry else None,
         }:
             self.switch_session(report.session_id, session_file=report.session_file)
-            return
-        session_file = report.session_file
-        if session_file and session_file != (entry.identity.session_file if entry else None):
-            self.record.write(lambda e: lifecycle.with_identity(e, session_file=session_file))
+        # pi has loaded (the bridge reports at session_start): the entry says when, once.
+        now, session_file = now_ms(), report.session_file
+        self.record.write(lambda e: lifecycle.ready(e, now, session_file))
 
     # -- owner commands (and the bridge's reports, which share the inbox) ---------------------------
     def handle_messages(self, messages: list[Message]) -> None:
