@@ -8,7 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,3 +119,29 @@ def bridge_harness(bridge: Path, *, poll: bool = True, alive: bool = False) -> s
         no_poll="" if poll else no_poll,
         alive=beat if alive else "",
     )
+
+
+@contextmanager
+def pi_lab(tmp_path: Path, tmux_socket: str, **env: str) -> Iterator[tuple[Any, Any, str]]:
+    """A dispatcher ``Lab`` whose pi profiles run the real pi against a fake model started here:
+    ``(lab, llm, pi binary)``, everything cleaned up after (``env`` adds to the lab's)."""
+    from fake_llm import FakeLLM, write_pi_agent_dir
+    from test_dispatch import Lab
+
+    binary = pi_bin()
+    with FakeLLM() as llm:
+        lab = Lab(tmp_path, tmux_socket)
+        write_pi_agent_dir(lab.agent_dir, llm.base_url)
+        tmp = tmp_path / "tmp"
+        tmp.mkdir()
+        lab.env.update(
+            PI_MATRIX_PI_COMMAND=json.dumps([binary]),
+            PI_OFFLINE="1",
+            NO_PROXY="127.0.0.1,localhost",
+            TMPDIR=str(tmp),
+            **env,
+        )
+        try:
+            yield lab, llm, binary
+        finally:
+            lab.cleanup()

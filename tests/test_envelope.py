@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from fake_llm import FakeLLM, Reply, write_pi_agent_dir
 from helpers import read_events
-from pi_support import fd_shim, pi_bin, pi_jiti
+from pi_support import fd_shim, pi_bin, pi_jiti, pi_lab
 from test_dispatch import Lab, wait_for
 
 from pi_tmux_matrix.bridge import bridge_path
@@ -28,22 +28,8 @@ PiLab = tuple[Lab, FakeLLM]
 @pytest.fixture
 def envlab(tmp_path: Path, tmux_socket: str) -> Iterator[PiLab]:
     """test_real_pi's lab: a master, the dispatcher, real pi on the fake LLM; all cleaned up."""
-    binary = pi_bin()
-    with FakeLLM() as llm:
-        lab = Lab(tmp_path, tmux_socket)
-        write_pi_agent_dir(lab.agent_dir, llm.base_url)
-        tmp = tmp_path / "tmp"
-        tmp.mkdir()
-        lab.env.update(
-            PI_MATRIX_PI_COMMAND=json.dumps([binary]),
-            PI_OFFLINE="1",
-            NO_PROXY="127.0.0.1,localhost",
-            TMPDIR=str(tmp),
-        )
-        try:
-            yield lab, llm
-        finally:
-            lab.cleanup()
+    with pi_lab(tmp_path, tmux_socket) as (lab, llm, _binary):
+        yield lab, llm
 
 
 def _profile(lab: Lab, name: str, *, tools: list[str], write_paths: list[str]) -> None:

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_llm import FakeLLM, write_pi_agent_dir
+from fake_llm import FakeLLM
 from helpers import read_events
-from pi_support import pi_bin
+from pi_support import pi_lab
 from test_dispatch import STANDIN, Lab, wait_for
 
 from pi_tmux_matrix import procs
@@ -183,21 +183,9 @@ def test_takeover_stops_an_agent_left_without_its_host_and_starts_the_new_one(la
 # === cases 3 and 7 with real pi ===================================================================
 @pytest.fixture
 def pilab(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Lab, FakeLLM]]:
-    binary = pi_bin()
-    with FakeLLM() as llm:
-        lab = Lab(tmp_path, tmux_socket)
-        write_pi_agent_dir(lab.agent_dir, llm.base_url)
-        tmp = tmp_path / "tmp"
-        tmp.mkdir()
-        lab.env.update(
-            PI_MATRIX_PI_COMMAND=json.dumps([binary]), PI_OFFLINE="1", NO_PROXY="127.0.0.1,localhost",
-            TMPDIR=str(tmp),
-        )  # fmt: skip
+    with pi_lab(tmp_path, tmux_socket) as (lab, llm, binary):
         lab.pi = binary  # type: ignore[attr-defined]
-        try:
-            yield lab, llm
-        finally:
-            lab.cleanup()
+        yield lab, llm
 
 
 def pi_master_window(lab: Lab, session: str, *pi_args: str) -> Entry:

@@ -12,9 +12,9 @@ from typing import Any
 
 import attrs
 import pytest
-from fake_llm import FakeLLM, Reply, write_pi_agent_dir
+from fake_llm import FakeLLM, Reply
 from helpers import make_entry, make_identity, read_events
-from pi_support import pi_bin
+from pi_support import pi_lab
 from test_dispatch import Lab, wait_for
 
 from pi_tmux_matrix.cli.listing import describe
@@ -147,20 +147,8 @@ def test_wait_ready_refuses_a_time_that_is_not_positive_before_launching(lab: La
 
 @pytest.fixture
 def pilab(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Lab, FakeLLM]]:
-    binary = pi_bin()
-    with FakeLLM() as llm:
-        lab = Lab(tmp_path, tmux_socket)
-        write_pi_agent_dir(lab.agent_dir, llm.base_url)
-        tmp = tmp_path / "tmp"
-        tmp.mkdir()
-        lab.env.update(
-            PI_MATRIX_PI_COMMAND=json.dumps([binary]), PI_OFFLINE="1", NO_PROXY="127.0.0.1,localhost",
-            TMPDIR=str(tmp),
-        )  # fmt: skip
-        try:
-            yield lab, llm
-        finally:
-            lab.cleanup()
+    with pi_lab(tmp_path, tmux_socket) as (lab, llm, _binary):
+        yield lab, llm
 
 
 def test_fire_waits_until_a_real_pi_is_ready_and_every_view_says_so(pilab: tuple[Lab, FakeLLM]) -> None:

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_llm import FakeLLM, write_pi_agent_dir
+from fake_llm import FakeLLM
 from helpers import read_events
-from pi_support import pi_bin
+from pi_support import pi_lab
 from test_dispatch import Lab, wait_for
 
 from pi_tmux_matrix import procs
@@ -22,22 +22,8 @@ from pi_tmux_matrix.matrix.model import Status
 
 @pytest.fixture
 def pilab(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Lab, FakeLLM]]:
-    binary = pi_bin()
-    with FakeLLM() as llm:
-        lab = Lab(tmp_path, tmux_socket)
-        write_pi_agent_dir(lab.agent_dir, llm.base_url)
-        tmp = tmp_path / "tmp"
-        tmp.mkdir()
-        lab.env.update(
-            PI_MATRIX_PI_COMMAND=json.dumps([binary]),
-            PI_OFFLINE="1",
-            NO_PROXY="127.0.0.1,localhost",
-            TMPDIR=str(tmp),
-        )
-        try:
-            yield lab, llm
-        finally:
-            lab.cleanup()
+    with pi_lab(tmp_path, tmux_socket) as (lab, llm, _binary):
+        yield lab, llm
 
 
 def test_a_fired_pi_worker_answers_through_the_fake_llm_and_its_job_completes_once(

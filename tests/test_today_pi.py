@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 from conftest import require_tmux
-from fake_llm import FakeLLM, write_pi_agent_dir
-from pi_support import pi_bin
+from fake_llm import FakeLLM
+from pi_support import pi_lab
 from test_dispatch import Lab, wait_for
 
 from pi_tmux_matrix.cli.host import provider_of
@@ -200,20 +200,8 @@ def tool_names(request: dict[str, Any]) -> set[str]:
 
 @pytest.fixture
 def plab(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Lab, FakeLLM, str]]:
-    binary = pi_bin()
-    with FakeLLM() as llm:
-        lab = Lab(tmp_path, tmux_socket)
-        write_pi_agent_dir(lab.agent_dir, llm.base_url)
-        tmp = tmp_path / "tmp"
-        tmp.mkdir()
-        lab.env.update(
-            PI_MATRIX_PI_COMMAND=json.dumps([binary]), PI_MATRIX_TMUX_SOCKET=tmux_socket, PI_OFFLINE="1",
-            NO_PROXY="127.0.0.1,localhost", TMPDIR=str(tmp),
-        )  # fmt: skip
-        try:
-            yield lab, llm, binary
-        finally:
-            lab.cleanup()
+    with pi_lab(tmp_path, tmux_socket, PI_MATRIX_TMUX_SOCKET=tmux_socket) as found:
+        yield found
 
 
 def needs_trust_dialog(binary: str) -> None:
