@@ -7,9 +7,7 @@ hidden verb is all a new program needs. The argv is a list, never a shell string
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -20,6 +18,7 @@ from .contract import ALLOWED_PATHS_MAX_BYTES as ENV_JSON_MAX_BYTES
 from .contract import ENV_PI_COMMAND
 from .errors import ContractError
 from .identity import AgentIdentityContract
+from .matrix.fsio import open_append
 from .matrix.model import bounded
 
 __all__ = [
@@ -161,18 +160,8 @@ def spawn_detached(
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` (a list, never a shell) in its own session with no stdin, its output appended
     to ``log_path`` (0600, never through a symlink): a process that outlives whoever started it."""
-    # Non-blocking, then a regular file only: a FIFO planted at the log's name would otherwise hold
-    # this open (and whoever fires, resumes or rehosts) until something reads it.
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = open_append(log_path)  # never a symlink, never blocking on a FIFO planted at its name
     try:
-        fd = os.open(log_path, flags, 0o600)
-    except OSError as exc:
-        if exc.errno == errno.ENXIO:  # a FIFO nobody reads: say what it is, not "no such device"
-            raise OSError(errno.EINVAL, "not a regular file (move it aside)", str(log_path)) from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file (move it aside)", str(log_path))
         os.set_blocking(fd, True)
         return subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, cwd=cwd, env=env,

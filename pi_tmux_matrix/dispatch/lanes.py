@@ -20,7 +20,6 @@ import contextlib
 import errno
 import fcntl
 import os
-import stat
 import subprocess
 import time
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from ..errors import InvalidId, LaneError
 from ..gitcmd import QUERY_TIMEOUT_S, check_linked_worktree
 from ..gitcmd import run as _run
 from ..identity import ID_PATTERN, validate_id
+from ..matrix.fsio import open_append
 
 __all__ = [
     "BRANCH_PREFIX",
@@ -368,17 +368,13 @@ def _exclude(common_dir: str) -> None:
     info = os.path.join(common_dir, "info")
     os.makedirs(info, exist_ok=True)
     path = os.path.join(info, "exclude")
-    flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path, flags, 0o644)
+        fd = open_append(path, mode=0o644, read=True)
     except OSError as exc:
-        raise LaneError(f"{path}: cannot open it ({exc.strerror}); make it a regular file") from None
+        raise LaneError(f"{path}: cannot use it ({exc.strerror}); make it a regular file") from None
     try:
-        info_stat = os.fstat(fd)
-        if not stat.S_ISREG(info_stat.st_mode) or info_stat.st_size > _EXCLUDE_MAX_BYTES:
-            raise LaneError(
-                f"{path}: not a regular file of at most {_EXCLUDE_MAX_BYTES} bytes; move it aside"
-            )
+        if os.fstat(fd).st_size > _EXCLUDE_MAX_BYTES:
+            raise LaneError(f"{path}: over {_EXCLUDE_MAX_BYTES} bytes; move it aside")
         text = os.pread(fd, _EXCLUDE_MAX_BYTES, 0).decode("utf-8", errors="replace")
         if any(line.strip() in (EXCLUDE_LINE, f"/{EXCLUDE_LINE}") for line in text.splitlines()):
             return

@@ -31,6 +31,7 @@ __all__ = [
     "durable_write",
     "new_token",
     "now_ms",
+    "open_append",
     "open_dir",
     "open_state_file",
     "opened_dir",
@@ -183,6 +184,25 @@ def read_tail(dir_fd: int, name: str, path: str, max_bytes: int) -> bytes:
     :func:`read_bounded`'s rules: never a symlink, never a FIFO."""
     fd, info = _open_regular(dir_fd, name, path, None)
     return _read_open(fd, info, path, max_bytes, tail=True, fix=None)
+
+
+def open_append(path: str | os.PathLike[str], *, mode: int = 0o600, read: bool = False) -> int:
+    """The one open of a file the product appends to where others can write (the events, an
+    agent's notices, a detached agent's log, a repository's ``info/exclude``): never through a
+    symlink, never blocking on a FIFO, a regular file only (OSError saying so otherwise). The fd is
+    left non-blocking, which changes nothing for a regular file. ``read`` opens it read-write."""
+    flags = (os.O_RDWR if read else os.O_WRONLY) | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | _O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # a FIFO nobody reads: say what it is, not "no such device"
+            raise
+        fd = -1
+    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd >= 0:
+            os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file (move it aside)", str(path))
+    return fd
 
 
 def open_state_file(path: str | os.PathLike[str]) -> int:

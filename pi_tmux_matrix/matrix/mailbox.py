@@ -30,7 +30,7 @@ import attrs
 from .. import strictjson
 from ..errors import ContractError, CorruptEntry, PiMatrixError, StoreError
 from ..settings import EVENTS_MAX_BYTES
-from .fsio import DIR_FLAGS, opened_dir, read_bounded, read_tail
+from .fsio import DIR_FLAGS, open_append, opened_dir, read_bounded, read_tail
 from .model import MAX_REASON, MAX_TEXT, Outcome
 from .store import MatrixStore, now_ms
 
@@ -72,9 +72,6 @@ MAX_MESSAGE_BYTES: Final = 64 * 1024
 ROUND_TEXT_CHARS: Final = MAX_TEXT  # of a round's own output a watcher sends its host
 _ROUND_OUTCOMES: Final = {"done": Outcome.DONE, "blocked": Outcome.BLOCKED}
 _O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
-# O_NONBLOCK: a FIFO planted at the name refuses at once (ENXIO without a reader) instead of
-# hanging the writer; anything that opens but is not a regular file is refused after fstat.
-_APPEND_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | _O_CLOEXEC
 # One events line at most (a bigger record is replaced by a marker naming its size): what
 # ``EventLog.tail`` parses, so every line written can be read back.
 EVENT_LINE_BYTES: Final = 64 * 1024
@@ -163,16 +160,6 @@ def _line(record: dict[str, Any]) -> bytes:
     return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace")
 
 
-def _open_append(path: Path) -> int:
-    """``path`` opened to append, or OSError: never a symlink, never a FIFO or another
-    non-regular file (a writer must never block on one)."""
-    fd = os.open(path, _APPEND_FLAGS, 0o600)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", str(path))
-    return fd
-
-
 def _append_line(path: Path, record: dict[str, Any]) -> None:
     _append(path, _line(record))
 
@@ -189,7 +176,7 @@ def _append(path: Path, data: bytes, max_bytes: int | None = None) -> None:
     ``O_APPEND``, so concurrent appenders never interleave a line. With ``max_bytes``, a file that
     the write would take past it is first moved to ``<path>.1`` (replacing the old generation)
     and a new one started."""
-    fd = _open_append(path)
+    fd = open_append(path)
     try:
         info = os.fstat(fd)
         if max_bytes is not None and info.st_size and info.st_size + len(data) > max_bytes:
@@ -204,7 +191,7 @@ def _append(path: Path, data: bytes, max_bytes: int | None = None) -> None:
                 os.replace(path, old)
             os.close(fd)
             fd = -1
-            fd = _open_append(path)
+            fd = open_append(path)
         os.write(fd, data)
     finally:
         if fd >= 0:
