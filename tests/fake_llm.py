@@ -65,6 +65,7 @@ class FakeLLM:
     def __init__(self, responder: Callable[[dict[str, Any]], Reply] = default_reply) -> None:
         self.responder = responder
         self.requests: list[dict[str, Any]] = []
+        self.arrived: list[float] = []  # time.monotonic() of each request, in order
         self.authorizations: list[str | None] = []  # each request's Authorization header, in order
         self._script: list[Reply] = []
         self._lock = threading.Lock()
@@ -79,6 +80,7 @@ class FakeLLM:
     def next_reply(self, request: dict[str, Any]) -> Reply:
         with self._lock:
             self.requests.append(request)
+            self.arrived.append(time.monotonic())
             if self._script:
                 return self._script.pop(0)
         return self.responder(request)
@@ -88,6 +90,11 @@ class FakeLLM:
         with self._lock:
             requests = list(self.requests)
         return [_text_of(m) for r in requests for m in r.get("messages", []) if m.get("role") == "user"]
+
+    def timed_requests(self) -> list[tuple[float, dict[str, Any]]]:
+        """Each request with the ``time.monotonic()`` it arrived at, in order."""
+        with self._lock:
+            return list(zip(self.arrived, self.requests, strict=True))
 
     @property
     def base_url(self) -> str:

@@ -8,8 +8,8 @@
 //     steer/prompt as user messages (a steer or follow-up while busy, one at a time while idle;
 //     see delivery.ts), each acknowledged once pi's conversation has it; abort, and shutdown (a
 //     clean exit);
-//   * writes a result artifact on every agent_end (final assistant text, stop reason, usage) and
-//     tells the host where it is (a "result" message);
+//   * writes a result artifact on every agent_end (final assistant text, the run's answers, stop
+//     reason, usage) and tells the host where it is (a "result" message);
 //   * claims the job round's usage for its worker (usage.ts): pi's own usage records, summed;
 //   * makes SIGTERM graceful (pi's shutdown hooks run).
 // Outside a host it does nothing. Writes are small, synchronous and durable (temp, fsync, rename,
@@ -17,7 +17,7 @@
 // dependency beyond node and pi's own extension API.
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { KEY, MAILBOX, STATE, durableWrite, lastAssistant, post, readStateFile, textOf, underHost } from "./common.ts";
+import { KEY, MAILBOX, STATE, answersOf, durableWrite, lastAssistant, post, readStateFile, textOf, underHost } from "./common.ts";
 import { Delivery, type Item, type Mode } from "./delivery.ts";
 import { UsageClaim } from "./usage.ts";
 import { installEnvelope } from "./envelope.ts";
@@ -206,6 +206,7 @@ export default function (pi: any) {
       sessionId: ctx.sessionManager.getSessionId(),
       sessionFile: ctx.sessionManager.getSessionFile() || null,
       text: textOf(last).slice(0, 16000),
+      answers: answersOf(event, 16000),
       stopReason: last ? last.stopReason || null : null,
       usage: last ? last.usage || null : null,
     };

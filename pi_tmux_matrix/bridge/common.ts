@@ -118,6 +118,23 @@ export function textOf(message: any): string {
   return "";
 }
 
+/** Each assistant text of an agent_end event's run, in order, the newest kept whole first: at
+ * most ``budget`` characters together. A marker answer is not always the run's last text (notices
+ * taken as steers are answered after it, in the same run), so the host looks in all of them. */
+export function answersOf(event: any, budget: number): string[] {
+  const messages: any[] = (event && event.messages) || [];
+  const kept: string[] = [];
+  let left = budget;
+  for (const message of [...messages].reverse()) {
+    if (!message || message.role !== "assistant" || left <= 0) continue;
+    const text = textOf(message);
+    if (!text) continue;
+    kept.unshift(text.slice(0, left));
+    left -= Math.min(text.length, left);
+  }
+  return kept;
+}
+
 /** The last assistant message of an agent_end event (undefined if none). */
 export function lastAssistant(event: any): any {
   const messages: any[] = (event && event.messages) || [];

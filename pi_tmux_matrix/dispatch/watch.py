@@ -30,11 +30,12 @@ from typing import Final
 import attrs
 import pluggy
 
-from .. import procs, strictjson
+from .. import procs
 from ..errors import CorruptEntry, PiMatrixError, TmuxUnavailable
 from ..inotify import DirWatch
 from ..inotify import available as inotify_available
-from ..matrix.fsio import open_state_file, read_state_file
+from ..matrix.artifacts import marked_answer
+from ..matrix.fsio import open_state_file
 from ..matrix.mailbox import EventLog, Inbox, addressee, round_message
 from ..matrix.store import MatrixStore, now_ms
 from ..matrix.strays import stop_stray, stray_agent
@@ -52,7 +53,6 @@ STRAY_GRACE_S: Final = 5.0  # an agent without its host: SIGTERM, this long, the
 # How long a marker's result waits for the pi bridge's usage claim (written at pi's agent_end,
 # a moment after the marker showed in the pane); as long as a handoff waits for its artifact.
 CLAIM_WAIT_S: Final = 5.0
-ARTIFACT_BYTES: Final = 256 * 1024  # of a bridge artifact read for its text (it keeps 16,000 chars)
 
 
 @attrs.define
@@ -271,16 +271,9 @@ class Watcher:
             time.sleep(0.05)
 
     def _marker_run_ended(self, folder: Path) -> bool:
-        """The bridge's newest run artifact holds this round's marker."""
-        runs = sorted(folder.glob("run-*.json"))
-        if not runs or not self.scanner.marker:
-            return False
-        try:
-            data = read_state_file(runs[-1], max_bytes=ARTIFACT_BYTES)
-            raw = strictjson.loads(data, max_bytes=ARTIFACT_BYTES)
-        except (OSError, ValueError, PiMatrixError):
-            return False
-        return isinstance(raw, dict) and self.scanner.marker in str(raw.get("text") or "")
+        """One of the bridge's newest run artifacts holds this round's marker (in any of the run's
+        answers: notices taken as steers after it are answered in the same run)."""
+        return marked_answer(folder, self.scanner.marker) is not None
 
     def _feed(self, data: bytes) -> bool:
         if self._found is None:

@@ -19,14 +19,13 @@ import attrs
 from .. import strictjson
 from ..errors import PiMatrixError
 from ..identity import validate_id
-from ..matrix.fsio import read_state_file
+from ..matrix.artifacts import Answer, final_text, marked_answer
 from ..matrix.mailbox import MAX_MESSAGE_BYTES, EventLog
 
 __all__ = [
     "BRIDGE_KINDS",
     "BRIDGE_REPORT_S",
     "ENVELOPE_TEXT_CHARS",
-    "RESULT_TEXT_BYTES",
     "BridgeReports",
     "SessionReport",
     "bridge_silent",
@@ -38,7 +37,6 @@ ENVELOPE_TEXT_CHARS: Final = 1000  # of a tool_blocked report's tool, path or re
 # What the pi bridge reports from inside the session (never an owner's command).
 BRIDGE_KINDS: Final = ("identity", "result", "bridge")
 _RUN_NAME: Final = re.compile(r"run-[0-9]{1,12}\.json")
-RESULT_TEXT_BYTES: Final = 256 * 1024  # an artifact read for its text (the bridge keeps 16,000 chars)
 # Events that show the bridge (or a new host) spoke after a ``bridge_silent``: the bridge is heard.
 _HEARD: Final = frozenset(
     {"registered", "bridge_ready", "agent_result", "notice_taken", "handoff_accepted", "bridge"}
@@ -102,17 +100,16 @@ class BridgeReports:
     def last_text(self) -> str:
         """The final assistant text of the latest result artifact ("" without one): what the
         worker answered, for its handoff's excerpt (only the rpc pipe told the host otherwise)."""
+        # The pointer is the bridge's word: a FIFO, a symlink or a huge file there is no artifact
+        # (never a host hung on a read, never a file followed out of the state dir).
+        return "" if self.result_pointer is None else final_text(self.result_pointer)
+
+    def answer_to(self, marker: str) -> Answer | None:
+        """The answer holding a round's ``marker`` in the agent's newest runs (None: the run that
+        printed it has not reported yet). Read only beside a pointer this host accepted."""
         if self.result_pointer is None:
-            return ""
-        try:
-            # The pointer is the bridge's word: a FIFO, a symlink or a huge file there is no
-            # artifact (never a host hung on a read, never a file followed out of the state dir).
-            data = read_state_file(self.result_pointer, max_bytes=RESULT_TEXT_BYTES)
-            artifact = strictjson.loads(data, max_bytes=RESULT_TEXT_BYTES)
-        except (OSError, PiMatrixError, strictjson.StrictJSONError):
-            return ""
-        text = artifact.get("text") if isinstance(artifact, dict) else None
-        return text.strip() if isinstance(text, str) else ""
+            return None
+        return marked_answer(os.path.dirname(self.result_pointer), marker)
 
     def _artifact(self, pointer: object) -> bool:
         """A result artifact's path as the bridge writes it: ``<artifacts>/<key>/run-NNNN.json``."""

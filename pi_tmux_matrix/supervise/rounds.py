@@ -88,16 +88,16 @@ class Rounds:
         end = self.pending
         if end is None:
             return
-        answer = self.reports.last_text()
-        from_artifact = end.marker in answer
+        # The answer holding the marker, in whichever of the newest runs it is: a worker that took
+        # notices as steers while it thought (re-adopted, issue 29.7) answers them after it.
+        answer = self.reports.answer_to(end.marker)
+        from_artifact = answer is not None
         bridged = self.reports.seen or self.reports.expected_by is not None
         due = self.pending_until is None or now >= self.pending_until
-        if bridged and not from_artifact and not (final or due):
+        if bridged and answer is None and not (final or due):
             return
-        if from_artifact:
-            summary, pointer = _without_marker(answer, end.marker), self.reports.result_pointer
-        else:
-            summary, pointer = _without_marker(end.text, end.marker), end.path
+        pointer: str | None = end.path if answer is None else answer.path
+        summary = _without_marker(end.text if answer is None else answer.text, end.marker)
         if end.reason:
             summary = f"{summary}\nblocked: {end.reason}".strip()
         self.pending = self.pending_until = None
