@@ -59,6 +59,10 @@ TRUST_FLAGS_SINCE: Final[Version] = (0, 79, 0)
 _WRAPPER_MAX_BYTES: Final = 8192
 _PACKAGE_MAX_BYTES: Final = 256 * 1024  # pi 1.6's package.json is ~4 KB
 _CLI_JS: Final = re.compile(r"""["']?([^"'\s]*pi-coding-agent/dist/cli\.js)["']?""")
+# A wrapper's command line that runs a program named ``pi`` (``exec pi "$@"``,
+# ``exec "/opt/pi/bin/pi" "$@"``): the wrapper is pi if that program is.
+_RUNS_PI: Final = re.compile(r"""(?m)^\s*(?:exec\s+)?["']?((?:[^"'\s$`;|&]*/)?pi)["']?(?=\s|$)""")
+_WRAPPER_DEPTH: Final = 3  # wrappers of wrappers followed this deep (and never in a loop)
 _VERSION: Final = re.compile(r"(\d+)\.(\d+)\.(\d+)")
 _BARE: Final = re.compile(r"v?\d+\.\d+\.\d+")
 
@@ -133,9 +137,10 @@ def is_pi_program(argv: Sequence[str]) -> bool:
     return bool(argv) and _package_dir_of(list(argv[: program_length(argv)])) is not None
 
 
-def _package_dir_of(command: Sequence[str]) -> Path | None:
-    """pi's package folder, from the command's own words, its resolved program, or the cli.js a
-    small wrapper script names."""
+def _package_dir_of(command: Sequence[str], depth: int = 0) -> Path | None:
+    """pi's package folder, from the command's own words, its resolved program, the cli.js a
+    small wrapper script names, or the ``pi`` a wrapper runs (a ``mypi`` script that does
+    ``exec pi "$@"`` is pi, whatever it is called)."""
     for word in command[:3]:
         if word.endswith(os.path.join("pi-coding-agent", "dist", "cli.js")):
             return Path(os.path.realpath(word)).parent.parent
@@ -147,7 +152,14 @@ def _package_dir_of(command: Sequence[str]) -> Path | None:
         return Path(real).parent.parent
     head = small_text(real)
     found = _CLI_JS.search(head) if head is not None else None
-    return Path(os.path.realpath(found[1])).parent.parent if found else None
+    if found:
+        return Path(os.path.realpath(found[1])).parent.parent
+    runs = _RUNS_PI.search(head) if head is not None and head.startswith("#!") else None
+    if runs is None or depth >= _WRAPPER_DEPTH:
+        return None
+    # The wrapper's own PATH is not known: a bare ``pi`` is looked up on ours, as the launch will.
+    inner = os.path.realpath(shutil.which(runs[1]) or runs[1])
+    return None if inner == real else _package_dir_of([inner], depth + 1)
 
 
 def _from_package(folder: Path) -> PiInfo | None:

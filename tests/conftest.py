@@ -10,6 +10,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import pi_support
 from helpers import Reaper
 
 from pi_tmux_matrix.contract import ENV_STATE_DIR, NEVER_INHERITED
@@ -31,6 +32,17 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 _SESSION_SOCKET = f"pm-test-{os.getpid()}"
+
+
+@pytest.fixture(autouse=True)
+def _real_pi_mark(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tell ``pi_support.pi_bin`` whether this test is marked ``real_pi`` (it fails one that is
+    not: .ci/run's oldest-pi pass selects by the mark)."""
+    pi_support.RUNNING_MARKED = request.node.get_closest_marker("real_pi") is not None
+    try:
+        yield
+    finally:
+        pi_support.RUNNING_MARKED = None
 
 
 def kill_tmux_server(socket: str) -> None:

@@ -18,10 +18,20 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # scripts/install-pi's wrapper: pi on the node it needs (node 22 from .pi-cli/ when the system's is older).
 DEFAULT_PI = ROOT / ".pi-cli" / "bin" / "pi"
+# Whether the running test carries the ``real_pi`` mark (set by conftest for each test; None
+# outside a test): the oldest-supported pass of .ci/run selects tests by that mark, so a test
+# that runs real pi without it would silently never meet the oldest pi.
+RUNNING_MARKED: bool | None = None
+MARK_FIX = (
+    "this test runs real pi but is not marked real_pi: add 'pytestmark = pytest.mark.real_pi' to "
+    "its module (or @pytest.mark.real_pi to it), so .ci/run's oldest-pi pass runs it too"
+)
 
 
 def pi_bin() -> str:
     """The path of the pinned pi binary, or skip (fail under ``CI=true``) saying why."""
+    if RUNNING_MARKED is False:
+        pytest.fail(MARK_FIX)
     configured = os.environ.get("PI_MATRIX_PI_BIN")
     path = Path(configured) if configured else DEFAULT_PI
     problem = None

@@ -56,6 +56,7 @@ def _durable_steps(seen: list[list[str]], final: Path) -> None:
     assert stat.S_IMODE(info.st_mode) == 0o600
 
 
+@pytest.mark.real_pi
 def test_the_bridges_report_and_artifact_are_fsynced_renamed_and_their_folder_fsynced(tmp_path: Path) -> None:
     jiti = pi_jiti()
     state = tmp_path / "state"

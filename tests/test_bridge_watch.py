@@ -13,9 +13,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from pi_support import bridge_harness, pi_jiti
 
 from pi_tmux_matrix.bridge import bridge_path
+
+pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 
 
 def read_line(proc: subprocess.Popen[str], timeout: float) -> dict[str, object] | None:

@@ -69,6 +69,7 @@ def _run_worker(lab: Lab, llm: FakeLLM, profile: str, *calls: Reply, lane: str |
     return agent
 
 
+@pytest.mark.real_pi
 def test_a_worker_scoped_to_its_worktree_writes_inside_and_every_escape_is_blocked(envlab: PiLab) -> None:
     lab, llm = envlab
     worktree = lab.work  # {worktree} without a lane is the launch's cwd
@@ -123,6 +124,7 @@ def test_a_worker_scoped_to_its_worktree_writes_inside_and_every_escape_is_block
     assert [b["path"] for b in shown["toolBlocks"]] == [r["path"] for r in records]
 
 
+@pytest.mark.real_pi
 def test_a_full_scope_worker_still_cannot_touch_pi_secrets_the_state_dir_or_other_sessions(
     envlab: PiLab,
 ) -> None:
@@ -168,6 +170,7 @@ def test_a_full_scope_worker_still_cannot_touch_pi_secrets_the_state_dir_or_othe
     assert [r["tool"] for r in blocked] == ["write", "write", "read"]
 
 
+@pytest.mark.real_pi
 def test_the_host_refuses_a_malformed_allowed_paths_value_before_starting_pi(tmp_path: Path) -> None:
     binary = pi_bin()
     marker = tmp_path / "pi-ran"
@@ -185,6 +188,7 @@ def test_the_host_refuses_a_malformed_allowed_paths_value_before_starting_pi(tmp
     assert not (tmp_path / "state").exists() or not list((tmp_path / "state").glob("worker-*.json"))
 
 
+@pytest.mark.real_pi
 def test_the_bridge_alone_given_a_malformed_value_ends_the_session_before_any_tool_runs(
     tmp_path: Path,
 ) -> None:
@@ -219,6 +223,7 @@ def test_the_bridge_alone_given_a_malformed_value_ends_the_session_before_any_to
     assert any(r.get("event") == "envelope_refused" and "relative" in r["reason"] for r in refused)
 
 
+@pytest.mark.real_pi
 def test_the_profile_tool_ceiling_makes_pi_itself_refuse_bash(envlab: PiLab) -> None:
     lab, llm = envlab
     pwned = lab.work / "pwned"
@@ -244,6 +249,7 @@ def test_a_profile_may_not_grant_an_agent_launching_tool(tool: str) -> None:
     assert "profile.tools[1]" in str(info.value) and "launches agents" in str(info.value)
 
 
+@pytest.mark.real_pi
 def test_the_resolver_judges_paths_the_way_the_kernel_will_open_them(tmp_path: Path) -> None:
     """envelope.ts's judge() on its own (through pi's jiti, no LLM): `..` after a symlink is the
     target's parent, a dangling link is followed, pi's `@`/`~` forms are expanded first."""
@@ -325,6 +331,7 @@ def test_the_host_refuses_a_confined_pi_child_without_the_bridge(tmp_path: Path)
     assert host("[]", "-p", "hello").returncode == 0 and marker.exists()
 
 
+@pytest.mark.real_pi
 def test_planted_code_is_never_loaded_and_a_worker_cannot_plant_it(envlab: PiLab) -> None:
     """Issue 16.2 and 16.3 on real pi: a worker cannot write into a .pi folder, .git/hooks or the
     agent dir (whatever the path trick: a missing folder, then `..`, then a symlink), and an
@@ -362,6 +369,7 @@ def test_planted_code_is_never_loaded_and_a_worker_cannot_plant_it(envlab: PiLab
     wait_for("3 tool_blocked events", lambda: len(read_events(lab.state, agent.key, "tool_blocked")) == 3)
 
 
+@pytest.mark.real_pi
 def test_a_search_runs_where_private_roots_are_absent_and_leaves_out_what_is_inside_them(
     tmp_path: Path,
 ) -> None:
@@ -410,6 +418,7 @@ def test_a_search_runs_where_private_roots_are_absent_and_leaves_out_what_is_ins
     assert out["find"] == {"text": "src/a.ts", "removed": 2}
 
 
+@pytest.mark.real_pi
 def test_a_real_pi_search_of_the_worktree_runs_and_leaves_out_a_private_root(envlab: PiLab) -> None:
     """Issue 16.4 on real pi (ripgrep and fd from Debian's packages): grep and find of the worktree
     run; the project's .pi/settings.json, a private root that exists inside it, is left out."""
@@ -437,6 +446,7 @@ def test_a_real_pi_search_of_the_worktree_runs_and_leaves_out_a_private_root(env
     assert "1 line(s) from private folders" in find, find
 
 
+@pytest.mark.real_pi
 def test_a_worker_cannot_aim_its_lanes_git_file_at_a_git_dir_it_wrote(envlab: PiLab) -> None:
     """Issue 28 case 1 on real pi: a worker with read, write and edit in its lane writes a git dir
     of its own under another name (HEAD, objects/, refs/heads/, a config whose core.fsmonitor is a

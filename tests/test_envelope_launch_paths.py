@@ -25,6 +25,8 @@ from test_envelope import envlab  # noqa: F401 - a fixture
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.matrix.model import Entry, Status
 
+pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
+
 SECRET = "the-outside-secret"
 
 

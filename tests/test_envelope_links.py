@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from fake_llm import Reply
 from helpers import read_events
 from test_dispatch import wait_for
 from test_envelope import PiLab, _profile, _run_worker, _tool_results, envlab  # noqa: F401
+
+pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 
 
 def test_a_write_through_a_hard_link_is_refused_and_a_worker_makes_none(envlab: PiLab) -> None:  # noqa: F811

@@ -20,9 +20,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 from pi_support import pi_bin, pi_jiti
 
 from pi_tmux_matrix.bridge import bridge_path
+
+pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 
 SEED = 20261204
 COUNT = 5000

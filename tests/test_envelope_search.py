@@ -17,6 +17,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fake_llm import Reply
 from helpers import read_events
 from pi_support import fd_shim, pi_dist, pi_jiti
@@ -24,6 +25,8 @@ from test_dispatch import wait_for
 from test_envelope import PiLab, _profile, _run_worker, _tool_results, envlab  # noqa: F401
 
 from pi_tmux_matrix.bridge import bridge_path
+
+pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 
 SECRET = "SECRET-28-5"
 SECRET_NAME = "secret-name-28"

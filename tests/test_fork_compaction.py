@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from fake_llm import FakeLLM, Reply
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -173,6 +174,7 @@ def test_case_2_a_compaction_with_empty_memory_details_is_patched_in_place() -> 
     assert next(e for e in again if e.get("id") == compaction_id)["details"]["type"] == OM_FOLDED
 
 
+@pytest.mark.real_pi
 def test_a_real_pi_fork_reads_the_virtual_compaction_instead_of_the_discarded_turns(
     picaller: tuple[Caller, FakeLLM],  # noqa: F811
 ) -> None:

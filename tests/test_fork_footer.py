@@ -17,12 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fake_llm import FakeLLM
 from test_dispatch import Lab, wait_for
 from test_master_tool import capture, master_window, mlab  # noqa: F401 - mlab is a fixture
 
 from pi_tmux_matrix.bridge import bridge_path
 from pi_tmux_matrix.pisession import new_session_file
+
+pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 
 FORK_RESULT_TYPE = "pi-matrix-fork-result"
 STATUS_KEY = "fork-cost"

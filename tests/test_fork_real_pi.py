@@ -18,6 +18,8 @@ from test_fork import Caller
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.fork import PARENT_ABORTED, RunStatus, RunStore
 
+pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
+
 
 @pytest.fixture
 def picaller(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Caller, FakeLLM]]:

@@ -84,6 +84,7 @@ def custom_messages(session_file: Path, custom_type: str) -> list[dict[str, Any]
     return found
 
 
+@pytest.mark.real_pi
 def test_the_model_forks_and_waits_the_answer_is_the_tool_result_and_the_child_has_no_fork_tool(
     flab: tuple[Lab, FakeLLM],
 ) -> None:
@@ -113,6 +114,7 @@ def test_the_model_forks_and_waits_the_answer_is_the_tool_result_and_the_child_h
     assert len(run.text) < len(long_answer)  # the record keeps an excerpt
 
 
+@pytest.mark.real_pi
 def test_the_cap_refuses_a_fourth_fork_and_the_masters_end_fails_the_running_ones(
     flab: tuple[Lab, FakeLLM],
 ) -> None:
@@ -149,6 +151,7 @@ def _master_session(lab: Lab) -> Path:
     return Path(entry.identity.session_file)
 
 
+@pytest.mark.real_pi
 def test_a_background_forks_result_arrives_once_and_the_footer_sums_the_forks_cost(
     flab: tuple[Lab, FakeLLM],
 ) -> None:
@@ -203,6 +206,7 @@ def test_a_background_forks_result_arrives_once_and_the_footer_sums_the_forks_co
     assert [r.status for r in runs] == [RunStatus.COMPLETED, RunStatus.COMPLETED]
 
 
+@pytest.mark.real_pi
 def test_cost_footer_false_shows_no_footer(flab: tuple[Lab, FakeLLM]) -> None:
     lab, llm = flab
     priced(lab)
@@ -245,6 +249,7 @@ def test_cost_footer_false_shows_no_footer(flab: tuple[Lab, FakeLLM]) -> None:
     assert expanded.index("→ bash: echo looked") < expanded.index("Waited answer.")
 
 
+@pytest.mark.real_pi
 def test_a_worker_never_has_the_fork_tool_even_without_a_tool_list(flab: tuple[Lab, FakeLLM]) -> None:
     """Agent-launching tools are never a worker's (the envelope's ceiling): a full-scope worker
     whose profile sets no --tools gets the bridge's fork tool registered but never active, and a
@@ -268,6 +273,7 @@ def test_a_worker_never_has_the_fork_tool_even_without_a_tool_list(flab: tuple[L
     assert not (lab.state / "runs").exists() or not list((lab.state / "runs").glob("*.json"))
 
 
+@pytest.mark.real_pi
 def test_escape_during_a_waited_fork_stops_it(flab: tuple[Lab, FakeLLM]) -> None:
     """The tool call aborted (Escape in pi) stops the waited fork: the CLI it runs gets SIGINT."""
     lab, llm = flab
@@ -302,6 +308,7 @@ def test_an_rpc_agent_gets_a_background_result_as_a_follow_up_prompt() -> None:
     }
 
 
+@pytest.mark.real_pi
 def test_a_background_result_that_ends_while_its_master_is_gone_arrives_once_in_the_next_one(
     flab: tuple[Lab, FakeLLM],
 ) -> None:

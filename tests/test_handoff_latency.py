@@ -97,6 +97,7 @@ def test_a_plain_masters_host_prints_a_handoff_as_it_is_written_not_at_its_heart
     assert len(printed) == 1 and printed[0].startswith(f"handoff {key}:"), out.read_text()
 
 
+@pytest.mark.real_pi
 def test_a_handoff_reaches_an_idle_pi_masters_conversation_as_it_is_written(mlab: MLab) -> None:  # noqa: F811
     lab, llm, _script = mlab
     slow_heartbeat(lab)
@@ -112,6 +113,7 @@ def test_a_handoff_reaches_an_idle_pi_masters_conversation_as_it_is_written(mlab
     wait_for("the handoff marked delivered", lambda: delivered(lab, key), timeout=BOUND_S)
 
 
+@pytest.mark.real_pi
 def test_a_handoff_written_before_the_masters_pi_is_ready_is_posted_when_its_bridge_reports_ready(
     mlab: MLab,  # noqa: F811
 ) -> None:

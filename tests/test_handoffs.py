@@ -22,6 +22,8 @@ from pi_tmux_matrix import procs
 from pi_tmux_matrix.cli.master import handoff_message
 from pi_tmux_matrix.matrix.model import Entry, Status
 
+pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
+
 MLab = tuple[Lab, FakeLLM, Scripted]
 
 

@@ -313,6 +313,7 @@ def _sent_within(proc: subprocess.Popen[str], seconds: float) -> tuple[list[str]
     return sent, alive
 
 
+@pytest.mark.real_pi
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_bridge_reads_its_notices_only_from_a_regular_file(tmp_path: Path, kind: str) -> None:
     jiti = pi_jiti()

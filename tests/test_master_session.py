@@ -235,6 +235,7 @@ def assistant_turns(path: Path) -> int:
     )
 
 
+@pytest.mark.real_pi
 def test_a_killed_hosts_pi_ends_with_it(pilab: tuple[Lab, FakeLLM]) -> None:
     lab, _llm = pilab
     entry = pi_master_window(lab, "lead")
@@ -247,6 +248,7 @@ def test_a_killed_hosts_pi_ends_with_it(pilab: tuple[Lab, FakeLLM]) -> None:
     assert procs.wait_for_exit(pi, 10), "pi ran on after its host was killed"
 
 
+@pytest.mark.real_pi
 def test_a_restarted_pi_master_continues_its_sessions_one_file(pilab: tuple[Lab, FakeLLM]) -> None:
     lab, llm = pilab
     first = pi_master_window(lab, "lead", "Remember the word HERON.")

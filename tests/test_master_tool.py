@@ -22,6 +22,8 @@ from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore
 from pi_tmux_matrix.matrix.model import Status
 
+pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
+
 HOSTILE = """Say hi $(touch /tmp/pwned) ; rm -rf "q" | cat & > `x` 'y' \\ done"""
 
 

@@ -321,6 +321,7 @@ def test_extension_tools_is_checked_like_tools(fields: dict[str, Any], message: 
         parse_profile(profile_toml(**fields), "p.toml")
 
 
+@pytest.mark.real_pi
 def test_the_built_in_tool_list_is_the_installed_pis() -> None:
     """PI_BUILTIN_TOOLS holds pi's own `allToolNames`: a pi that adds a tool fails here first."""
     from pi_support import pi_bin

@@ -15,12 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fake_llm import MARKER_CODE, FakeLLM, Reply, default_reply
 from test_dispatch import wait_for
 from test_handoffs import MLab, idle_pi_master
 from test_master_tool import master_window, mlab  # noqa: F401  (the fixture)
 
 from pi_tmux_matrix import procs
+
+pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 
 ROUND_BOUND_S = 2.0  # issue 29.7's goal, measured on the fake model's clock (no slack needed)
 

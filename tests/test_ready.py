@@ -151,6 +151,7 @@ def pilab(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Lab, FakeLLM]]:
         yield lab, llm
 
 
+@pytest.mark.real_pi
 def test_fire_waits_until_a_real_pi_is_ready_and_every_view_says_so(pilab: tuple[Lab, FakeLLM]) -> None:
     lab, llm = pilab
     llm.script(Reply(text="hello", delay_s=6.0))  # the round stays open while the views are read

@@ -19,6 +19,8 @@ from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.model import ResultKind
 from pi_tmux_matrix.matrix.model import Status
 
+pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
+
 
 @pytest.fixture
 def pilab(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Lab, FakeLLM]]:

@@ -22,6 +22,8 @@ from test_dispatch import Lab, wait_for
 from pi_tmux_matrix.dispatch.model import ResultKind
 from pi_tmux_matrix.piversion import pi_info
 
+pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
+
 DOC = Path(__file__).resolve().parent.parent / "docs" / "real-provider.md"
 EXAMPLE_URL = "https://llm.example.com/v1"
 

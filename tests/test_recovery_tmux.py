@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from conftest import kill_tmux_server
 from fake_llm import FakeLLM
 from test_dispatch import Lab, lab, wait_for  # noqa: F401 - fixtures
@@ -35,6 +36,7 @@ def test_killing_the_tmux_server_leaves_its_workers_resumable_and_jobs_says_gone
     assert {e.status for e in workers} == {Status.RESUMABLE}
 
 
+@pytest.mark.real_pi
 def test_tmux_kill_server_then_master_relaunch_tmux_brings_both_pi_workers_back_into_their_files(
     pilab: tuple[Lab, FakeLLM],  # noqa: F811
 ) -> None:

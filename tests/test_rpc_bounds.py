@@ -124,6 +124,7 @@ def runs_ended(host: Host) -> int:
     )  # fmt: skip
 
 
+@pytest.mark.real_pi
 @pytest.mark.parametrize("depth", [2_000, DEEP])
 def test_a_tool_call_nested_thousands_deep_is_recorded_raw_and_the_rpc_host_goes_on(
     reaper: Reaper, store: MatrixStore, work: Path, llm: FakeLLM, depth: int
@@ -161,6 +162,7 @@ def test_a_tool_call_nested_thousands_deep_is_recorded_raw_and_the_rpc_host_goes
     stop(host, store, work)
 
 
+@pytest.mark.real_pi
 def test_a_lone_surrogate_in_a_tool_call_is_recorded_and_the_rpc_host_goes_on(
     reaper: Reaper, store: MatrixStore, work: Path, llm: FakeLLM
 ) -> None:
@@ -280,6 +282,7 @@ ANSWER_CHARS = 100_000
 CAP = 64 * 1024  # eventsMaxBytes' lower bound
 
 
+@pytest.mark.real_pi
 def test_a_long_streamed_answer_keeps_the_events_file_linear_and_under_its_cap(
     reaper: Reaper, store: MatrixStore, work: Path, llm: FakeLLM
 ) -> None:

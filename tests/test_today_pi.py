@@ -138,12 +138,33 @@ def test_a_pi_under_another_name_is_pi_or_refused_with_the_flag_that_says_so(tmp
     cli = str(tmp_path / "node_modules" / "@earendil-works" / "pi-coding-agent" / "dist" / "cli.js")
     assert provider_of(["node", cli, "-p", "x"]) == "pi"
     assert provider_of([str(tmp_path / "node_modules" / ".bin" / "pi")]) == "pi"
-    other = tmp_path / "pi-1.6.0"
-    other.write_text("#!/bin/sh\nexec pi \"$@\"\n")
+    other = tmp_path / "pi-1.6.0"  # a pi-like name whose program cannot be seen from its words
+    other.write_text("#!/bin/sh\nexec \"$PI_BIN\" \"$@\"\n")
     with pytest.raises(ContractError) as refused:
         provider_of([str(other)])
     assert refused.value.field == "--provider" and "--provider pi" in refused.value.fix
     assert provider_of([str(other)], "pi") == "pi" and provider_of(["claude"]) == "claude"
+
+
+def test_a_wrapper_under_any_name_that_runs_pi_is_pi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    wrapper = fake_pi(tmp_path, "1.6.0")  # install-pi's wrapper: names pi's cli.js
+    by_path = tmp_path / "mypi"
+    by_path.write_text(f'#!/bin/sh\nexec "{wrapper}" "$@"\n')
+    by_name = tmp_path / "agent"
+    by_name.write_text('#!/bin/bash\nset -e\nexport PI_X=1\nexec pi --model x "$@"\n')
+    looping = tmp_path / "looping"
+    looping.mkdir()
+    (looping / "pi").write_text('#!/bin/sh\nexec pi "$@"\n')  # runs "itself" on its own PATH
+    for script in (by_path, by_name, looping / "pi"):
+        script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}:{os.environ['PATH']}")
+    assert provider_of([str(by_path), "-p", "x"]) == "pi"
+    assert provider_of([str(by_name)]) == "pi"  # its bare ``pi``, looked up on PATH
+    assert pi_info([str(by_name)]).version == (1, 6, 0)
+    monkeypatch.setenv("PATH", f"{looping}:/usr/bin:/bin")
+    assert not is_pi_program([str(looping / "pi")])  # followed once, never in a loop
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert provider_of([str(by_name)]) == "agent"  # no pi where the launch looks: another CLI
 
 
 def test_master_project_trust_is_read_from_the_agent_dir_only(
@@ -222,6 +243,7 @@ def untrusted_project(lab: Lab) -> None:
     (lab.work / ".pi" / "settings.json").write_text(json.dumps({"defaultModel": "project-model"}))
 
 
+@pytest.mark.real_pi
 def test_a_fired_interactive_pi_worker_in_a_project_with_pi_settings_starts_untrusted(
     plab: tuple[Lab, FakeLLM, str],
 ) -> None:
@@ -239,6 +261,7 @@ def test_a_fired_interactive_pi_worker_in_a_project_with_pi_settings_starts_untr
     assert entry.agent_version == pi_info([binary]).text  # point 4: the entry records the version
 
 
+@pytest.mark.real_pi
 def test_a_worker_whose_pi_version_cannot_be_seen_is_answered_no_by_its_bridge(
     plab: tuple[Lab, FakeLLM, str], tmp_path: Path
 ) -> None:
@@ -248,8 +271,10 @@ def test_a_worker_whose_pi_version_cannot_be_seen_is_answered_no_by_its_bridge(
     lab, llm, binary = plab
     needs_trust_dialog(binary)
     untrusted_project(lab)
+    # Its pi is named in another file: nothing in the wrapper's own words says which program runs.
+    (tmp_path / "which-pi").write_text(binary)
     wrapper = tmp_path / "my-agent"
-    wrapper.write_text(f'#!/bin/sh\nexec "{binary}" "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\nexec "$(cat {tmp_path}/which-pi)" "$@"\n')
     wrapper.chmod(0o755)
     folder = lab.agent_dir / "launch_profiles"
     folder.mkdir()
@@ -297,6 +322,7 @@ def bridged_request(lab: Lab, llm: FakeLLM) -> dict[str, Any]:
     return request
 
 
+@pytest.mark.real_pi
 def test_a_master_in_a_project_follows_pis_own_dialog_and_gets_its_bridge_once_answered(
     plab: tuple[Lab, FakeLLM, str],
 ) -> None:
@@ -314,6 +340,7 @@ def test_a_master_in_a_project_follows_pis_own_dialog_and_gets_its_bridge_once_a
     assert lab.store.get("master-boss").agent_version == pi_info([binary]).text
 
 
+@pytest.mark.real_pi
 def test_a_master_decided_ahead_never_shows_the_dialog(plab: tuple[Lab, FakeLLM, str]) -> None:
     require_tmux()
     lab, llm, binary = plab
@@ -333,13 +360,16 @@ def test_a_master_decided_ahead_never_shows_the_dialog(plab: tuple[Lab, FakeLLM,
     assert f"version      pi {pi_info([binary]).text}" in shown, shown
 
 
+@pytest.mark.real_pi
 def test_a_pi_wrapper_under_another_name_gets_the_bridge_with_provider_pi_or_is_refused(
     plab: tuple[Lab, FakeLLM, str], tmp_path: Path
 ) -> None:
     lab, llm, binary = plab
+    # Its program is in a variable: nothing in its words says it is pi, its name says it may be.
     wrapper = tmp_path / "pi-today"
-    wrapper.write_text(f'#!/bin/sh\nexec "{binary}" "$@"\n')
+    wrapper.write_text('#!/bin/sh\nexec "$PI_TODAY" "$@"\n')
     wrapper.chmod(0o755)
+    lab.env["PI_TODAY"] = binary
     base = [sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", "boss", "--headless",
             "--mode", "print"]  # fmt: skip
     run: dict[str, Any] = {"env": lab.env, "cwd": lab.work, "stdin": subprocess.DEVNULL,

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from fake_llm import FakeLLM, Reply
 from test_dispatch import Lab, lab, wait_for  # noqa: F401 - fixtures
 from test_master_tool import Scripted, last_tool_result, mlab, run_print_master, tool  # noqa: F401
@@ -64,6 +65,7 @@ def _archived(at: Lab) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(folder.iterdir())] if folder.is_dir() else []
 
 
+@pytest.mark.real_pi
 def test_the_pi_tool_previews_stop_session_without_confirm_and_stops_that_sessions_jobs_with_it(
     mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
 ) -> None:
@@ -151,6 +153,7 @@ def test_fire_force_with_a_live_session_of_that_name_is_refused_and_force_never_
     assert lab.store.get(agent.key).status is Status.RUNNING
 
 
+@pytest.mark.real_pi
 def test_the_pi_tool_refuses_force_on_a_live_session_and_a_key_without_force_and_force_spares_the_old_pane(
     mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
 ) -> None:
@@ -205,6 +208,7 @@ def test_the_pi_tool_refuses_force_on_a_live_session_and_a_key_without_force_and
     assert before["workers"] < after["workers"]
 
 
+@pytest.mark.real_pi
 def test_the_pi_tool_lists_profiles_and_dismisses_a_finished_job_but_not_a_working_one(
     mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
 ) -> None:
@@ -249,6 +253,7 @@ def test_the_pi_tool_lists_profiles_and_dismisses_a_finished_job_but_not_a_worki
     assert after["busy"] is None and after["busy alive"] == [True]
 
 
+@pytest.mark.real_pi
 def test_the_pi_tools_errors_name_its_parameters_and_nothing_is_launched_or_written(
     mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
 ) -> None:

@@ -8,11 +8,14 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
 from fake_llm import FakeLLM, Reply
 from test_dispatch import Lab, wait_for
 from test_master_tool import Scripted, last_tool_result, mlab, run_print_master, tool  # noqa: F401
 
 from pi_tmux_matrix.dispatch.jobs import JobStore
+
+pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 
 
 def _option(at: Lab, name: str) -> str:

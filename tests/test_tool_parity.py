@@ -85,6 +85,7 @@ def test_a_workspace_is_a_fresh_tmux_session_and_an_existing_one_is_refused(lab:
     assert [j.id for j in JobStore(lab.store).list_jobs()[0]] == [json.loads(done.stdout)["jobId"]]
 
 
+@pytest.mark.real_pi
 def test_the_pi_tool_takes_the_origins_names_and_refuses_a_bad_one_by_name(
     mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
 ) -> None:
@@ -152,6 +153,7 @@ def test_job_variables_are_set_read_and_listed_durably_and_every_worker_is_told_
     assert str(path) in prompt and "decision point" in prompt
 
 
+@pytest.mark.real_pi
 def test_the_pi_tool_sets_and_lists_job_variables_and_refuses_a_bad_name(
     mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
 ) -> None:
@@ -196,6 +198,7 @@ def test_the_origins_team_templates_ship_and_templates_lists_and_shows_them(tmp_
     assert missing.returncode == 3 and "no team named 'nope'" in missing.stderr
 
 
+@pytest.mark.real_pi
 def test_the_pi_tool_lists_and_shows_templates(mlab: tuple[Lab, FakeLLM, Scripted]) -> None:  # noqa: F811
     at, llm, script = mlab
     script.steps = [
@@ -269,6 +272,7 @@ def test_notify_and_the_status_option_reach_the_named_tmux_session_and_tmux_form
     assert control.returncode == 2 and "TEXT" in control.stderr
 
 
+@pytest.mark.real_pi
 def test_the_pi_tool_notifies_and_sets_and_clears_a_status(mlab: tuple[Lab, FakeLLM, Scripted]) -> None:  # noqa: F811
     at, llm, script = mlab
     subprocess.run(

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fake_llm import FakeLLM, Reply, write_pi_agent_dir
 from pi_support import pi_bin
 from test_dispatch import Lab, lab, sublab  # noqa: F401 - fixtures
@@ -88,6 +89,7 @@ def test_setup_help_and_guard_say_what_to_do_with_and_without_tmux(sublab: Lab) 
     assert bad.returncode == 2 and "--socket: 'no/such' is not a valid id" in bad.stderr
 
 
+@pytest.mark.real_pi
 def test_the_pi_tool_answers_status_setup_help_and_guard(mlab: tuple[Lab, FakeLLM, Scripted]) -> None:  # noqa: F811
     at, llm, script = mlab
     script.steps = [
@@ -146,6 +148,7 @@ def _tmux_agents_notice(at: Lab, path: str) -> dict[str, Any]:
             pi.wait()
 
 
+@pytest.mark.real_pi
 def test_the_tmux_agents_command_in_the_masters_pi_shows_availability_and_guidance(
     sublab: Lab,  # noqa: F811
 ) -> None:

@@ -202,6 +202,7 @@ def test_pis_usage_record_is_a_claim_and_a_missing_or_odd_file_never_breaks_a_re
 
 
 # --- the pi bridge claims pi's own usage ------------------------------------------------------------
+@pytest.mark.real_pi
 def test_a_pi_workers_bridge_claims_pis_own_usage_for_the_round(
     pilab: tuple[Lab, FakeLLM],  # noqa: F811
 ) -> None:
@@ -233,6 +234,7 @@ def test_a_pi_workers_bridge_claims_pis_own_usage_for_the_round(
 
 
 # --- the master's tool ------------------------------------------------------------------------------
+@pytest.mark.real_pi
 def test_the_master_tools_list_jobs_with_usage_gives_the_claimed_totals(
     mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
 ) -> None:

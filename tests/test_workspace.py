@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from fake_llm import FakeLLM, Reply
 from test_dispatch import Lab, lab, wait_for  # noqa: F401 - fixtures
 from test_master_tool import Scripted, last_tool_result, mlab, run_print_master, tool  # noqa: F401
@@ -182,6 +183,7 @@ def test_an_existing_session_an_unknown_template_and_a_bad_name_are_refused_with
     assert sessions == ["busy"]
 
 
+@pytest.mark.real_pi
 def test_the_pi_tool_plans_and_launches_a_workspace_and_refuses_a_taken_session_by_name(
     mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
 ) -> None:
@@ -233,6 +235,7 @@ def _user_text(request: dict[str, object]) -> str:
     return "\n".join(parts)
 
 
+@pytest.mark.real_pi
 def test_real_pi_agents_start_idle_without_a_task_and_take_the_task_as_their_first_prompt_with_one(
     mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
 ) -> None:
