@@ -2,7 +2,7 @@
 """Handoff delivery benchmark (issue 19): N workers finishing at once, every handoff delivered
 once, and how long each took from being written to being acknowledged.
 
-    python benchmarks/bench_handoff.py [--quick] [--counts 1,10,50]
+    python benchmarks/bench_handoff.py [--quick] [--counts 1,10,50] [--repeats 3] [--no-real-pi]
 
 For each N: a real ``pi-matrix master`` (default settings: a 30 s heartbeat) runs a stand-in
 "pi" that acknowledges like the bridge (it follows its notices file by inotify, with a 250 ms
@@ -13,6 +13,17 @@ one gate file. Each worker's host writes its handoff into its entry (``created_a
 master's host marks it delivered (``delivered_at``) once the stand-in took it. Figures: p50,
 p95 and max of ``delivered_at - created_at`` over the N handoffs, against one durable write
 (temp + fsync + rename + directory fsync) timed in the same run. Goal: p95 <= 1 s at N = 50.
+
+Then the real-pi rows (issue 29.9, benchmarks/_realpi.py): a real interactive ``pi-matrix master
+-- pi`` and a real interactive ``pi-worker`` fired through the dispatcher, in a private tmux
+server, against a fake model on 127.0.0.1. Figure: the worker's answer (the fake model releases
+its reply) -> the handoff in the master's pi conversation (the master's first request to the
+model holding ``[pi-matrix handoff]`` and the worker's key); p50 and max over ``--repeats`` runs
+(default 3, 1 with --quick) of each case: fresh (the master that fired it is up) and re-adopted
+(the master and its pi killed -9 while the worker thinks, a new master on the same session file
+re-adopts it, then it answers). Fresh is put against the durable write, re-adopted against fresh
+(both timed in the same run). Goal: < 2 s (issue 29.7). The pi is ``$PI_MATRIX_PI_BIN``, else
+``.pi-cli/bin/pi`` (``bash scripts/install-pi``); without it the rows say skipped and why.
 
 Prints one table and writes it to benchmarks/results/bench_handoff.json.
 """
@@ -31,6 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import _realpi as realpi
 
 from pi_tmux_matrix.matrix.fsio import durable_write
 
@@ -212,13 +225,24 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes for a smoke run (N = 1, 3)")
     parser.add_argument("--counts", default="1,10,50", help="worker counts (default 1,10,50)")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--real-pi", action=argparse.BooleanOptionalAction, default=True,
+        help="the real-pi rows (default: on; skipped, saying why, when pi is not installed)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="real-pi runs of each case (default 3; with --quick 1)"
+    )
     args = parser.parse_args()
     counts = [1, 3] if args.quick else [int(c) for c in args.counts.split(",")]
+    repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
+    if repeats < 1:
+        parser.error("--repeats must be at least 1")
     root = Path(tempfile.mkdtemp(prefix="pi-matrix-bench-handoff-"))
     began = time.monotonic()
     try:
         base = durable_write_ms(root / "baseline")
         rounds = [one_round(root / f"n{count}", count) for count in counts]
+        real = realpi.run(HERE.parent, root / "real-pi", repeats, args.real_pi)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     rows = []
@@ -234,22 +258,41 @@ def main() -> int:
                 "ours": f"{value:.0f} ms", "baseline": f"{base:.2f} ms durable write",
                 "ratio": round(value / base, 1), "goal": goal, "met": met,
             })  # fmt: skip
+    rows += realpi.rows(real, base)
     titles = dict(zip(HEADER, HEADER, strict=True))
     widths = [max(len(str(row[h])) for row in [titles, *rows]) for h in HEADER]
     print(f"bench_handoff ({'quick' if args.quick else 'full'}): {os.cpu_count()} CPUs, "
           f"{time.monotonic() - began:.1f} s")  # fmt: skip
     print("  ".join(h.ljust(w) for h, w in zip(HEADER, widths, strict=True)).rstrip())
     for row in rows:
-        print("  ".join(str(row[h]).ljust(w) for h, w in zip(HEADER, widths, strict=True)).rstrip())
+        cells = ["-" if row[h] is None else str(row[h]) for h in HEADER]
+        print("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip())
     for r in rounds:
         print(f"N = {r['workers']}: {r['handoffs']} handoffs, {r['taken']} taken by the master, "
               f"{r['taken_twice']} taken twice; medians: written -> posted to pi "
               f"{r['to_posted_ms']:.0f} ms, -> taken {r['to_taken_ms']:.0f} ms, -> marked delivered "
               f"{r['to_marked_ms']:.0f} ms")  # fmt: skip
+    print_real_pi(real)
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"rounds": rounds, "baseline_ms": base, "rows": rows}, indent=2) + "\n")
+    data = {"rounds": rounds, "baseline_ms": base, "real_pi": real, "rows": rows}
+    args.output.write_text(json.dumps(data, indent=2) + "\n")
     print(f"written to {args.output}")
-    return 0
+    # A real-pi case that could not be measured is a failure (a skip, for want of pi, is not).
+    return 1 if real["errors"] else 0
+
+
+def print_real_pi(real: dict[str, Any]) -> None:
+    if real["skipped"]:
+        print(f"real pi: skipped: {real['skipped']}")
+        return
+    print(f"real pi: {real['pi']}")
+    for r in real["runs"]:
+        written, posted = ("-" if v is None else f"{v:.0f} ms" for v in (r["written_ms"], r["posted_ms"]))
+        print(f"  {r['case']}: from the answer: handoff written {written}, posted to the master's pi "
+              f"{posted}, in its conversation {r['ms']:.0f} ms; the round's answer handed off: "
+              f"{'yes' if r['handoff_ok'] else 'NO'}; set-up {r['setup_s']} s")  # fmt: skip
+    for e in real["errors"]:
+        print(f"  {e['case']}: FAILED: {e['error']}")
 
 
 if __name__ == "__main__":

@@ -79,6 +79,15 @@ def test_bench_handoff_quick_runs_and_delivers_each_handoff_once(tmp_path: Path)
     assert [r["workers"] for r in data["rounds"]] == [1, 3]
     for r in data["rounds"]:
         assert r["handoffs"] == r["taken"] == r["workers"] and r["taken_twice"] == 0, r
+    # The real-pi rows (issue 29.9): p50 and max of each case, measured, or skipped saying why
+    # (no pi here); a case that could not be measured fails the run (returncode 1, above).
+    real = data["real_pi"]
+    assert len([r for r in data["rows"] if "real pi" in r["figure"]]) == 4, data["rows"]
+    if real["skipped"] is None:
+        assert sorted(r["case"] for r in real["runs"]) == ["fresh", "re-adopted"], real
+        assert all(r["handoff_ok"] for r in real["runs"]), real
+    else:
+        assert real["skipped"], real
 
 
 def test_bench_startup_quick_runs(tmp_path: Path) -> None:
