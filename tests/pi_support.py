@@ -40,28 +40,37 @@ def pi_bin() -> str:
     elif not os.access(path, os.X_OK):
         problem = f"no pi at {path}; run 'bash scripts/install-pi' or set PI_MATRIX_PI_BIN"
     if problem is not None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"real pi unavailable in CI: {problem}")
-        pytest.skip(f"real pi unavailable: {problem}")
+        _unavailable(problem)
     return str(path)
 
 
-def fd_shim(folder: Path) -> Path:
-    """A ``fd`` for pi's find: Debian's fd-find 8.6 (``fdfind``) lacks ``--no-require-git``,
-    which pi 0.73.1 always passes (so pi's find is a usage error with it); the shim drops that
-    one flag and runs fdfind. Skips when neither fd nor fdfind is installed."""
-    real = shutil.which("fdfind") or shutil.which("fd")
-    if real is None or shutil.which("rg") is None:
-        pytest.skip("ripgrep and fd are needed for pi's grep and find (.ci/run installs them)")
-    folder.mkdir(parents=True, exist_ok=True)
-    shim = folder / "fd"
-    shim.write_text(
-        "#!/bin/sh\n"
-        'for a in "$@"; do shift; [ "$a" = --no-require-git ] || set -- "$@" "$a"; done\n'
-        f'exec {json.dumps(real)} "$@"\n'
-    )
-    shim.chmod(0o755)
-    return folder
+def _unavailable(problem: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"real pi unavailable in CI: {problem}")
+    pytest.skip(f"real pi unavailable: {problem}")
+
+
+def pi_search_path(binary: str, agent_dir: Path | None = None) -> str:
+    """The PATH pi ``binary`` runs its search tools with: install-pi's wrapper puts its ``tools/``
+    (the fd adapter, ``scripts/pi-fd-adapter``, when the system's fd is older than 8.7) first.
+    Checked first, as ``pi-matrix doctor`` checks it: pi must find rg and an fd that takes
+    ``--no-require-git`` (Debian's fd-find 8.6 alone does not: every find would be a usage
+    error); else skip (fail under ``CI=true``) saying how to fix it. For a test that runs pi's
+    ``dist`` directly under node, as the wrapper would."""
+    from pi_tmux_matrix.pitools import search_tools, wrapper_path
+
+    agent = agent_dir or Path(os.environ.get("PI_CODING_AGENT_DIR", str(Path.home() / ".pi" / "agent")))
+    fd, rg = search_tools([binary], agent)
+    if rg.path is None or fd.path is None:
+        _unavailable("ripgrep and fd are needed for pi's grep and find (.ci/run installs them)")
+    if not fd.takes_flag:
+        _unavailable(
+            f"{fd.path} ({fd.version}) rejects --no-require-git, so pi's find fails: run "
+            "'bash scripts/install-pi' (its wrapper brings an adapter) or install fd 8.7+"
+        )
+    tools = wrapper_path([binary])
+    path = os.environ.get("PATH", os.defpath)
+    return f"{tools}:{path}" if tools else path
 
 
 def pi_jiti() -> Path:

@@ -204,7 +204,7 @@ def test_doctor_reports_checks_and_where_each_setting_comes_from(tmp_path: Path)
     )  # fmt: skip
     report = _json.loads(done.stdout)
     names = [c["check"] for c in report["checks"]]
-    assert names == ["tmux", "pidfd", "state dir", "node", "pi"]
+    assert names == ["tmux", "pidfd", "state dir", "node", "pi", "pi's fd", "pi's rg"]
     assert report["settings"]["heartbeatMs"] == {"value": 2000, "from": str(agent / "settings.json")}
     assert report["settings"]["watcherPollMs"]["from"] == "default"
     assert done.returncode == (1 if any(c["required"] and not c["ok"] for c in report["checks"]) else 0)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from fake_llm import FakeLLM, Reply, write_pi_agent_dir
 from helpers import read_events
-from pi_support import fd_shim, pi_bin, pi_jiti, pi_lab
+from pi_support import pi_bin, pi_jiti, pi_lab, pi_search_path
 from test_dispatch import Lab, wait_for
 
 from pi_tmux_matrix.bridge import bridge_path
@@ -134,6 +134,7 @@ def test_a_full_scope_worker_still_cannot_touch_pi_secrets_the_state_dir_or_othe
     foreign = lab.agent_dir / "sessions" / "--elsewhere--" / "other.jsonl"
     foreign.parent.mkdir(parents=True)
     foreign.write_text('{"type":"session","id":"other"}\n')
+    (lab.agent_dir / "notes.txt").write_text("apiKey rotation is due\n")  # public: the grep finds it
     _profile(lab, "pi-full", tools=["read", "write", "grep"], write_paths=[])
 
     lab.start_master()
@@ -162,6 +163,8 @@ def test_a_full_scope_worker_still_cannot_touch_pi_secrets_the_state_dir_or_othe
     # A search of a folder holding a private root runs (issue 16.4): what it finds inside the
     # private root is taken out of its result (tests/test_envelope.py::test_a_search_*).
     assert not results[3].startswith("pi-matrix envelope")
+    assert "notes.txt:1: apiKey rotation is due" in results[3], results[3]  # the grep ran and found
+    assert "fake-key" not in results[3] and "2 line(s) from private folders" in results[3], results[3]
     assert "Successfully wrote" in results[4]
     own = results[5]  # the transcript itself (which quotes the blocks above), not a block
     assert not own.startswith("pi-matrix envelope") and own.replace(" ", "").startswith('{"type":"session"')
@@ -421,14 +424,21 @@ def test_a_search_runs_where_private_roots_are_absent_and_leaves_out_what_is_ins
 @pytest.mark.real_pi
 def test_a_real_pi_search_of_the_worktree_runs_and_leaves_out_a_private_root(envlab: PiLab) -> None:
     """Issue 16.4 on real pi (ripgrep and fd from Debian's packages): grep and find of the worktree
-    run; the project's .pi/settings.json, a private root that exists inside it, is left out."""
+    run and find what is there; the project's .pi/settings.json, a private root that exists
+    inside it, is left out. The worktree is no git repository, so pi passes fd
+    ``--no-require-git`` (pi 0.73.1 always does): Debian's fd 8.6 runs through install-pi's
+    adapter, and what the worktree's .gitignore names stays out, as pi promises."""
     lab, llm = envlab
-    fd_shim(lab.agent_dir / "bin")  # so pi's find runs with Debian's fd-find (it skips without rg/fd)
+    pi_search_path(pi_bin(), lab.agent_dir)  # pi finds rg and an fd it can run (install-pi's wrapper)
     worktree = lab.work
     (worktree / "src").mkdir()
     (worktree / "src" / "a.txt").write_text("apiKey in the code\n")
+    (worktree / "src" / "config.json").write_text("{}\n")
     (worktree / ".pi").mkdir()
     (worktree / ".pi" / "settings.json").write_text('{"apiKey": "secret-value"}\n')
+    (worktree / ".gitignore").write_text("/build\n")
+    (worktree / "build").mkdir()
+    (worktree / "build" / "out.json").write_text("{}\n")
     _profile(lab, "pi-search", tools=["read", "grep", "find"], write_paths=["{worktree}"])
 
     _run_worker(
@@ -440,9 +450,11 @@ def test_a_real_pi_search_of_the_worktree_runs_and_leaves_out_a_private_root(env
     grep, find = _tool_results(llm)
     assert "src/a.txt" in grep and "secret-value" not in grep, grep
     assert not grep.startswith("pi-matrix envelope")
-    # find ran (it did not with Debian's fd-find before the shim), and its one line was private;
-    # the note names the private root, not what was in it.
-    assert "settings.json" not in find.split("[pi-matrix envelope:")[0], find
+    # find ran: the public file is found (a failed find names none), the gitignored one is not,
+    # and the one private line is taken out, the note naming the private root, not what was in it.
+    listed = find.split("[pi-matrix envelope:")[0]
+    assert listed.split() == ["src/config.json"], find
+    assert "settings.json" not in listed and "out.json" not in find, find
     assert "1 line(s) from private folders" in find, find
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from fake_llm import Reply
 from helpers import read_events
-from pi_support import fd_shim, pi_dist, pi_jiti
+from pi_support import pi_bin, pi_dist, pi_jiti, pi_search_path
 from test_dispatch import wait_for
 from test_envelope import PiLab, _profile, _run_worker, _tool_results, envlab  # noqa: F401
 
@@ -99,7 +99,7 @@ def run_filter(
         "}\n"
         "console.log(JSON.stringify(out));\n"
     )
-    env = dict(os.environ, TMPDIR=str(base), PATH=f"{fd_shim(base / 'bin')}:{os.environ.get('PATH', '')}")
+    env = dict(os.environ, TMPDIR=str(base), PATH=pi_search_path(pi_bin()))  # as install-pi's wrapper
     done = subprocess.run(
         ["node", str(script)], capture_output=True, text=True, timeout=120, check=False, env=env, cwd=work
     )
@@ -221,7 +221,7 @@ def test_a_real_pi_search_over_a_split_session_folder_never_shows_the_transcript
     reaches the model; a search of the same folder for public text still runs and answers."""
     lab, llm = envlab
     agent_dir = lab.agent_dir
-    fd_shim(agent_dir / "bin")  # pi looks in <agent dir>/bin before PATH
+    pi_search_path(pi_bin(), agent_dir)  # pi finds rg and an fd it can run (install-pi's wrapper)
     split = agent_dir / "sessions" / "--work-a\nb--"
     split.mkdir(parents=True)
     (split / f"2026_{SECRET_NAME}.jsonl").write_text(f'{{"type":"message","token=":"{SECRET}"}}\n')

@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 LAYERS: dict[str, int] = {
     "errors": 0, "strictjson": 0, "bridge": 0, "_deprecated": 0,
     "identity": 1, "settings": 1, "paths": 1, "procs": 1, "inotify": 1, "gitcmd": 1,
-    "matrix": 2, "contract": 2, "programs": 2, "pisession": 2, "piversion": 2, "projecttrust": 2,
+    "matrix": 2, "contract": 2, "programs": 2, "pisession": 2, "piversion": 2, "pitools": 2,
+    "projecttrust": 2,
     "supervise": 3, "dispatch": 3,
     "resume": 4, "fork": 4, "runs": 4, "plugin": 4, "pytest_plugin": 4,
     "cli": 5, "testing": 5, "standin": 5, "__main__": 5, "": 5,

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .. import procs
 from ..contract import ENV_PI_COMMAND
 from ..errors import EXIT_FAILED, EXIT_OK, ContractError
+from ..pitools import ALWAYS_PASSED_BEFORE, FD_FLAG, FD_FLAG_SINCE, SearchTool, search_tools
 from ..piversion import node_for, parse_version, pi_info, supported, supported_range
 from ..programs import pi_command
 from ..settings import FIELDS, agent_dir, load_settings, resolve_state_dir
@@ -27,7 +28,7 @@ __all__ = ["register"]
 def register(sub: Any, epilog: str) -> None:
     doctor = sub.add_parser(
         "doctor",
-        help="check tmux, pidfd, the state dir, node and pi, and show the settings in force",
+        help="check tmux, pidfd, the state dir, node, pi and its fd and rg, and show the settings in force",
         epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -96,6 +97,7 @@ def checks(state_flag: str | None) -> list[dict[str, Any]]:
         )
     )
     found.extend(_pi_check())
+    found.extend(_search_checks())
     return found
 
 
@@ -187,6 +189,65 @@ def _pi_check() -> list[dict[str, Any]]:
         f"older), then export {ENV_PI_COMMAND}='[\"/path/to/the/checkout/{PINNED_BIN}\"]'",
         required=False,
     )]  # fmt: skip
+
+
+def _search_checks() -> list[dict[str, Any]]:
+    """pi's fd (its find tool) and rg (its grep tool), as the pi pi-matrix starts would find them:
+    ``<agent dir>/bin`` first, then PATH (the install-pi wrapper's ``tools/`` first on it)."""
+    try:
+        command: list[str] | None = pi_command()
+    except ContractError:
+        command = None
+    fd, rg = search_tools(command, agent_dir())
+    version = pi_info(command, ask=False).version if command else None
+    return [_fd_check(fd, version), _rg_check(rg)]
+
+
+def _where(tool: SearchTool) -> str:
+    if tool.where == "agent dir":
+        return "the agent dir's, which pi takes first"
+    return "on PATH" + (" (first on the pi wrapper's)" if tool.where == "wrapper" else "")
+
+
+def _fd_check(fd: SearchTool, pi_version: tuple[int, int, int] | None) -> dict[str, Any]:
+    fix = (
+        f"install fd {FD_FLAG_SINCE} or newer (it added {FD_FLAG}), or put one at "
+        f"{agent_dir() / 'bin' / 'fd'} (pi looks there first), or start pi through the wrapper "
+        f"'bash scripts/install-pi' writes ({PINNED_BIN}, set in {ENV_PI_COMMAND}): it puts an "
+        f"adapter for an older fd first on PATH"
+    )
+    if fd.path is None:
+        return _check("pi's fd", False, "no fd or fdfind: pi's find tool fails (pi never downloads one "
+                      "offline)", fix.replace("install fd", "install fd (Debian: fd-find)", 1),
+                      required=False)  # fmt: skip
+    if fd.adapter and fd.takes_flag:
+        detail = (
+            f"{fd.path}: the adapter of scripts/install-pi (first on its wrapper's PATH) for "
+            f"{fd.version or 'an fd'}; it drops {FD_FLAG} and applies the search root's "
+            f".gitignore (not nested ones)"
+        )
+        return _check("pi's fd", True, detail, required=False)
+    shown = f"{fd.path} ({fd.version or 'no version'}; {_where(fd)})"
+    if fd.takes_flag:
+        return _check("pi's fd", True, f"{shown}: takes {FD_FLAG}", required=False)
+    always = ".".join(map(str, ALWAYS_PASSED_BEFORE))
+    if pi_version is None:
+        when = f"outside git repositories, and everywhere with pi before {always}"
+    elif pi_version < ALWAYS_PASSED_BEFORE:
+        when = f"everywhere: this pi ({'.'.join(map(str, pi_version))}) passes it on every find"
+    else:
+        when = f"outside git repositories (where pi {always}+ passes it)"
+    detail = f"{shown} rejects {FD_FLAG}: pi's find fails {when}"
+    return _check("pi's fd", False, detail, fix, required=False)
+
+
+def _rg_check(rg: SearchTool) -> dict[str, Any]:
+    if rg.path is None:
+        return _check("pi's rg", False, "no rg: pi's grep tool fails (pi never downloads one offline)",
+                      "install ripgrep (Debian: ripgrep)", required=False)  # fmt: skip
+    ok = rg.version is not None
+    detail = f"{rg.path} ({rg.version or 'it did not answer --version'}; {_where(rg)})"
+    return _check("pi's rg", ok, detail, "install ripgrep", required=False)
 
 
 def cmd_doctor(args: argparse.Namespace, io: Io) -> int:
