@@ -7,8 +7,8 @@ same env) on a private tmux socket, one after the other in one run, and are time
 call until every agent is up (its host registered in the matrix and its agent process started):
 
 * ours: ``Dispatcher.fire`` once per agent — profile, parent, cap and lane checks, the job
-  record, the tmux window, the pane tags, the completion watcher, the published ``launching``
-  entry;
+  record, the tmux window, the pane tags, the published ``launching`` entry (the agent's host
+  watches its rounds itself: no watcher process, issue 30.1);
 * ours again with ``confirm_s=0``: each fire returns without waiting for its agent's host to
   start it (every fire waits for that by default, so twenty fires one after another wait twenty
   host start-ups; this side leaves the dispatcher's own launch work);
@@ -78,27 +78,6 @@ def _kill_server(socket: str) -> None:
     subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False, timeout=10)
 
 
-def _wait_watchers(state: Path, timeout: float = 15.0) -> None:
-    """The jobs' watchers (``pi-matrix --state-dir STATE watch``) write their result after the
-    hosts die and then exit by themselves; wait for them, so removing the folder never races a
-    last write (it did: "Directory not empty")."""
-    marker = str(state).encode()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        busy = False
-        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-            try:
-                words = cmdline.read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if marker in words and b"watch" in words:
-                busy = True
-                break
-        if not busy:
-            return
-        time.sleep(0.05)
-
-
 def run(agents: int, root: Path) -> dict[str, Any]:
     agent_dir = root / "agent"
     agent_dir.mkdir()
@@ -152,7 +131,6 @@ def run(agents: int, root: Path) -> dict[str, Any]:
             figures[f"{side}_up_s"] = up - t0
             _stop_all(store, [])
             _kill_server(socket)
-            _wait_watchers(store.root)
             if side == "ours":
                 ours_root, ours_planned = store.root, planned
 
@@ -176,7 +154,6 @@ def run(agents: int, root: Path) -> dict[str, Any]:
         figures["base_up_s"] = up - t0
         _stop_all(base_store, [])
         _kill_server(base_socket)
-        _wait_watchers(base_store.root)
     finally:
         for socket in sockets:  # a run that failed half-way leaves no server
             _kill_server(socket)

@@ -49,6 +49,7 @@ __all__ = [
     "ENV_STATE_DIR",
     "ENV_TASK_REF",
     "ENV_TMUX",
+    "ENV_TMUX_PANE",
     "ENV_TMUX_SOCKET",
     "ENV_USAGE_FILE",
     "ENV_WORKTREE_LANE",
@@ -104,6 +105,7 @@ ENV_PI_COMMAND: Final = "PI_MATRIX_PI_COMMAND"
 ENV_PROJECT_TRUST: Final = "PI_MATRIX_PROJECT_TRUST"
 ENV_TMUX_SOCKET: Final = "PI_MATRIX_TMUX_SOCKET"
 ENV_TMUX: Final = "TMUX"  # set by tmux in every pane: "<socket path>,<server pid>,<session>"
+ENV_TMUX_PANE: Final = "TMUX_PANE"  # set by tmux in every pane: its id, e.g. %3
 # Every PI_MATRIX_* name is the product's: a profile may not set one (it would forge a marker,
 # a mailbox or a host).
 RESERVED_ENV_PREFIX: Final = "PI_MATRIX_"
@@ -125,7 +127,7 @@ NEVER_INHERITED: Final = CONTRACT_ENV | frozenset(
     {ENV_KEY, ENV_MAILBOX, ENV_HOST_PID, ENV_DONE_MARKER, ENV_BLOCKED_MARKER, ENV_PROFILE, ENV_USAGE_FILE}
 )
 # A fork child is also not the caller's pane, nor an earlier fork run.
-FORK_NOT_INHERITED: Final = NEVER_INHERITED | FORK_RUN_ENV | frozenset({ENV_TMUX, "TMUX_PANE"})
+FORK_NOT_INHERITED: Final = NEVER_INHERITED | FORK_RUN_ENV | frozenset({ENV_TMUX, ENV_TMUX_PANE})
 # Passed explicitly on every tmux launch: a long-lived tmux server keeps the env of its first client.
 PASS_ENV: Final = (
     "PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", ENV_AGENT_DIR,

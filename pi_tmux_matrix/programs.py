@@ -22,7 +22,7 @@ from .matrix.fsio import open_append
 from .matrix.model import bounded
 
 __all__ = [
-    "agent_argv", "cli_argv", "finisher_argv", "host_argv", "pi_command", "spawn_detached", "watch_argv",
+    "agent_argv", "cli_argv", "finisher_argv", "host_argv", "pi_command", "spawn_detached",
 ]  # fmt: skip
 
 
@@ -79,11 +79,13 @@ def host_argv(
     rpc_prompt: str | None,
     agent_argv: Sequence[str],
     ticket: str | None = None,
+    job: tuple[str, str] | None = None,
     python: str = sys.executable,
 ) -> list[str]:
     """``pi-matrix host …`` for one agent. The parent and the allowed-paths envelope come through
     the env contract (every launch's env is composed by the plugins' ``launch_env``); ``ticket``
-    is the launch's ticket (``matrix.tickets``), taken by the host before it starts anything."""
+    is the launch's ticket (``matrix.tickets``), taken by the host before it starts anything;
+    ``job`` (job id, agent id) makes the host watch that job agent's marker rounds itself."""
     # Every value goes as --flag=VALUE: a task summary (or a path) that starts with "-" must
     # never be read as a flag by the host's parser.
     values: list[tuple[str, str | None]] = [
@@ -100,6 +102,8 @@ def host_argv(
         ("--task-ref", task_ref or None),
         ("--rpc-prompt", rpc_prompt),
         ("--launch-ticket", ticket),
+        ("--job", job[0] if job else None),
+        ("--job-agent", job[1] if job else None),
     ]
     values += [("--resource", pointer) for pointer in identity.resource_pointers]
     argv = cli_argv(state_dir, "host", python=python)
@@ -111,28 +115,6 @@ def agent_argv_of(argv: Sequence[str]) -> list[str]:
     """The agent's own argv in a :func:`host_argv` (what follows its ``--``)."""
     words = list(argv)
     return words[words.index("--") + 1 :] if "--" in words else []
-
-
-def watch_argv(
-    state_dir: Path,
-    job_id: str,
-    agent_id: str,
-    round_: int,
-    *,
-    pane: tuple[str, str] | None = None,
-    follow: str | None = None,
-    python: str = sys.executable,
-) -> list[str]:
-    """The hidden ``pi-matrix watch`` verb for one agent round: fed by tmux ``pipe-pane`` when
-    ``pane`` (socket, pane id) is given, else following the host's log."""
-    argv = cli_argv(
-        state_dir, "watch", "--job", job_id, "--agent", agent_id, "--round", str(round_), python=python
-    )
-    if pane is not None:
-        argv += ["--socket", pane[0], "--pane", pane[1]]
-    elif follow is not None:
-        argv += ["--follow", follow]
-    return argv
 
 
 def finisher_argv(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from . import pisession, procs
-from .contract import ENV_BLOCKED_MARKER, ENV_DONE_MARKER, ENV_USAGE_FILE, NEVER_INHERITED
+from .contract import NEVER_INHERITED
 from .errors import Conflict, PiMatrixError, ProfileNotFound, ResumeRefused, TmuxUnavailable
 from .identity import Mode, ProcessIdentity
 from .matrix import lifecycle
@@ -123,12 +123,11 @@ def plan_resume(
         deadline_s=profile.deadline_s, nonce="resume", worktree=identity.worktree, lane=lane,
         task_ref=payload.task_ref, session_file=session_file,
         resource_pointers=identity.resource_pointers,
+        watched=False,  # a resumed session answers its wake prompt: no job's marker, no rounds
     )  # fmt: skip
     # The same door as every fire: the bridge (launch_argv) and the envelope (launch_env) come
     # from the recorded profile and the plugins, never rebuilt by hand here.
     argv, launch_env = dispatcher.compose(launch, task_summary=payload.task_summary)
-    for name in (ENV_DONE_MARKER, ENV_BLOCKED_MARKER, ENV_USAGE_FILE):
-        launch_env.pop(name, None)  # a resumed session answers its wake prompt, not a job's marker
     ticket = launch.ticket if dispatcher.settings.enabled else None
     return ResumePlan(
         entry.key, tuple(argv), launch_env, identity.cwd, identity.agent_id[:40], ticket, session_file

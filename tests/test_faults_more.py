@@ -10,6 +10,7 @@ the agent's notices), in the process under test, through a ``sitecustomize`` on 
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -23,9 +24,11 @@ import attrs
 import pytest
 from helpers import job_on_host, make_entry, make_identity, read_events, spawn_registered_parent
 from test_dispatch import Lab, sublab, wait_for  # noqa: F401 - sublab is a fixture
+from test_names import plant_job
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore
+from pi_tmux_matrix.dispatch.watch import InHost, Watcher
 from pi_tmux_matrix.identity import Mode
 from pi_tmux_matrix.matrix.mailbox import Inbox
 from pi_tmux_matrix.matrix.model import Entry, ExitKind, Status
@@ -73,10 +76,6 @@ def _sleeper() -> tuple[subprocess.Popen[bytes], procs.ProcessIdentity]:
     ident = procs.identify(proc.pid)
     assert ident is not None
     return proc, ident
-
-
-def _watchers_of(job_id: str) -> list[procs.ProcessIdentity]:
-    return [p for p in procs.with_argument(job_id) if "watch" in (procs.cmdline(p) or [])]
 
 
 def _end(*procs_: subprocess.Popen[bytes] | None) -> None:
@@ -135,32 +134,32 @@ def test_11_stop_job_on_a_full_disk_still_stops_its_agents_and_says_what_was_not
 
 
 def test_11_a_deadline_whose_timeout_result_cannot_be_written_still_stops_the_agent(
-    sublab: Lab,  # noqa: F811
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The watcher's result write (here the deadline's ``timeout``) hits a full disk: the
-    watcher ends with one error line, exit 1, and the agent is stopped all the same (the
-    deadline is the owner's limit; it used to end the watcher with the agent left running)."""
-    sublab.start_master()
-    fired = sublab.fire("HANG long work", backend="subprocess")
-    (agent,) = fired.job.agents
-    entry = sublab.worker(agent.key)
-    assert entry.process is not None and agent.log is not None
-    # The fire's own watcher goes (it would see the deadline below too): ours is the round's only one.
-    (own,) = wait_for("the fire's watcher", lambda: _watchers_of(fired.job.id))
-    procs.send_signal(own, signal.SIGKILL)
-    assert procs.wait_for_exit(own, 5)
-    jobs = JobStore(sublab.store)
-    # The round's deadline passed.
-    jobs.update(
-        fired.job.id,
-        lambda j: attrs.evolve(j, agents=tuple(attrs.evolve(a, deadline_at=now_ms() - 1) for a in j.agents)),
-    )
-    done = _cli(
-        sublab.state, "watch", "--job", fired.job.id, "--agent", agent.agent_id, "--round", "1",
-        "--follow", agent.log, env=_full_disk(sublab.tmp), stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    _one_error_line(done, "results")
-    assert procs.wait_for_exit(entry.process, 10), "the agent outlived its deadline"
+    """The round's result write (here the deadline's ``timeout``) hits a full disk: the agent is
+    stopped all the same (the deadline is the owner's limit; it used to end the watcher with the
+    agent left running), and the failure is raised for the round thread to report."""
+    store = MatrixStore(tmp_path / "state")
+    job = plant_job(store, "job-20261206-010000-a1b2c3", tmp_path)
+    (agent,) = job.agents
+    passed = attrs.evolve(agent, deadline_at=now_ms() - 1)  # the round's deadline passed
+    job = JobStore(store).update(job.id, lambda j: attrs.evolve(j, agents=(passed,)))
+
+    def full(*_args: object, **_kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, ENOSPC_LINE)
+
+    monkeypatch.setattr(JobStore, "put_result", full)  # our seam: the one result write
+    stopped: list[str] = []
+    done, wake = os.pipe(), os.pipe()
+    try:
+        in_host = InHost(os.getpid(), done[0], wake[0], lambda: stopped.append("deadline"))
+        watcher = Watcher(store, job, job.agents[0], 1, in_host=in_host)
+        with pytest.raises(OSError, match="No space left"):
+            watcher.run()
+    finally:
+        for fd in (*done, *wake):
+            os.close(fd)
+    assert stopped == ["deadline"], "the agent outlived its deadline"
 
 
 def test_11_a_host_whose_event_appends_fail_supervises_stops_and_records_its_agent(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ __all__ = ["Io", "build_parser", "main", "run"]
 # equal to the whole parser.
 MODULES: Final = (
     "entries", "host", "master", "owner", "tree", "dispatch", "teamwork", "lanes", "status", "runs",
-    "demo", "doctor", "completion", "top_screen", "watch",
+    "demo", "doctor", "completion", "top_screen",
 )  # fmt: skip
 VERB_MODULES: Final = {
     "ls": "entries", "show": "entries", "repair": "entries", "host": "host", "master": "master",
@@ -34,7 +34,7 @@ VERB_MODULES: Final = {
     "templates": "teamwork", "workspace": "teamwork", "lanes": "lanes", "status": "status",
     "setup-help": "status",
     "guard": "status", "fork": "runs", "runs": "runs", "demo": "demo", "doctor": "doctor",
-    "complete-names": "completion", "top": "top_screen", "watch": "watch",
+    "complete-names": "completion", "top": "top_screen",
     # completion walks the whole parser: not here, so it gets every verb.
 }  # fmt: skip
 # Verbs whose process leaves by os._exit once its command returned (see run()).

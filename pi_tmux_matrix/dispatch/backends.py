@@ -10,14 +10,14 @@ done by process identity. A new backend is one new class here, listed in :func:`
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Final, Protocol
 
 import attrs
 
 from .. import procs
 from ..contract import NEVER_INHERITED
-from ..errors import ContractError, DispatchError, PiMatrixError, TmuxUnavailable
+from ..errors import ContractError, DispatchError, PiMatrixError
 from ..identity import ProcessIdentity
 from ..matrix.model import bounded
 from ..matrix.store import MatrixStore
@@ -87,11 +87,6 @@ class Backend(Protocol):
         """Start ``planned.argv`` with ``planned.env`` in ``planned.cwd``; errors are typed."""
         ...
 
-    def attach_watcher(self, agent: JobAgent, argv: Sequence[str]) -> bool:
-        """Feed the agent's output to the watcher ``argv`` the backend runs itself; False: the
-        caller starts the watcher detached (it follows ``agent.log`` or only the host)."""
-        ...
-
     def adopt(self, job_id: str, agent: JobAgent, host: ProcessIdentity) -> Started | None:
         """A host that started although :meth:`start` failed (it took the launch's ticket):
         where it runs, tagged as :meth:`start` would have; None if that cannot be done now."""
@@ -136,18 +131,6 @@ class TmuxBackend:
             return None
         return None if pane is None or procs.identify(pane.pane_pid) != host else started_in(pane)
 
-    def attach_watcher(self, agent: JobAgent, argv: Sequence[str]) -> bool:
-        if agent.pane_id is None:
-            return False
-        try:
-            TmuxServer(agent.socket or DEFAULT_SOCKET).pipe_pane(agent.pane_id, argv)
-        except (TmuxUnavailable, PiMatrixError) as exc:
-            # The pane is already gone (a quick agent) or tmux is unreachable: a detached
-            # watcher without the pane's output still writes the host's exit or the deadline.
-            log.warning("%s: no pipe on pane %s (%s); watching its host only", agent.key, agent.pane_id, exc)
-            return False
-        return True
-
 
 @attrs.frozen
 class SubprocessBackend:
@@ -173,9 +156,6 @@ class SubprocessBackend:
             raise DispatchError(f"fire: cannot start {planned.argv[0]}: {exc.strerror}") from None
         return Started(child.pid, procs.identify(child.pid), f"pid {child.pid}", log=str(log_path))
 
-    def attach_watcher(self, agent: JobAgent, argv: Sequence[str]) -> bool:
-        return False  # the watcher follows the host's log file
-
     def adopt(self, job_id: str, agent: JobAgent, host: ProcessIdentity) -> Started | None:
         return None  # a failed spawn started nothing; a host of ours that did is stopped
 
@@ -200,7 +180,7 @@ def start_fenced(
         if adopted is not None:
             log.warning("%s: %s, but its host (pid %d) started: adopted", agent.key, exc, late.pid)
             return adopted
-        from .watch import stop_agents
+        from .stops import stop_agents
 
         started = Started(late.pid, late, f"pid {late.pid}").recorded(agent)
         left = stop_agents(store, [started], reason="launch failed")

@@ -43,7 +43,6 @@ from ..matrix.mailbox import Inbox, addressee, encode_message
 from ..matrix.model import Entry, Status
 from ..matrix.store import MatrixStore, RecordStore, now_ms
 from ..matrix.tickets import LaunchTickets
-from ..programs import spawn_detached, watch_argv
 from ..settings import MatrixSettings
 from .backends import DEFAULT_SOCKET, TMUX_SESSION, Backend, backend_named, backends, start_fenced
 from .confirm import check_programs, confirm_starts
@@ -53,9 +52,9 @@ from .plan import LIVE, MAX_DEADLINE_S, MAX_TASK_BYTES, FireRequest, Planner, ma
 from .plugins import plugin_manager
 from .reconcile_tmux import PaneCache, reconcile, tmux_states, untracked
 from .request import workspace_field
+from .stops import stop_agents
 from .tmux import TmuxServer
 from .views import JobView, ListedJob, PaneInfo, TmuxState, UntrackedPane, job_view
-from .watch import stop_agents
 
 if TYPE_CHECKING:
     from .profile import ProfileSet, WorkerLaunchProfile
@@ -196,11 +195,6 @@ class Dispatcher:
                     job.id,
                     lambda j: attrs.evolve(j, agents=tuple(by_id.get(a.agent_id, a) for a in j.agents)),
                 )
-                # Every agent that started is watched, even when a later one failed to start
-                # (a workspace's agents are never: they are a person's, with no end to watch for).
-                for agent in job.agents:
-                    if agent.agent_id in by_id and job.watched:
-                        self._start_watcher(job, agent)
         failed = confirm_starts(self.store, job.agents, request.confirm_s) if self.settings.enabled else []
         if self.settings.enabled:
             LaunchTickets(self.store).prune()  # a day's launches are kept (matrix.tickets)
@@ -311,15 +305,6 @@ class Dispatcher:
         with contextlib.suppress(EntryExists):  # the host registered first: its registration is the record
             self.store.create(entry)
 
-    def _start_watcher(self, job: Job, agent: JobAgent) -> None:
-        argv = watch_argv(
-            self.store.root, job.id, agent.agent_id, agent.round, pane=agent.pane_ref, follow=agent.log
-        )
-        # A record of a backend this version does not know still gets a watcher on its host.
-        backend = self.backends.get(agent.backend)
-        if backend is None or not backend.attach_watcher(agent, argv):
-            spawn_detached(argv, self.store.side_dir("logs") / f"{job.id}.{agent.agent_id}.watch.log")
-
     # -- jobs (dispatch/views.py, dispatch/reconcile_tmux.py) ----------------------------------------
     def view(self, job: Job, *, tmux_state: Mapping[str, TmuxState] | None = None) -> JobView:
         """A job as ``jobs``/``job`` show it: each agent's result, host liveness and tmux state."""
@@ -387,7 +372,7 @@ class Dispatcher:
         for agent in job.agents:
             if agent.agent_id not in rearmed:
                 continue
-            self._start_watcher(job, agent)
+            # Its host watches the new round itself: taking this prompt wakes its round thread.
             message = _followup(text, agent.nonce, self.jobs.claim_path(agent.result_name(job.id)))
             to = addressee(self.store, agent.key, agent.host_pid)
             Inbox(self.store, agent.key).post("prompt", message, sender="pi-matrix followup", to=to)

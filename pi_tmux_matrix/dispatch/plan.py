@@ -375,6 +375,8 @@ class Planner:
                 self.store.root, identity=identity, task_summary=task_summary, task_ref=launch.task_ref,
                 lane=launch.lane, rpc_prompt=command.rpc_prompt, agent_argv=agent_argv,
                 ticket=launch.ticket if self.settings.enabled else None,
+                # A job's marker rounds are watched by the agent's own host (issue 30.1).
+                job=(launch.job_id, launch.agent_id) if launch.watched else None,
             )
         )  # fmt: skip
 

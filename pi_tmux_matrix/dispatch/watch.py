@@ -1,18 +1,17 @@
-"""One agent's completion watcher: event-driven, one per agent and marker round.
+"""One agent's completion watcher for one marker round: event-driven.
 
-Run as the hidden verb ``pi-matrix --state-dir D watch --job J --agent A --round N
-(--socket S --pane P | --follow LOG)`` (:func:`pi_tmux_matrix.programs.watch_argv`).
-
-tmux backend: tmux ``pipe-pane`` feeds the pane's output to this process's stdin (no
-capture-pane polling; one capture of the history at start catches what the agent printed
-before the pipe was attached). Subprocess backend: the host's log file is followed through
-inotify. Either way the watcher also holds a pidfd on the host and a timer for the deadline,
-and writes exactly one result for its round, for whichever comes first:
+It runs inside the agent's own host (issue 30.1: one process per agent), in the host's round
+thread (:mod:`.roundwatch`), one :class:`Watcher` per round. tmux backend: tmux ``pipe-pane``
+feeds the pane's output into a FIFO the host reads (no capture-pane polling; one capture of
+the history at each round's start catches what the agent printed before). Subprocess backend:
+the host's log file is followed through inotify. The host tells the round it ended (its agent
+ended and its exit is recorded) through a pipe, and the round keeps a timer for the deadline;
+it writes exactly one result for its round, for whichever comes first:
 
 * the agent's ``DONE:<nonce>`` / ``BLOCKED:<nonce> reason`` marker on a line of its own;
 * the host's exit (its entry says how the agent ended);
-* the deadline: the ``timeout`` result is written first, then the host is asked to stop its
-  agent (request -> SIGTERM -> SIGKILL, recorded ``timed_out``), then the owned pane closed.
+* the deadline: the ``timeout`` result is written first, then the host stops its agent
+  (request -> SIGTERM -> SIGKILL, recorded ``timed_out``).
 """
 
 from __future__ import annotations
@@ -21,9 +20,8 @@ import contextlib
 import logging
 import os
 import selectors
-import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -38,21 +36,29 @@ from ..matrix.artifacts import marked_answer
 from ..matrix.fsio import open_state_file
 from ..matrix.mailbox import EventLog, Inbox, addressee, round_message
 from ..matrix.store import MatrixStore, now_ms
-from ..matrix.strays import stop_stray, stray_agent
 from .confirm import spawn_failure
 from .jobs import JobStore, result_now
 from .markers import MarkerScanner
 from .model import AgentResult, Job, JobAgent, ResultKind
+from .stops import stop_agent
 
-__all__ = ["MarkerScanner", "Watcher", "stop_agents"]
+__all__ = ["InHost", "MarkerScanner", "Watcher", "drain_pipe"]
 
 log = logging.getLogger(__name__)
 
-STOP_WAIT_S: Final = 15.0  # host stop sequence: request + grace + SIGTERM + SIGKILL, with margin
-STRAY_GRACE_S: Final = 5.0  # an agent without its host: SIGTERM, this long, then SIGKILL
 # How long a marker's result waits for the pi bridge's usage claim (written at pi's agent_end,
 # a moment after the marker showed in the pane); as long as a handoff waits for its artifact.
 CLAIM_WAIT_S: Final = 5.0
+
+
+@attrs.frozen
+class InHost:
+    """What a round watched from inside its agent's host needs of that host."""
+
+    pid: int  # the host's own pid (the job record may not name it yet: the fire writes it after)
+    done_fd: int  # readable once the host's agent ended and its exit is recorded
+    wake_fd: int  # readable when the host took mail (a follow-up may have re-armed the round)
+    stop: Callable[[], None]  # the deadline: the host stops its agent (recorded timed out)
 
 
 @attrs.define
@@ -64,10 +70,12 @@ class Watcher:
     follow: str | None = None
     socket: str | None = None
     pane: str | None = None
-    # Both come from where the program starts (the hidden ``pi-matrix watch`` verb): the plugin
-    # manager, and the fd tmux's ``pipe-pane`` writes the pane's output to (its stdin).
+    # Both come from the host's round thread (:mod:`.roundwatch`): the plugin manager, and the
+    # FIFO tmux's ``pipe-pane`` writes the pane's output to.
     plugins: pluggy.PluginManager | None = None
     pipe_fd: int | None = None
+    # The host this round runs in (None: a watcher of its own, which finds the host by its pid).
+    in_host: InHost | None = None
     jobs: JobStore = attrs.field(init=False)
     scanner: MarkerScanner = attrs.field(init=False)
     events: EventLog = attrs.field(init=False)
@@ -112,7 +120,7 @@ class Watcher:
             job=self.job.id, round_=self.round, outcome=kind.value, marker=self.scanner.marker,
             reason=detail, text=self.scanner.round_text, path=self.jobs.results.path(name), usage=usage,
         )  # fmt: skip
-        to = addressee(self.store, self.agent.key, self.agent.host_pid)
+        to = addressee(self.store, self.agent.key, self._host_pid())
         try:
             Inbox(self.store, self.agent.key).post("round", text, sender="pi-matrix watch", to=to)
         except PiMatrixError as exc:
@@ -129,9 +137,12 @@ class Watcher:
         except PiMatrixError:
             return False
 
+    def _host_pid(self) -> int | None:
+        return self.in_host.pid if self.in_host is not None else self.agent.host_pid
+
     def host_ended(self) -> AgentResult | None:
         entry = self.store.find(self.agent.key)
-        exit_record = entry.exit if entry is not None and entry.pid == self.agent.host_pid else None
+        exit_record = entry.exit if entry is not None and entry.pid == self._host_pid() else None
         if exit_record is None:
             return self.write(ResultKind.EXITED, "the host ended without recording an exit")
         # A program that could not be started: the same words as the fire's (the fire may come
@@ -155,25 +166,39 @@ class Watcher:
             written = self.write(ResultKind.TIMEOUT, f"deadline of {self.agent.deadline_s:.0f}s passed")
         except (PiMatrixError, OSError):
             # The result is lost (a full disk), the owner's limit is not: stop, then report.
-            stop_agent(self.store, self.agent, reason="deadline")
+            self._stop_for_deadline()
             raise
         if written is None:
             return
-        stop_agent(self.store, self.agent, reason="deadline")
+        self._stop_for_deadline()
+
+    def _stop_for_deadline(self) -> None:
+        if self.in_host is not None:
+            self.in_host.stop()  # the host is this process: it stops its own agent
+        else:
+            stop_agent(self.store, self.agent, reason="deadline")
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> int:
         if self.superseded():
             return 0
         host = self.agent.host
-        pidfd = procs.open_pidfd(host) if host is not None else None
-        if pidfd is None:
-            self._scan_history()
-            if not self._marker_found():
-                self.host_ended()
-            return 0
+        if self.in_host is not None:
+            pidfd = None  # the host is this process: it says when its agent ended
+        else:
+            pidfd = procs.open_pidfd(host) if host is not None else None
+            if pidfd is None:
+                self._scan_history()
+                if not self._marker_found():
+                    self.host_ended()
+                return 0
         selector = selectors.DefaultSelector()
-        selector.register(pidfd, selectors.EVENT_READ, "host")
+        if self.in_host is not None:
+            selector.register(self.in_host.done_fd, selectors.EVENT_READ, "host")
+            selector.register(self.in_host.wake_fd, selectors.EVENT_READ, "wake")
+        else:
+            assert pidfd is not None
+            selector.register(pidfd, selectors.EVENT_READ, "host")
         follow_fd, dir_watch = self._open_sources(selector)
         try:
             self._scan_history()
@@ -183,8 +208,9 @@ class Watcher:
                 pass
             return 0
         finally:
-            selector.close()
-            os.close(pidfd)
+            selector.close()  # closes no fd: the host's FIFO and pipes outlive the round
+            if pidfd is not None:
+                os.close(pidfd)
             if follow_fd is not None:
                 os.close(follow_fd)
             if dir_watch is not None:
@@ -237,6 +263,8 @@ class Watcher:
             if key.data == "follow":
                 assert dir_watch is not None
                 dir_watch.drain()
+            if key.data == "wake":
+                drain_pipe(key.fd)
         if follow_fd is not None and self._read_follow(follow_fd):
             return True
         return self.superseded()
@@ -307,7 +335,9 @@ class Watcher:
             return
         if source_fd is None or self._pipe_closed:
             return
-        deadline = time.monotonic() + 1.0
+        # A pane's pipe ends when the pane does; the FIFO of a host's own pane only after the
+        # host: there, what the agent printed last is in already, or a moment away.
+        deadline = time.monotonic() + (0.3 if self.in_host is not None else 1.0)
         while time.monotonic() < deadline and not self._pipe_closed and self._found is None:
             try:
                 data = os.read(source_fd, 65536)
@@ -333,100 +363,8 @@ class Watcher:
         self._found = self.scanner.feed(text.encode() + b"\n")
 
 
-def stop_agent(store: MatrixStore, agent: JobAgent, *, reason: str, wait_s: float = STOP_WAIT_S) -> bool:
-    """The owner-side stop of one agent (see :func:`stop_agents`); True when its host is gone."""
-    return not stop_agents(store, [agent], reason=reason, wait_s=wait_s)
-
-
-def stop_agents(
-    store: MatrixStore, agents: Sequence[JobAgent], *, reason: str, wait_s: float = STOP_WAIT_S
-) -> list[JobAgent]:
-    """Stop agents through their hosts, all at once, and return the ones whose host survived.
-
-    Each host runs its own stop sequence (request -> SIGTERM -> SIGKILL of its agent); a host that
-    has not finished within ``wait_s`` gets SIGTERM (it forwards it), then SIGKILL. Only hosts this
-    dispatcher launched are signalled, checked by identity; only their own panes are closed. A
-    request the disk refuses (full) is skipped: signals need no disk, and nobody waits for it.
-    """
-    hosts = [(agent, _host_of(store, agent)) for agent in agents]
-    asked = 0
-    for agent, host in hosts:
-        if host is not None and procs.is_alive(host):
-            to = addressee(store, agent.key, host.pid)
-            try:
-                Inbox(store, agent.key).post("stop", reason, sender=f"pi-matrix {reason}", to=to)
-                asked += 1
-            except PiMatrixError as exc:
-                log.warning("%s; its host gets SIGTERM instead", exc)
-    for sig, grace in ((None, wait_s if asked else 0.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
-        alive = [(a, h) for a, h in hosts if h is not None and procs.is_alive(h)]
-        if not alive:
-            break
-        if sig is not None:
-            for _, host in alive:
-                procs.send_signal(host, sig)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(procs.is_alive(h) for _, h in alive):
-            time.sleep(0.05)
-    survivors = [a for a, h in hosts if h is not None and procs.is_alive(h)]
-    survivors += [a for a in _stop_unsupervised(store, [a for a, h in hosts if not procs.is_alive(h)])]
-    for agent, host in hosts:
-        if agent not in survivors:
-            _close_pane(agent, host)
-    return survivors
-
-
-def _stop_unsupervised(store: MatrixStore, agents: Sequence[JobAgent]) -> list[JobAgent]:
-    """Agents whose host is dead while the agent itself runs on (no host forwards a stop): each is
-    stopped by its recorded identity and its end recorded (:func:`~..matrix.strays.stop_stray`,
-    the same as ``stop KEY``); the ones that survive are returned."""
-    left: list[JobAgent] = []
-    for agent in agents:
-        try:
-            entry = store.find(agent.key)
-        except PiMatrixError:
-            continue
-        if entry is None or stray_agent(entry) is None:
-            continue
-        try:
-            stop_stray(store, entry, grace_s=STRAY_GRACE_S)
-        except PiMatrixError as exc:
-            log.warning("%s: %s", agent.key, exc)
-            left.append(agent)
-    return left
-
-
-def _host_of(store: MatrixStore, agent: JobAgent) -> procs.ProcessIdentity | None:
-    """The host to stop for ``agent``: the one the job recorded while it lives, else the live host
-    the matrix has registered for its key (a host the job never learnt of: a launch that timed
-    out yet started, or one resumed after a crash). A stop never reports a live agent stopped."""
-    if procs.is_alive(agent.host):
-        return agent.host
-    try:
-        entry = store.find(agent.key)
-    except PiMatrixError:
-        return agent.host
-    if entry is not None and procs.is_alive(entry.process):
-        return entry.process
-    return agent.host
-
-
-def _close_pane(agent: JobAgent, host: procs.ProcessIdentity | None) -> None:
-    """Close the agent's pane only if it still is that agent's: pane ids restart at %0 with a new
-    tmux server, so the id alone could name another job's pane. Its tags must name this agent and,
-    while the host lives, its process must be the host."""
-    if agent.pane_ref is None:
-        return
-    socket, pane_id = agent.pane_ref
-    from .tmux import TmuxServer
-    from .tmux_model import KEY_TAG
-
-    with contextlib.suppress(TmuxUnavailable, PiMatrixError, OSError):
-        server = TmuxServer(socket)
-        pane = server.pane(pane_id)
-        if pane is None or pane.tag(KEY_TAG) != agent.key:
-            return
-        running = procs.identify(pane.pane_pid)
-        if running is not None and host is not None and running != host:
-            return
-        server.kill_pane(pane_id)
+def drain_pipe(fd: int) -> None:
+    """Empty a non-blocking wake pipe (its bytes only say "look again")."""
+    with contextlib.suppress(BlockingIOError, InterruptedError):
+        while os.read(fd, 4096):
+            pass

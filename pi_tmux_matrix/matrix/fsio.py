@@ -33,6 +33,7 @@ __all__ = [
     "now_ms",
     "open_append",
     "open_dir",
+    "open_fifo",
     "open_state_file",
     "opened_dir",
     "read_bounded",
@@ -203,6 +204,26 @@ def open_append(path: str | os.PathLike[str], *, mode: int = 0o600, read: bool =
             os.close(fd)
         raise OSError(errno.EINVAL, "not a regular file (move it aside)", str(path))
     return fd
+
+
+def open_fifo(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """A FIFO made fresh at ``path`` (0600; whatever was there before is removed first, never
+    followed), opened for reading, non-blocking, plus a writing end the caller keeps open so the
+    reader never sees end-of-file while the real writer (tmux's ``pipe-pane``) comes and goes.
+    Returns ``(read_fd, write_fd)``; the one place the product makes a FIFO in its state dir."""
+    with suppress(FileNotFoundError):
+        os.unlink(path)
+    os.mkfifo(path, 0o600)
+    read_fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | _O_CLOEXEC)
+    try:
+        info = os.fstat(read_fd)
+        if not stat.S_ISFIFO(info.st_mode) or info.st_uid != os.geteuid():
+            raise OSError(errno.EINVAL, "not our FIFO (move it aside)", str(path))
+        write_fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | _O_CLOEXEC)
+    except OSError:
+        os.close(read_fd)
+        raise
+    return read_fd, write_fd
 
 
 def open_state_file(path: str | os.PathLike[str]) -> int:

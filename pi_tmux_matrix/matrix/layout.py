@@ -35,6 +35,7 @@ RESERVED_DIRS: Final = frozenset(
         "archived-jobs",
         "archived-results",
         "variables",
+        "pipes",
     }
 )
 

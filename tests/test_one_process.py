@@ -1,0 +1,95 @@
+"""Issue 30.1: one process per agent. The completion watcher's work (markers, deadlines, rounds,
+the agent's end) runs inside the agent's own host, for tmux and detached agents alike: a fired
+agent adds one interpreter (its host), where it used to add two (host + ``pi-matrix watch``).
+
+Real hosts, the bundled stand-in agent, a private tmux server per test (``Lab``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_dispatch import Lab, lab, sublab, wait_for  # noqa: F401 - fixtures
+
+from pi_tmux_matrix import procs
+from pi_tmux_matrix.dispatch.model import ResultKind
+from pi_tmux_matrix.matrix.model import ExitKind
+
+
+def our_interpreters(state: Path) -> list[int]:
+    """Every process running pi-matrix's code with this state dir on its command line (hosts,
+    watchers, masters), by /proc: what one agent costs in interpreters."""
+    found = []
+    marker = str(state).encode()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in words and any(w.endswith(b"python") or b"python3" in w for w in words[:1]):
+            found.append(int(cmdline.parent.name))
+    return sorted(found)
+
+
+@pytest.mark.parametrize("backend", ["tmux", "subprocess"])
+def test_a_fired_agent_adds_one_interpreter_its_host(lab: Lab, backend: str) -> None:  # noqa: F811
+    lab.start_master()
+    before = set(our_interpreters(lab.state))
+    fired = lab.fire("HANG until stopped", backend=backend)
+    (agent,) = fired.job.agents
+    entry = lab.worker(agent.key)
+    time.sleep(1.0)  # a watcher process would be up by now (the fire started it right after)
+    added = set(our_interpreters(lab.state)) - before
+    assert added == {entry.pid}, f"interpreters added by one fire: {sorted(added)} (host {entry.pid})"
+
+
+@pytest.mark.parametrize("backend", ["tmux", "subprocess"])
+def test_the_hosts_own_round_thread_ends_each_round_by_its_marker(lab: Lab, backend: str) -> None:  # noqa: F811
+    lab.start_master()
+    fired = lab.fire("Say hello.", backend=backend)
+    (agent,) = fired.job.agents
+    first = wait_for("round 1's result", lambda: lab.result(fired.job.id, agent.agent_id, 1), timeout=30)
+    assert first.kind is ResultKind.DONE
+    done = subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "followup", fired.job.id, "--", "Say more."],
+        env=lab.env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    second = wait_for("round 2's result", lambda: lab.result(fired.job.id, agent.agent_id, 2), timeout=30)
+    assert second.kind is ResultKind.DONE
+    handoffs = wait_for("two handoffs", lambda: len(h := lab.store.get(agent.key).handoffs) == 2 and h)
+    assert [h.outcome.value for h in handoffs] == ["done", "done"]
+
+
+def test_the_deadline_is_kept_by_the_host_itself_timeout_first_then_the_agent_stopped(
+    sublab: Lab,  # noqa: F811
+) -> None:
+    sublab.start_master()
+    fired = sublab.fire("HANG forever", backend="subprocess", deadline_s=2)
+    (agent,) = fired.job.agents
+    entry = sublab.worker(agent.key)
+    result = wait_for("the timeout", lambda: sublab.result(fired.job.id, agent.agent_id), timeout=30)
+    assert result.kind is ResultKind.TIMEOUT
+    assert entry.process is not None and procs.wait_for_exit(entry.process, 20)
+    ended = sublab.store.get(agent.key)
+    assert ended.exit is not None and ended.exit.kind is ExitKind.TIMED_OUT
+
+
+def test_an_agent_that_ends_without_its_marker_gets_its_exit_as_the_rounds_result(lab: Lab) -> None:  # noqa: F811
+    folder = lab.agent_dir / "launch_profiles"
+    folder.mkdir(exist_ok=True)
+    (folder / "standin-print.toml").write_text(
+        '[profile]\nname = "standin-print"\nprovider = "pi"\n'
+        'command = ["{python}", "-m", "pi_tmux_matrix.standin"]\nmode = "print"\ndeadline = 120\n'
+    )
+    lab.start_master()
+    fired = lab.fire("FAIL on purpose", profile="standin-print")
+    (agent,) = fired.job.agents
+    result = wait_for("the exit's result", lambda: lab.result(fired.job.id, agent.agent_id), timeout=30)
+    assert result.kind is ResultKind.EXITED and result.exit_code == 3, result
+    fifo = lab.state / "pipes" / f"{fired.job.id}.{agent.agent_id}.fifo"
+    wait_for("the host's FIFO removed", lambda: not os.path.lexists(fifo), timeout=10)
