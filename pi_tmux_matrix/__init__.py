@@ -12,6 +12,7 @@ import importlib
 from typing import TYPE_CHECKING, Any, Final
 
 from .errors import (
+    AdoptionRefused,
     AgentNotFound,
     Ambiguous,
     Conflict,
@@ -98,6 +99,7 @@ if TYPE_CHECKING:  # what mypy and IDEs see for the lazy names; never executed
     from .settings import MatrixSettings, load_settings, resolve_state_dir
 
 __all__ = [
+    "AdoptionRefused",
     "AgentIdentityContract",
     "AgentLaunch",
     "AgentNotFound",

@@ -14,6 +14,7 @@ __all__ = [
     "EXIT_NOT_FOUND",
     "EXIT_OK",
     "EXIT_USAGE",
+    "AdoptionRefused",
     "AgentNotFound",
     "Ambiguous",
     "Conflict",
@@ -125,6 +126,27 @@ class IllegalTransition(PiMatrixError):
         super().__init__(
             f"{key}: status {current} cannot move to {target}; "
             "re-read the entry and act on its current status"
+        )
+
+
+class AdoptionRefused(PiMatrixError):
+    """An adoption grant that lost: another master's grant for the same worker won (one grant
+    wins), so nothing was written. Not a :class:`Conflict`: re-reading and retrying cannot win
+    it, the worker is the winner's now.
+
+    ``how``: ``granted`` (the winner's grant stands, its host has not yet accepted it) or
+    ``adopted`` (the worker re-parented to the winner since the grant was decided)."""
+
+    def __init__(self, key: str, how: str, winner_pid: int | None, winner_session: str | None) -> None:
+        self.key = key
+        self.how = how
+        self.winner_pid = winner_pid
+        self.winner_session = winner_session
+        self.winner = f"master pid {winner_pid} session {winner_session or '-'}"
+        said = "already granted to" if how == "granted" else "already adopted by"
+        super().__init__(
+            f"{key}: adoption refused: {said} {self.winner}; it is that master's worker now "
+            "('pi-matrix show' names its parent)"
         )
 
 

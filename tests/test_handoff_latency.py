@@ -147,6 +147,7 @@ def test_a_handoff_written_before_the_masters_pi_is_ready_is_posted_when_its_bri
 
 def test_the_entry_feed_names_the_entries_written_and_nothing_else(tmp_path: Path) -> None:
     from pi_tmux_matrix.identity import AgentIdentityContract, Role
+    from pi_tmux_matrix.inotify import Watches
     from pi_tmux_matrix.matrix import lifecycle
     from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
     from pi_tmux_matrix.supervise.feed import EntryFeed
@@ -159,11 +160,19 @@ def test_the_entry_feed_names_the_entries_written_and_nothing_else(tmp_path: Pat
         store.register(lifecycle.new_entry(role=role, identity=identity, process=me, now=now_ms()))
 
     register("boss", Role.MASTER)
-    feed = EntryFeed(str(store.root), "master-boss")
-    assert feed.fd is not None and feed.changed() == set()
+    watches = Watches()
+    told: list[set[str] | None] = []
+    feed = EntryFeed(str(store.root), "master-boss", watches, told.append)
+    assert feed.watched and watches.fd is not None
+    watches.dispatch()
+    assert told == []
     register("w1", Role.WORKER)
     register("boss", Role.MASTER)  # our own writes do not wake us
     (store.root / "notes.txt").write_text("foreign")
-    assert feed.changed() == {"worker-w1"}
-    assert feed.changed() == set()
+    watches.dispatch()
+    assert told == [{"worker-w1"}]
+    (store.root / "notes.txt").write_text("foreign again")  # nothing of an entry: nobody is told
+    watches.dispatch()
+    assert told == [{"worker-w1"}]
     feed.close()
+    watches.close()

@@ -47,7 +47,7 @@ PROGRAMS = frozenset({"cli", "testing", "standin", "__main__"})
 # The pure core: entries and liveness facts in, decisions out; no I/O, no other project modules.
 PURE: dict[str, frozenset[str]] = {
     "matrix.model": frozenset({"errors", "identity"}),
-    "matrix.lifecycle": frozenset({"identity", "matrix.model"}),
+    "matrix.lifecycle": frozenset({"errors", "identity", "matrix.model"}),
     "matrix.reconcile": frozenset({"identity", "matrix.model"}),
 }
 IO_MODULES = frozenset(

@@ -15,7 +15,9 @@ Invariants:
   leaves the file byte-for-byte as it was (and a write whose fence is current is never refused);
 * every status change of a generation is in ``LEGAL_TRANSITIONS`` (and terminal only closes);
 * generation and registration tokens never repeat;
-* an undelivered handoff is never lost, by re-registration or anything else.
+* an undelivered handoff is never lost, by re-registration or anything else;
+* one grant wins: a grant is never written over another owner's standing grant (it is refused
+  with ``AdoptionRefused``, the file untouched), and the same grant again writes nothing.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from pi_tmux_matrix.errors import Conflict, IllegalTransition, NotFound
+from pi_tmux_matrix.errors import AdoptionRefused, Conflict, IllegalTransition, NotFound
 from pi_tmux_matrix.identity import ProcessIdentity, Role
 from pi_tmux_matrix.matrix import lifecycle
 from pi_tmux_matrix.matrix.model import (
@@ -201,7 +203,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert self.raw() == before_raw, f"{what}: a refused write changed the file"
             assert stale, f"{what}: refused although its fence was current"
             return None
-        except (IllegalTransition, NotFound):
+        except (IllegalTransition, NotFound, AdoptionRefused):
             assert self.raw() == before_raw, f"{what}: a refused write changed the file"
             return None
         assert not stale, (
@@ -314,6 +316,8 @@ class LifecycleMachine(RuleBasedStateMachine):
     def _grant(self, snapshot: Entry, owner: str) -> None:
         now = self.tick()
         written = self.generation
+        before = self.current()
+        standing = None if before is None else lifecycle.standing_grant(before)
         after = self.attempt(
             "grant_adoption",
             lambda e: lifecycle.grant_adoption(e, MASTER, owner, now),
@@ -321,6 +325,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         )
         if after is not None and self.generation != written:
             assert after.status is Status.ADOPTED and after.directive is not None
+            # One grant wins: the machine's masters all live, so no standing grant is void.
+            assert standing is None, f"a grant to {owner} overwrote {standing}"
+        if after is not None and standing is not None and standing.parent_session_id == owner:
+            assert self.generation == written, "the same grant again wrote the entry"
 
     @rule(owner=st.sampled_from(OWNERS))
     def grant_adoption_now(self, owner: str) -> None:

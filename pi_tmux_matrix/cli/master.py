@@ -326,9 +326,9 @@ class _MasterSession:
         self.acks = ThreadPoolExecutor(ACK_THREADS, thread_name_prefix="handoff-ack")
         self.master = self.master_at(host.me, deliver=True)
         _print_report(self.master.activate(), self.io)
-        feed = EntryFeed(str(self.store.root), host.key)
-        if feed.fd is not None:  # a worker's handoff is seen as it is written, not at the heartbeat
-            host.add_watch(feed.fd, lambda: self._deliver(feed.changed()))
+        # A worker's handoff is seen as it is written, not at the heartbeat: on the host's own
+        # inotify instance (a master holds one, like every agent).
+        EntryFeed(str(self.store.root), host.key, host.record.watches, self._deliver)
 
     def on_wake(self, host: AgentHost) -> None:
         # pi took some handoffs (its bridge's report just came in): acknowledge them now. The

@@ -27,6 +27,7 @@ from ..supervise.master import (
     apply_plan,
     calling_master,
     gather_facts,
+    grant,
     handshake,
     owning_master,
     require_master,
@@ -178,8 +179,8 @@ def cmd_adopt(args: argparse.Namespace, io: Io) -> int:
         raise ContractError(
             "KEY", f"{args.key} is {entry.status.value}", "only a live or resumable worker can be adopted"
         )
-    now = now_ms()
-    handshake(store, entry, lambda e: lifecycle.grant_adoption(e, master, session, now), "pi-matrix adopt")
+    # One grant wins: a refusal (another master's grant won) is raised naming the winner.
+    grant(store, entry, master, session, "pi-matrix adopt")
     io.out.write(f"adoption granted: {args.key} -> master session {session} (pid {master.pid})\n")
     return EXIT_OK
 

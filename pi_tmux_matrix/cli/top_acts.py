@@ -87,19 +87,13 @@ class Acts:
         return f"{word} {who} into which master? {choices}  (any other key cancels)", answers
 
     def adopt(self, entry: Entry, master: Owner, key: str) -> str:
-        from ..matrix import lifecycle
         from ..matrix.owners import owning_master
-        from ..supervise.master import handshake
+        from ..supervise.master import grant
 
         # The CLI verb's own check of the master named: still alive, still a running master.
         owning_master(self.store, master.process.pid, master.session)
-        now = now_ms()
-        handshake(
-            self.store,
-            entry,
-            lambda e: lifecycle.grant_adoption(e, master.process, master.session, now),
-            SENDER,
-        )
+        # One grant wins: a refusal names the master whose grant did (shown as an error).
+        grant(self.store, entry, master.process, master.session, SENDER)
         return f"adoption granted: {key} -> {master.key}"
 
     def resume(self, entry: Entry, master: Owner, key: str) -> str:

@@ -28,8 +28,7 @@ from rich.text import Text
 from .. import procs
 from ..errors import EXIT_OK, PiMatrixError
 from ..identity import ProcessIdentity, Role
-from ..inotify import DirWatch
-from ..inotify import available as inotify_available
+from ..inotify import Watches
 from ..matrix.model import Entry
 from ..matrix.store import MatrixStore
 from ..settings import resolve_state_dir
@@ -337,23 +336,22 @@ def run_screen(store: MatrixStore, io: Io, owner: tuple[ProcessIdentity, str] | 
         io.out.flush()
 
     terminal = _Terminal(fd, write)
-    watch: DirWatch | None = None
-    with contextlib.suppress(OSError):
-        if inotify_available() and store.exists():
-            watch = DirWatch(store.root)
+    # One inotify instance (refused: the once-a-second refresh is all there is).
+    watch = Watches()
+    if store.exists():
+        watch.add(store.root, lambda _names: None)
     try:
         with terminal.raw(), procs.SignalWakeup((signal.SIGWINCH,)) as resized:
             _loop(screen, terminal, watch, resized, write)
     except KeyboardInterrupt:  # Ctrl-C quits like q: the terminal is already restored
         pass
     finally:
-        if watch is not None:
-            watch.close()
+        watch.close()
     return EXIT_OK
 
 
 def _loop(
-    screen: Screen, terminal: _Terminal, watch: DirWatch | None, resized: procs.SignalWakeup,
+    screen: Screen, terminal: _Terminal, watch: Watches, resized: procs.SignalWakeup,
     write: Callable[[str], None],
 ) -> None:  # fmt: skip
     import time
@@ -370,13 +368,13 @@ def _loop(
                 console.print(line, crop=True, no_wrap=True, overflow="crop")
         painted = capture.get().rstrip("\n").split("\n")
         write("\x1b[H" + "\x1b[K\r\n".join(painted) + "\x1b[K\x1b[J")
-        fds = [terminal.fd, resized.read_fd] + ([watch.fd] if watch else [])
+        fds = [terminal.fd, resized.read_fd] + ([watch.fd] if watch.fd is not None else [])
         ready, _, _ = select.select(fds, [], [], max(0.0, next_refresh - time.monotonic()))
         if resized.read_fd in ready:
             resized.drain()
         changed = False
-        if watch is not None and watch.fd in ready:
-            watch.drain()
+        if watch.fd is not None and watch.fd in ready:
+            watch.dispatch()  # what changed does not matter: the whole matrix is read again
             changed = True
         if terminal.fd in ready:
             keys, _ = terminal.read_keys("")

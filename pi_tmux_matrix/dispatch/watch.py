@@ -4,9 +4,10 @@ It runs inside the agent's own host (issue 30.1: one process per agent), in the 
 thread (:mod:`.roundwatch`), one :class:`Watcher` per round. tmux backend: tmux ``pipe-pane``
 feeds the pane's output into a FIFO the host reads (no capture-pane polling; one capture of
 the history at each round's start catches what the agent printed before). Subprocess backend:
-the host's log file is followed through inotify. The host tells the round it ended (its agent
-ended and its exit is recorded) through a pipe, and the round keeps a timer for the deadline;
-it writes exactly one result for its round, for whichever comes first:
+the host's log file is read every :data:`FOLLOW_POLL_S` (no inotify: the kernel's 128
+instances per user are the hosts', one per agent, issue 30.2). The host tells the round it
+ended (its agent ended and its exit is recorded) through a pipe, and the round keeps a timer
+for the deadline; it writes exactly one result for its round, for whichever comes first:
 
 * the agent's ``DONE:<nonce>`` / ``BLOCKED:<nonce> reason`` marker on a line of its own;
 * the host's exit (its entry says how the agent ended);
@@ -30,8 +31,6 @@ import pluggy
 
 from .. import procs
 from ..errors import CorruptEntry, PiMatrixError, TmuxUnavailable
-from ..inotify import DirWatch
-from ..inotify import available as inotify_available
 from ..matrix.artifacts import marked_answer
 from ..matrix.fsio import open_state_file
 from ..matrix.mailbox import EventLog, Inbox, addressee, round_message
@@ -49,6 +48,12 @@ log = logging.getLogger(__name__)
 # How long a marker's result waits for the pi bridge's usage claim (written at pi's agent_end,
 # a moment after the marker showed in the pane); as long as a handoff waits for its artifact.
 CLAIM_WAIT_S: Final = 5.0
+# A followed log is read this often: a read at its end costs next to nothing, and a marker waits
+# at most this long (the pi bridge's own safety-net poll is as long).
+FOLLOW_POLL_S: Final = 0.25
+# Whether a follow-up re-armed the agent (a file read and parsed): looked at this often when
+# polling, not at every poll.
+SUPERSEDED_EVERY_S: Final = 1.0
 
 
 @attrs.frozen
@@ -180,6 +185,15 @@ class Watcher:
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> int:
+        try:
+            return self._run()
+        except Exception as exc:
+            # Never silent: the job would go on saying "running" while nobody watches the round.
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            self.events.write("watcher_failed", job=self.job.id, round=self.round, error=error)
+            raise
+
+    def _run(self) -> int:
         if self.superseded():
             return 0
         host = self.agent.host
@@ -199,12 +213,12 @@ class Watcher:
         else:
             assert pidfd is not None
             selector.register(pidfd, selectors.EVENT_READ, "host")
-        follow_fd, dir_watch = self._open_sources(selector)
+        follow_fd = self._open_sources(selector)
         try:
             self._scan_history()
             if self._marker_found() or (follow_fd is not None and self._read_follow(follow_fd)):
                 return 0
-            while not self._step(selector, follow_fd, dir_watch):
+            while not self._step(selector, follow_fd):
                 pass
             return 0
         finally:
@@ -213,12 +227,10 @@ class Watcher:
                 os.close(pidfd)
             if follow_fd is not None:
                 os.close(follow_fd)
-            if dir_watch is not None:
-                dir_watch.close()
 
-    def _open_sources(self, selector: selectors.BaseSelector) -> tuple[int | None, DirWatch | None]:
-        """The agent's output: the host's log (followed, woken by inotify where there is one) or
-        the pane's pipe (``pipe_fd``, tmux ``pipe-pane`` writing to the watcher's stdin)."""
+    def _open_sources(self, selector: selectors.BaseSelector) -> int | None:
+        """The agent's output: the host's log (read every :data:`FOLLOW_POLL_S`) or the pane's
+        pipe (``pipe_fd``, tmux ``pipe-pane`` writing to the watcher's stdin)."""
         if self.follow is not None:
             try:
                 follow_fd = open_state_file(self.follow)
@@ -226,26 +238,20 @@ class Watcher:
                 # A FIFO or a symlink where the host's log should be: never read. The round still
                 # ends, by the host's exit or the deadline, without the marker.
                 log.warning("%s: the log is not followed: %s", self.agent.key, exc)
-                return None, None
-            dir_watch = DirWatch(self.follow, modify=True) if inotify_available() else None
-            if dir_watch is not None:
-                selector.register(dir_watch.fd, selectors.EVENT_READ, "follow")
-            return follow_fd, dir_watch
+                return None
+            return follow_fd
         if self.pipe_fd is not None:
             os.set_blocking(self.pipe_fd, False)
             selector.register(self.pipe_fd, selectors.EVENT_READ, "pipe")
-        return None, None
+        return None
 
-    def _step(
-        self, selector: selectors.BaseSelector, follow_fd: int | None, dir_watch: DirWatch | None
-    ) -> bool:
+    def _step(self, selector: selectors.BaseSelector, follow_fd: int | None) -> bool:
         """One wait of the loop; True when this round's result is written (or someone else's is)."""
         remaining = (self.agent.deadline_at - now_ms()) / 1000
         if remaining <= 0:
             self.on_deadline()
             return True
-        # The fallback poll covers a lost wake-up and a log written without inotify.
-        ready = selector.select(timeout=min(remaining, 1.0 if dir_watch is None and follow_fd else 30.0))
+        ready = selector.select(timeout=min(remaining, FOLLOW_POLL_S if follow_fd is not None else 30.0))
         for key, _ in ready:
             if key.data == "host":
                 self._drain(self.pipe_fd if self.follow is None else None, follow_fd)
@@ -260,17 +266,24 @@ class Watcher:
                     selector.unregister(self.pipe_fd)
                     if self.superseded():
                         return True
-            if key.data == "follow":
-                assert dir_watch is not None
-                dir_watch.drain()
             if key.data == "wake":
                 drain_pipe(key.fd)
+                if self.superseded():
+                    return True
+        if follow_fd is None and self.in_host is None:
+            return self.superseded()
         if follow_fd is not None and self._read_follow(follow_fd):
             return True
+        # Not at every chunk of a busy pane: a follow-up wakes a host's round at once anyway.
+        now = time.monotonic()
+        if now < self._next_look:
+            return False
+        self._next_look = now + SUPERSEDED_EVERY_S
         return self.superseded()
 
     _found: tuple[ResultKind, str] | None = None
     _pipe_closed: bool = False
+    _next_look: float = 0.0  # following a log: when superseded() is looked at next
 
     def _marker_found(self) -> bool:
         if self._found is None:

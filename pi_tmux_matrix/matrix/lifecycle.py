@@ -4,15 +4,22 @@ The host (the worker's side) and the master (the owner's side) apply these throu
 under the entry's lock, so every step sees the latest version and is fenced: the owner's own
 steps by its ``registration`` (its process generation), a master's handshakes by the exact
 ``generation`` it observed.
+
+One grant wins (issue 30.7): an adoption grant is never written over another master's standing
+grant whose master lives, nor over a worker that re-parented since the grant was decided; the
+loser gets :class:`~pi_tmux_matrix.errors.AdoptionRefused` naming the winner. Liveness is the
+caller's (``alive``): these functions stay pure.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import attrs
 
+from ..errors import AdoptionRefused
 from ..identity import AgentIdentityContract, ProcessIdentity, Role
 from .model import (
     MAX_HANDOFFS,
@@ -41,8 +48,10 @@ __all__ = [
     "ready",
     "record_round",
     "record_terminal",
+    "refuse_adoption",
     "release_launch",
     "request_cleanup",
+    "standing_grant",
     "wind_down",
     "with_child",
     "with_identity",
@@ -181,8 +190,86 @@ def make_resumable(entry: Entry, now: int, reason: str = PARENT_LOST, checkpoint
     return entry.moved(Status.RESUMABLE, reason=reason, resumable=payload, heartbeat_at=now)
 
 
-def grant_adoption(entry: Entry, master: ProcessIdentity, master_session: str, now: int) -> Entry:
-    """A master's owner-approved (or exact-session) adoption grant, written into the worker's entry."""
+def standing_grant(entry: Entry) -> Directive | None:
+    """The adoption grant the entry carries that its host has not yet accepted, if any."""
+    d = entry.directive
+    if entry.status is Status.ADOPTED and d is not None and d.kind is DirectiveKind.ADOPT:
+        return d
+    return None
+
+
+def _every_grant_stands(_master: ProcessIdentity) -> bool:
+    # Without a way to look at processes, a standing grant is taken as live: refusing a grant is
+    # safe (the owner re-reads and asks again), overwriting a live one is the race of issue 30.7.
+    return True
+
+
+def _parent_is(
+    fields: tuple[int | None, int | None, str | None], master: ProcessIdentity, master_session: str
+) -> bool:
+    """``(pid, proc start, session)`` name exactly this master in this session."""
+    return fields == (master.pid, master.start_ticks, master_session)
+
+
+def _granted_to(d: Directive) -> tuple[int | None, int | None, str | None]:
+    return d.parent_pid, d.parent_proc_start, d.parent_session_id
+
+
+def _parent_of(entry: Entry) -> tuple[int | None, int | None, str | None]:
+    return entry.parent_pid, entry.parent_proc_start, entry.parent_session_id
+
+
+def refuse_adoption(
+    entry: Entry,
+    master: ProcessIdentity,
+    master_session: str,
+    *,
+    seen: Entry | None = None,
+    alive: Callable[[ProcessIdentity], bool] = _every_grant_stands,
+) -> None:
+    """Raise :class:`AdoptionRefused` when a grant to ``master`` may not be written over
+    ``entry`` (the version under the lock): one grant wins.
+
+    * A standing grant to another master that is ``alive`` won: two grants that both pass the
+      handshake's fence (each decided on the same version) must not overwrite each other, or the
+      first master is told it adopted a worker the second one gets. A grant to a master that died
+      before the worker accepted it is void (no host accepts it) and may be replaced.
+    * ``seen``, the version the grant was decided on: a worker whose parent changed since then
+      was adopted by whoever won meanwhile (only an accepted grant re-parents under the same
+      process generation).
+
+    Nothing is refused that names ``master`` and ``master_session`` themselves: that grant already
+    stands, or that master already is the parent.
+    """
+    standing = standing_grant(entry)
+    if standing is not None and not _parent_is(_granted_to(standing), master, master_session):
+        pid, start, session = _granted_to(standing)
+        # A grant naming no process is void too: no host can accept it.
+        boot = entry.boot_id or master.boot_id
+        if pid is not None and start is not None and alive(ProcessIdentity(pid, start, boot)):
+            raise AdoptionRefused(entry.key, "granted", pid, session)
+    if seen is None:
+        return
+    parent = _parent_of(entry)
+    if parent != _parent_of(seen) and not _parent_is(parent, master, master_session):
+        raise AdoptionRefused(entry.key, "adopted", entry.parent_pid, entry.parent_session_id)
+
+
+def grant_adoption(
+    entry: Entry,
+    master: ProcessIdentity,
+    master_session: str,
+    now: int,
+    *,
+    alive: Callable[[ProcessIdentity], bool] = _every_grant_stands,
+) -> Entry | None:
+    """A master's owner-approved (or exact-session) adoption grant, written into the worker's
+    entry; None (nothing to write) when this very grant already stands. Refused
+    (:class:`AdoptionRefused`) over another master's live grant: see :func:`refuse_adoption`."""
+    refuse_adoption(entry, master, master_session, alive=alive)
+    standing = standing_grant(entry)
+    if standing is not None and _parent_is(_granted_to(standing), master, master_session):
+        return None
     directive = Directive(
         kind=DirectiveKind.ADOPT,
         at=now,
@@ -200,7 +287,8 @@ def request_cleanup(entry: Entry, master_session: str | None, now: int) -> Entry
 
 
 def accept_adoption(entry: Entry, now: int) -> Entry:
-    """The worker re-parents to the grant's master and watches it from now on."""
+    """The worker re-parents to the grant's master and watches it from now on: the grant of
+    ``entry``, the version under the lock, so the parent the host watches is the one it wrote."""
     directive = entry.directive
     if directive is None or directive.kind is not DirectiveKind.ADOPT:
         raise ValueError(f"{entry.key}: no adoption grant to accept")

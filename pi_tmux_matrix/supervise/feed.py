@@ -5,15 +5,18 @@ master's host follows the state dir by inotify, as ``top`` does, and looks at on
 whose files changed. When pi takes a handoff, its bridge's report lands in the master's inbox
 (also inotify): the handoffs it names are acknowledged then, not at the next heartbeat. The
 heartbeat's full pass stays as the safety net (no inotify, a lost event, an overflowed queue).
+
+Both watches are on the host process's one inotify instance (issue 30): a master holds one
+instance like any other agent, not one for its inbox and another for the state dir.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from ..identity import KEY_PATTERN
-from ..inotify import DirWatch
-from ..inotify import available as inotify_available
+from ..inotify import Watches
 from ..matrix.statedir import SUFFIX
 
 __all__ = ["EntryFeed"]
@@ -22,28 +25,32 @@ log = logging.getLogger(__name__)
 
 
 class EntryFeed:
-    """The entry files written in a state dir since the last look, by key."""
+    """Tells ``on_change`` the keys of the entry files written in a state dir (None: events were
+    lost, every entry must be looked at), as ``watches`` dispatches their events."""
 
-    def __init__(self, root: str, own_key: str) -> None:
+    def __init__(
+        self, root: str, own_key: str, watches: Watches, on_change: Callable[[set[str] | None], None]
+    ) -> None:
         self.own_key = own_key
-        self._watch: DirWatch | None = None
-        if inotify_available():
-            try:
-                self._watch = DirWatch(root)
-            except OSError as exc:
-                log.info("handoffs follow the heartbeat only: cannot watch %s: %s", root, exc)
+        self._watches = watches
+        self._on_change = on_change
+        self._token = watches.add(root, self._changed)
+        if self._token is None:
+            log.info("handoffs follow the heartbeat only: the state dir %s is not watched", root)
 
     @property
-    def fd(self) -> int | None:
-        return self._watch.fd if self._watch is not None else None
+    def watched(self) -> bool:
+        return self._token is not None
 
-    def changed(self) -> set[str] | None:
-        """Keys of the entries written since the last call (our own left out); None when events
-        were lost and every entry must be looked at."""
-        if self._watch is None:
-            return set()
+    def _changed(self, names: set[str]) -> None:
+        keys = self.keys(names)
+        if keys != set():
+            self._on_change(keys)
+
+    def keys(self, names: set[str]) -> set[str] | None:
+        """The keys of the entries ``names`` are (our own left out); None when events were lost."""
         keys: set[str] = set()
-        for name in self._watch.names():
+        for name in names:
             if name == "":
                 return None
             key = name[: -len(SUFFIX)] if name.endswith(SUFFIX) and not name.startswith(".") else ""
@@ -52,6 +59,5 @@ class EntryFeed:
         return keys
 
     def close(self) -> None:
-        if self._watch is not None:
-            self._watch.close()
-            self._watch = None
+        self._watches.remove(self._token)
+        self._token = None

@@ -56,7 +56,7 @@ log = logging.getLogger(__name__)
 # by the rooms that register them).
 CHILD_TAG: Final = "child"
 SIGNAL_TAG: Final = "signal"
-INBOX_TAG: Final = "inbox"
+INOTIFY_TAG: Final = "inotify"  # the process's one inotify instance: our inbox, a master's state dir
 ROUND_END_WAIT_S: Final = 1.5  # an agent that ended by itself: how long its round's marker may lag
 
 
@@ -129,11 +129,6 @@ class AgentHost:
         self.reports = BridgeReports(artifacts=str(store.root / "artifacts"))
         self.rounds = Rounds(self.record, self.reports, self.record.events)
         self._selector: selectors.BaseSelector | None = None
-        self._watches: list[tuple[int, Callable[[], None]]] = []  # the program's own fds
-
-    def add_watch(self, fd: int, on_ready: Callable[[], None]) -> None:
-        """Run ``on_ready`` whenever ``fd`` (the caller's) is readable: e.g. a master's state dir."""
-        self._watches.append((fd, on_ready))
 
     # What the program reads of its host (cli/master.py: its hooks, and ``reports`` for delivery).
     @property
@@ -246,7 +241,7 @@ class AgentHost:
         if child is not None:
             self.record.write(lambda e: lifecycle.with_child(e, child, ready_at))
         self.events.write("session_switched", previous=old_key)
-        self.record.watch_mail(self._selector, INBOX_TAG)
+        self._watch_mail()
         if self.hooks.on_switch is not None:
             self.hooks.on_switch(self, old_key)
 
@@ -351,9 +346,7 @@ class AgentHost:
                 return self._on_child_exit()  # it ended before we could watch it
             selector.register(child_fd, selectors.EVENT_READ, CHILD_TAG)
             self.agent.rpc.watch(selector)
-        self.record.watch_mail(self._selector, INBOX_TAG)
-        for fd, on_ready in self._watches:
-            selector.register(fd, selectors.EVENT_READ, on_ready)
+        self._watch_mail()
         self.worker.start_watching(selector)
         timers = Timers.start(self.settings, self.spec.deadline_s, time.monotonic())
         self.wake()  # mail sent before we were watching
@@ -361,7 +354,7 @@ class AgentHost:
             CHILD_TAG: lambda _key: self._on_child_exit(),
             PARENT_TAG: lambda _key: self.worker.check(),
             SIGNAL_TAG: lambda _key: self._on_signals(wakeup.drain()),
-            INBOX_TAG: self._on_inbox,
+            INOTIFY_TAG: lambda _key: self.record.watches.dispatch(),
             RPC_TAG: self._on_rpc,
         }
         try:
@@ -381,6 +374,7 @@ class AgentHost:
                 os.close(child_fd)
             self.record.unwatch_mail()
             selector.close()
+            self.record.watches.close()
             self._selector = None
 
     def _timeout(self, timers: Timers) -> float:
@@ -407,10 +401,13 @@ class AgentHost:
         self._record_end(returncode)
         return exit_code_of(returncode)
 
-    def _on_inbox(self, _key: selectors.SelectorKey) -> None:
-        if self.record.mail_watch is not None:
-            self.record.mail_watch.drain()
-            self.wake()
+    def _watch_mail(self) -> None:
+        """Wake on new mail (polled when inotify is refused); the instance's fd is waited on
+        once, whichever watch made it (a master's state dir's, before the loop)."""
+        self.record.watch_mail(self.wake)
+        fd, selector = self.record.watches.fd, self._selector
+        if selector is not None and fd is not None and fd not in selector.get_map():
+            selector.register(fd, selectors.EVENT_READ, INOTIFY_TAG)
 
     def _on_rpc(self, key: selectors.SelectorKey) -> None:
         if not self.agent.rpc.read(key.fd) and self._selector is not None:

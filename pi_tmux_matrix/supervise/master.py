@@ -18,10 +18,10 @@ from typing import IO, Final, Protocol
 import attrs
 
 from .. import procs
-from ..errors import Conflict, NotFound, PiMatrixError
+from ..errors import AdoptionRefused, Conflict, NotFound, PiMatrixError
 from ..identity import ProcessIdentity, Role
 from ..matrix import lifecycle
-from ..matrix.mailbox import Inbox
+from ..matrix.mailbox import EventLog, Inbox
 from ..matrix.model import Entry, Handoff, Status
 from ..matrix.owners import calling_master, owning_master, require_master
 from ..matrix.reconcile import ActionKind, Facts, Plan, reconcile
@@ -39,6 +39,8 @@ __all__ = [
     "calling_master",
     "gather_facts",
     "gave_up_on_parent",
+    "grant",
+    "handshake",
     "is_exact",
     "owning_master",
     "recorded_goal",
@@ -82,7 +84,7 @@ class Decision:
     exact: bool
     alive: bool
     # re-adopted | re-claimed | rehosted | relaunched | adopted | cleanup_requested | resumed | left
-    # | reported | failed
+    # | reported | refused (another master's grant won: the detail names it) | failed
     action: str
     detail: str = ""
 
@@ -142,16 +144,26 @@ def apply_plan(store: MatrixStore, plan: Plan) -> list[tuple[str, str, str]]:
     return done
 
 
-def handshake(store: MatrixStore, observed: Entry, step: Callable[[Entry], Entry], sender: str) -> Entry:
+def handshake(
+    store: MatrixStore,
+    observed: Entry,
+    step: Callable[[Entry], Entry | None],
+    sender: str,
+    *,
+    check: Callable[[Entry], None] | None = None,
+) -> Entry:
     """An owner's write into a worker's entry, then a wake-up for its host.
 
     Fenced by what the owner decided on: the same process generation, in the same status, with
     the same directive. A heartbeat in between moves only the time and does not void the
     owner's answer (a person may take longer to answer than ``heartbeatMs``); any other change
-    is a :class:`Conflict` and nothing is written.
+    is a :class:`Conflict` and nothing is written. ``check`` runs first, under the same lock: a
+    refusal of its own says more than a Conflict (a lost adoption names the master that won).
     """
 
-    def apply(current: Entry) -> Entry:
+    def apply(current: Entry) -> Entry | None:
+        if check is not None:
+            check(current)
         if current.status is not observed.status or current.directive != observed.directive:
             raise Conflict(observed.key, observed.generation, current.generation)
         return step(current)
@@ -159,6 +171,30 @@ def handshake(store: MatrixStore, observed: Entry, step: Callable[[Entry], Entry
     written = store.update(observed.key, apply, registration=observed.registration)
     Inbox(store, observed.key).post("wake", sender=sender, to=observed.registration)
     return written
+
+
+def grant(store: MatrixStore, observed: Entry, master: ProcessIdentity, session: str, sender: str) -> Entry:
+    """An adoption grant by handshake, decided on ``observed``: one grant wins. Over another
+    master's live grant, or a worker that re-parented since ``observed``, nothing is written:
+    the refusal goes to the worker's events (``adoption_refused``, naming both masters) and is
+    raised (:class:`AdoptionRefused` names the winner) for the loser to say."""
+    now = now_ms()
+    alive = procs.is_alive
+    try:
+        return handshake(
+            store,
+            observed,
+            lambda e: lifecycle.grant_adoption(e, master, session, now, alive=alive),
+            sender,
+            check=lambda e: lifecycle.refuse_adoption(e, master, session, seen=observed, alive=alive),
+        )
+    except AdoptionRefused as exc:
+        # The worker's own log (its host writes the winner's "adopted" there): who lost to whom.
+        EventLog(store, observed.key, max_bytes=None).write(
+            "adoption_refused", by_pid=master.pid, by_session=session, sender=sender,
+            winner_pid=exc.winner_pid, winner_session=exc.winner_session, how=exc.how,
+        )  # fmt: skip
+        raise
 
 
 def recorded_goal(task_ref: str | None) -> str | None:
@@ -266,14 +302,10 @@ class Master:
         )
 
     def _adopt(self, entry: Entry, decision: Decision, action: str) -> Decision:
-        now = now_ms()
         try:
-            handshake(
-                self.store,
-                entry,
-                lambda e: lifecycle.grant_adoption(e, self.me, self.session_id, now),
-                self.key,
-            )
+            grant(self.store, entry, self.me, self.session_id, self.key)
+        except AdoptionRefused as exc:
+            return attrs.evolve(decision, action="refused", detail=str(exc))
         except PiMatrixError as exc:
             return attrs.evolve(decision, action="failed", detail=str(exc))
         return attrs.evolve(decision, action=action)

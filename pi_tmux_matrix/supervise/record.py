@@ -8,18 +8,17 @@ holds it writes to the session the agent is in now.
 from __future__ import annotations
 
 import logging
-import selectors
 from collections.abc import Callable
 
 import attrs
 
 from ..errors import Conflict, PiMatrixError
-from ..inotify import DirWatch
-from ..inotify import available as inotify_available
+from ..inotify import Watches, errno_name
 from ..matrix.mailbox import AgentNotices, EventLog, Inbox, Message
 from ..matrix.model import Entry
 from ..matrix.store import MatrixStore
 from ..settings import EVENTS_MAX_BYTES
+from .timers import INBOX_POLL_S
 
 __all__ = ["OwnRecord"]
 
@@ -41,10 +40,13 @@ class OwnRecord:
     events: EventLog = attrs.field(init=False)
     inbox: Inbox = attrs.field(init=False)
     notices: AgentNotices = attrs.field(init=False)
-    mail_watch: DirWatch | None = attrs.field(init=False, default=None)
-    _selector: selectors.BaseSelector | None = attrs.field(init=False, default=None)
+    # The host process's one inotify instance, shared by all its watches (our inbox; a master's
+    # state dir): the kernel's 128 instances per user are one per agent, never more (issue 30).
+    watches: Watches = attrs.field(init=False)
+    mail_watch: int | None = attrs.field(init=False, default=None)  # its token; None: polled
 
     def __attrs_post_init__(self) -> None:
+        self.watches = Watches(on_refused=self._inotify_refused)
         self.rekey(self.key)
 
     def rekey(self, key: str) -> None:
@@ -113,25 +115,26 @@ class OwnRecord:
                 found,
             )
 
-    def watch_mail(self, selector: selectors.BaseSelector | None, tag: str) -> None:
-        """Wake ``selector`` (as ``tag``) on new mail in our inbox, by inotify; without it (or
-        without a selector) nothing is watched and the host polls the inbox."""
+    def watch_mail(self, on_mail: Callable[[], None]) -> None:
+        """Call ``on_mail`` on new mail in our inbox, by inotify; without it (refused, or no
+        inotify here) nothing is watched and the host polls the inbox."""
         self.unwatch_mail()
-        if selector is None or not inotify_available():
-            return
         try:
-            watch = DirWatch(self.store.side_dir("mailbox", self.key))
+            folder = self.store.side_dir("mailbox", self.key)
         except OSError:
             return
-        self.mail_watch, self._selector = watch, selector
-        selector.register(watch.fd, selectors.EVENT_READ, tag)
+        self.mail_watch = self.watches.add(folder, lambda _names: on_mail())
 
     def unwatch_mail(self) -> None:
-        if self.mail_watch is not None:
-            if self._selector is not None:
-                self._selector.unregister(self.mail_watch.fd)
-            self.mail_watch.close()
-            self.mail_watch = self._selector = None
+        self.watches.remove(self.mail_watch)
+        self.mail_watch = None
+
+    def _inotify_refused(self, exc: OSError) -> None:
+        """Said once per process, in our events: the kernel refused inotify (its instances or
+        watches spent: a fleet at the limit), so this host polls instead of waking at once."""
+        polling = f"polling every {INBOX_POLL_S * 1000:.0f} ms"
+        log.info("%s: inotify unavailable (%s: %s); %s", self.key, errno_name(exc), exc.strerror, polling)
+        self.events.write("inotify_unavailable", errno=errno_name(exc), error=exc.strerror, detail=polling)
 
     def mail(self) -> list[Message]:
         """Our owner's messages. None once a newer generation owns the key (it reads them now);

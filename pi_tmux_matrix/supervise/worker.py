@@ -154,13 +154,6 @@ def grant_pending(entry: Entry, boot_id: str) -> bool:
     return procs.is_alive(ProcessIdentity(d.parent_pid, d.parent_proc_start, entry.boot_id or boot_id))
 
 
-def _accept(entry: Entry) -> Entry | None:
-    d = entry.directive
-    if d is None or d.kind is not DirectiveKind.ADOPT or entry.status is not Status.ADOPTED:
-        return None
-    return lifecycle.accept_adoption(entry, now_ms())
-
-
 _LOST_AS: Final = {
     ParentState.GONE: "is gone",
     ParentState.UNREGISTERED: "is not a registered master",
@@ -322,31 +315,47 @@ class WorkerSide:
             self._accept_adoption(current)
 
     def _accept_adoption(self, current: Entry) -> None:
-        directive = current.directive
-        assert directive is not None
+        # ``current`` was read without the lock: it only says a grant is there. The grant
+        # accepted is the one on disk under the lock, and the parent watched is the one that
+        # write records; a grant read before may have been replaced since (a void grant
+        # re-granted), and watching it would leave the entry naming a parent whose death winds
+        # nothing down (issue 30.7).
         boot = current.boot_id or self.me.boot_id
-        if directive.parent_pid is None or directive.parent_proc_start is None:
+        dead: list[int] = []
+        accepted: list[Entry] = []
+
+        def accept(entry: Entry) -> Entry | None:
+            d = lifecycle.standing_grant(entry)
+            if d is None or d.parent_pid is None or d.parent_proc_start is None:
+                return None
+            if not procs.is_alive(ProcessIdentity(d.parent_pid, d.parent_proc_start, entry.boot_id or boot)):
+                dead.append(d.parent_pid)
+                return None
+            accepted.append(lifecycle.accept_adoption(entry, now_ms()))
+            return accepted[-1]
+
+        written = self.record.write(accept)
+        if dead:
+            self.record.events.write("adoption_ignored", reason="new parent not alive", pid=dead[-1])
+        if written is None or not accepted or written.parent_pid is None or written.parent_proc_start is None:
             return
-        new_parent = ProcessIdentity(directive.parent_pid, directive.parent_proc_start, boot)
-        if not procs.is_alive(new_parent):
-            self.record.events.write("adoption_ignored", reason="new parent not alive", pid=new_parent.pid)
-            return
-        if self.record.write(_accept) is None:
-            return
+        new_parent = ProcessIdentity(written.parent_pid, written.parent_proc_start, written.boot_id or boot)
         self.parent = new_parent
         self.phase = Phase.RUNNING
         self.grace_deadline = None
         self.lost_as = None
         if self._beat is not None:
             self._beat.restart()
+        # The parent now watched, as the entry names it: the evidence a host and its entry agree.
         self.record.events.write(
-            "adopted", parent_pid=new_parent.pid, parent_session=directive.parent_session_id
-        )
+            "adopted", parent_pid=new_parent.pid, parent_start=new_parent.start_ticks,
+            parent_session=written.parent_session_id,
+        )  # fmt: skip
         if self.told_lost:
             # One notice into the agent's own session: its last one said it would be stopped.
             self.told_lost = False
             self.agent.steer(
-                f"[pi-matrix] You were adopted by a new parent (session {directive.parent_session_id}, "
+                f"[pi-matrix] You were adopted by a new parent (session {written.parent_session_id}, "
                 f"pid {new_parent.pid}). Resuming: carry on with your task.",
                 notice=True,
             )
