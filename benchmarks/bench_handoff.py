@@ -56,7 +56,7 @@ GOAL_MS = 1000.0
 # session (the header's id, as pi would) and takes each handoff notice once, like the bridge.
 STANDIN_PI = r'''#!{python}
 import json, os, select, sys, time
-from pi_tmux_matrix.inotify import DirWatch
+from pi_tmux_matrix.inotify import Watches
 args = sys.argv[1:]
 session_file = args[args.index("--session") + 1]
 state, key = os.environ["PI_MATRIX_STATE_DIR"], os.environ["PI_MATRIX_KEY"]
@@ -75,10 +75,13 @@ with open(session_file) as handle:
     session_id = json.loads(handle.readline())["id"]
 post("identity", {"sessionId": session_id, "sessionFile": session_file})
 offset, taken = os.path.getsize(notices) if os.path.exists(notices) else 0, set()
-watch = DirWatch(os.path.dirname(notices), modify=True)  # the bridge's fs.watch of the folder
+watch = Watches()  # the bridge's fs.watch of the folder (each append closes the file)
+watch.add(os.path.dirname(notices), lambda _names: None)
 while True:
-    if select.select([watch.fd], [], [], 0.25)[0]:  # an append, or the safety-net poll
-        watch.drain()
+    if watch.fd is None:
+        time.sleep(0.25)  # inotify refused: the safety-net poll alone
+    elif select.select([watch.fd], [], [], 0.25)[0]:  # an append, or the safety-net poll
+        watch.dispatch()
     try:
         with open(notices, "rb") as handle:
             handle.seek(offset)

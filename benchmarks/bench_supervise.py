@@ -146,7 +146,7 @@ def death_latency(root: Path, env: dict[str, str], trials: int, poll_ms: int) ->
         parent = spawn_parent(state)
         key = f"worker-w{trial}"
         host = spawn(host_argv(state, f"w{trial}", parent.pid, ["sleep", "600"]), env)
-        watch: inotify.DirWatch | None = None
+        watch: inotify.Watches | None = None
         try:
             wait_for(
                 lambda s=state, k=key: any(e["event"] == "child_started" for e in events(s, k)),
@@ -155,7 +155,8 @@ def death_latency(root: Path, env: dict[str, str], trials: int, poll_ms: int) ->
             )
             time.sleep(0.2)  # let the host settle into its select loop
             log = state / "events" / f"{key}.jsonl"
-            watch = inotify.DirWatch(log.parent, modify=True)
+            watch = inotify.Watches()  # each event line's append closes the file: a wake
+            watch.add(log.parent, lambda _names: None)
             pidfd = os.pidfd_open(parent.pid)
             killed_at = time.perf_counter()
             parent.kill()
@@ -165,9 +166,9 @@ def death_latency(root: Path, env: dict[str, str], trials: int, poll_ms: int) ->
             seen_at = None
             deadline = dead_at + 10
             while seen_at is None and time.perf_counter() < deadline:
-                select.select([watch.fd], [], [], 0.5)
+                select.select([watch.fd] if watch.fd is not None else [], [], [], 0.5)
                 woke = time.perf_counter()
-                watch.drain()
+                watch.dispatch()
                 if _status_line(log, "winding_down"):
                     seen_at = woke
             if seen_at is None:

@@ -57,6 +57,9 @@ BOUNDS: Final[dict[str, tuple[int, int, int]]] = {
     # Each agent's events file (issue 28): past this many bytes it is rotated to ``.jsonl.1``
     # (one old generation kept, so an agent's events take at most twice this on disk).
     "eventsMaxBytes": (EVENTS_MAX_BYTES, 64 * 1024, 1024 * 1024 * 1024),
+    # How long history (jobs, results, logs, events, launches, fork runs) outlives what it is
+    # about before a sweep removes it (issue 30; the origin keeps closed records 30 days).
+    "historyRetentionDays": (30, 1, 3650),
 }
 # Not whole numbers: the on/off switch, and variables set in every fork child (seed 003's
 # pi-fork.environment; the forced PI_FORK/PI_OFFLINE/... always win over them).
@@ -108,6 +111,7 @@ class MatrixSettings:
     max_concurrent_agents: int = 3
     max_concurrent_forks: int = 3
     events_max_bytes: int = EVENTS_MAX_BYTES
+    history_retention_days: int = 30
     fork_environment: Mapping[str, str] = attrs.field(factory=dict)  # the alias's own value
     master_project_trust: str = "pi"  # one of PROJECT_TRUST_CHOICES
     fork: ForkSettings = attrs.field(factory=ForkSettings)
@@ -122,6 +126,7 @@ FIELDS = {
     "maxConcurrentAgents": "max_concurrent_agents",
     "maxConcurrentForks": "max_concurrent_forks",
     "eventsMaxBytes": "events_max_bytes",
+    "historyRetentionDays": "history_retention_days",
     "forkEnvironment": "fork_environment",
     "masterProjectTrust": "master_project_trust",
 }
@@ -252,7 +257,8 @@ def _coerce(key: str, value: Any, path: Path) -> Any:
     # from 1e400) float is a type error too: milliseconds are whole numbers.
     fractional = isinstance(value, float) and not value.is_integer()
     if isinstance(value, bool) or not isinstance(value, (int, float)) or fractional:
-        unit = " of milliseconds" if key.endswith("Ms") else " of bytes" if key.endswith("Bytes") else ""
+        units = {"Ms": " of milliseconds", "Bytes": " of bytes", "Days": " of days"}
+        unit = next((text for end, text in units.items() if key.endswith(end)), "")
         log.warning(
             "%s: processMatrix.%s must be a whole number%s, not %r; using default %d",
             path,

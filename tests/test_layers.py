@@ -6,7 +6,7 @@ Layers, each importing only from its own or lower ones (docs/architecture.md):
     identity, settings, procs, inotify               (1: the machine's facts)
     matrix/, contract, programs, pisession           (2: the record and the contract)
     supervise/ | dispatch/                           (3: side by side, never each other)
-    resume, fork/, plugin, pytest_plugin             (4: what plugs the two together)
+    resume, fork/, plugin, pytest_plugin, retention  (4: what plugs the two together)
     cli/, testing/ and the package's own programs    (5: the programs)
 
 Every import counts: module level, inside functions and under ``TYPE_CHECKING`` alike, because a
@@ -37,7 +37,7 @@ LAYERS: dict[str, int] = {
     "matrix": 2, "contract": 2, "programs": 2, "pisession": 2, "piversion": 2, "pitools": 2,
     "projecttrust": 2,
     "supervise": 3, "dispatch": 3,
-    "resume": 4, "fork": 4, "runs": 4, "plugin": 4, "pytest_plugin": 4,
+    "resume": 4, "fork": 4, "runs": 4, "plugin": 4, "pytest_plugin": 4, "retention": 4,
     "cli": 5, "testing": 5, "standin": 5, "__main__": 5, "": 5,
 }  # fmt: skip
 # Side by side at layer 3: neither may import the other.

@@ -40,6 +40,7 @@ FIELD = {
     "maxConcurrentAgents": "max_concurrent_agents",
     "maxConcurrentForks": "max_concurrent_forks",
     "eventsMaxBytes": "events_max_bytes",
+    "historyRetentionDays": "history_retention_days",
     "forkEnvironment": "fork_environment",
     "masterProjectTrust": "master_project_trust",
 }
@@ -93,6 +94,7 @@ def test_seed_defaults_and_bounds() -> None:
         "maxConcurrentAgents": 3,
         "maxConcurrentForks": 3,
         "eventsMaxBytes": 4 * 1024 * 1024,
+        "historyRetentionDays": 30,
         "forkEnvironment": {},
         "masterProjectTrust": "pi",
     }
@@ -103,6 +105,7 @@ def test_seed_defaults_and_bounds() -> None:
         "maxConcurrentAgents": (3, 1, 64),
         "maxConcurrentForks": (3, 1, 64),
         "eventsMaxBytes": (4 * 1024 * 1024, 64 * 1024, 1024 * 1024 * 1024),
+        "historyRetentionDays": (30, 1, 3650),
     }
 
 
@@ -125,6 +128,7 @@ def test_agent_dir_file_applies(agent_file: Path, project: Path, caplog: pytest.
         "max_concurrent_agents": "default",
         "max_concurrent_forks": "default",
         "events_max_bytes": "default",
+        "history_retention_days": "default",
         "fork_environment": "default",
         "master_project_trust": "default",
     }
@@ -146,6 +150,7 @@ def test_project_overrides_agent_per_key(agent_file: Path, project: Path) -> Non
         "max_concurrent_agents": "default",
         "max_concurrent_forks": "default",
         "events_max_bytes": "default",
+        "history_retention_days": "default",
         "fork_environment": "default",
         "master_project_trust": "default",
     }
@@ -681,3 +686,20 @@ def test_events_max_bytes_is_a_size_in_bytes(
     assert load_settings(cwd=project).events_max_bytes == 4 * 1024 * 1024
     (record,) = warnings_of(caplog)
     assert "processMatrix.eventsMaxBytes must be a whole number of bytes, not '4M'" in record.getMessage()
+
+
+def test_history_retention_days_is_a_number_of_days(
+    agent_file: Path, project: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 30.5: history is kept ``historyRetentionDays`` (30 by default, 1 to 3650); a wrong
+    value says what it must be, in days, and one out of bounds is clamped."""
+    assert load_settings(cwd=project).history_retention_days == 30
+    write(agent_file, section(historyRetentionDays=7))
+    assert load_settings(cwd=project).history_retention_days == 7
+    write(agent_file, section(historyRetentionDays=0))
+    assert load_settings(cwd=project).history_retention_days == 1
+    write(agent_file, section(historyRetentionDays="1w"))
+    assert load_settings(cwd=project).history_retention_days == 30
+    messages = [r.getMessage() for r in warnings_of(caplog)]
+    assert any("historyRetentionDays=0 is outside 1..3650; clamped to 1" in m for m in messages), messages
+    assert any("must be a whole number of days, not '1w'" in m for m in messages), messages

@@ -22,13 +22,13 @@ __all__ = ["Io", "build_parser", "main", "run"]
 # not pay for the dispatcher, the host or the renderer (issue 21). tests/test_cli.py holds the map
 # equal to the whole parser.
 MODULES: Final = (
-    "entries", "host", "master", "owner", "tree", "dispatch", "teamwork", "lanes", "status", "runs",
+    "entries", "host", "master", "owner", "gc", "tree", "dispatch", "teamwork", "lanes", "status", "runs",
     "demo", "doctor", "completion", "top_screen",
 )  # fmt: skip
 VERB_MODULES: Final = {
     "ls": "entries", "show": "entries", "repair": "entries", "host": "host", "master": "master",
     "scan": "owner", "reconcile": "owner", "adopt": "owner", "cleanup": "owner", "send": "owner",
-    "stop": "owner", "tree": "tree", "fire": "dispatch", "jobs": "dispatch", "job": "dispatch",
+    "stop": "owner", "gc": "gc", "tree": "tree", "fire": "dispatch", "jobs": "dispatch", "job": "dispatch",
     "followup": "dispatch", "dismiss": "dispatch", "resume": "dispatch", "profiles": "dispatch",
     "var": "teamwork", "stop-session": "teamwork", "notify": "teamwork", "set-status": "teamwork",
     "templates": "teamwork", "workspace": "teamwork", "lanes": "lanes", "status": "status",

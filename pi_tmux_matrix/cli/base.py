@@ -13,11 +13,12 @@ from typing import IO, TYPE_CHECKING, Any, Final, NamedTuple
 from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, ContractError, UsageError
 
 if TYPE_CHECKING:
+    from ..matrix.retention import Report
     from ..matrix.store import MatrixStore, Problem
 
 __all__ = [
     "EPILOG", "STOP_WORD", "Io", "Parser", "add_verb", "age", "confirmed", "printable", "public_verbs",
-    "report_problems", "require_matrix", "stop_target", "store_of",
+    "report_problems", "require_matrix", "stop_target", "store_of", "sweep_history",
 ]  # fmt: skip
 
 EPILOG: Final = f"""\
@@ -89,6 +90,15 @@ def store_of(args: argparse.Namespace) -> MatrixStore:
     from ..settings import resolve_state_dir
 
     return MatrixStore(resolve_state_dir(args.state_dir))
+
+
+def sweep_history(store: MatrixStore) -> Report | None:
+    """The state dir's sweep after a reconcile (``reconcile``, a master's activation): at most
+    once an hour, never raising (``retention.sweep_if_due``); imported only when it runs, so a
+    verb that never reconciles does not load the dispatcher's and the fork runs' records."""
+    from ..retention import sweep_if_due
+
+    return sweep_if_due(store)
 
 
 def age(then_ms: int | None, now: int | None = None) -> str:

@@ -32,7 +32,16 @@ from ..supervise.master import (
     owning_master,
     require_master,
 )
-from .base import STOP_WORD, add_verb, confirmed, report_problems, require_matrix, stop_target, store_of
+from .base import (
+    STOP_WORD,
+    add_verb,
+    confirmed,
+    report_problems,
+    require_matrix,
+    stop_target,
+    store_of,
+    sweep_history,
+)
 from .names import Kind, resolve, resolve_key
 
 if TYPE_CHECKING:
@@ -150,6 +159,7 @@ def cmd_reconcile(args: argparse.Namespace, io: Io) -> int:
                 "processMatrix.enabled", "is false, so nothing may be written", "use --dry-run"
             )
         rows = [{"key": k, "action": a, "reason": r} for k, a, r in apply_plan(store, plan)]
+    swept = None if args.dry_run else sweep_history(store)
     if args.json:
         io.out.write(json.dumps(rows, indent=2) + "\n")
     else:
@@ -157,6 +167,11 @@ def cmd_reconcile(args: argparse.Namespace, io: Io) -> int:
             io.out.write(f"{row['key']}: {row['action']} ({row['reason']})\n")
         if not rows:
             io.out.write("nothing to reconcile\n")
+        if swept is not None and swept.removed:
+            io.out.write(
+                f"gc: removed {sum(f.files for f in swept.removed)} file(s) of history past "
+                f"{swept.plan.days:g} day(s) and of removed entries ('pi-matrix gc' shows what is kept)\n"
+            )
     return EXIT_OK
 
 

@@ -137,7 +137,7 @@ class RoundWatch:
                 EventLog(self.store, key).write("rounds_failed", error=str(exc)[:300])
 
     def _rounds(self) -> None:
-        jobs, watched = JobStore(self.store), 0
+        jobs, watched, plugins = JobStore(self.store), 0, None
         in_host = InHost(os.getpid(), self._done[0], self._wake[0], self._deadline_stop)
         while not self._ended():
             job = jobs.get(self.job_id)
@@ -145,9 +145,10 @@ class RoundWatch:
             if agent is None:
                 return
             if agent.round > watched and jobs.result(job.id, agent.agent_id, agent.round) is None:
+                plugins = plugins or _plugins(agent.cwd)  # once: loading them reads every package
                 Watcher(
                     self.store, job, agent, agent.round, follow=self.follow, socket=self.socket,
-                    pane=self.pane, plugins=_plugins(agent.cwd), pipe_fd=self._read_fd(),
+                    pane=self.pane, plugins=plugins, pipe_fd=self._read_fd(),
                     in_host=in_host,
                 ).run()  # fmt: skip
                 watched = agent.round

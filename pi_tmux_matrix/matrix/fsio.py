@@ -4,10 +4,11 @@ This room owns how a file reaches the disk and comes back: :func:`durable_write`
 ``O_EXCL|O_NOFOLLOW`` 0600 -> fsync -> rename or link -> fsync the directory, so a reader or a
 crash sees the whole old version or the whole new one), :func:`durable_unlink`, the strict
 readers :func:`read_bounded` and :func:`read_tail` (never a symlink, never a FIFO) and their
-path-based face :func:`read_state_file` (every other state-dir file a reader takes), the safe
-opening of a state directory (:func:`open_dir`: ours, 0700, never a symlink), and the
-generation tokens and timestamps every write carries. What the files mean is the business of
-the stores above it (``store``, ``records``).
+path-based face :func:`read_state_file` (every other state-dir file a reader takes), the
+removal of what is no longer needed (:func:`remove_regular`, :func:`remove_folder`: regular files
+only, never through a symlink), the safe opening of a state directory (:func:`open_dir`: ours,
+0700, never a symlink), and the generation tokens and timestamps every write carries. What the
+files mean is the business of the stores above it (``store``, ``records``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ __all__ = [
     "read_bounded",
     "read_state_file",
     "read_tail",
+    "remove_folder",
+    "remove_regular",
 ]
 
 _O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
@@ -121,6 +124,59 @@ def durable_unlink(dir_fd: int, name: str) -> None:
     """
     os.unlink(name, dir_fd=dir_fd)
     _fsync(dir_fd)
+
+
+def remove_regular(dir_fd: int, name: str) -> int | None:
+    """Unlink ``name`` in ``dir_fd`` if it is a regular file; returns its size (0 if it was
+    already gone), or None when it is anything else (a symlink, a FIFO, a folder): that is left
+    where it is, for the caller to report, never followed or removed.
+
+    Not fsynced: this removes what is no longer needed (history past its window, an ended
+    entry's mailbox), and a removal a crash undoes is simply done again by the next sweep.
+    """
+    try:
+        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return 0
+    if not stat.S_ISREG(info.st_mode):
+        return None
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return 0
+    return info.st_size
+
+
+def remove_folder(dir_fd: int, name: str) -> tuple[int, tuple[str, ...]]:
+    """Remove the folder ``name`` in ``dir_fd`` with the regular files in it (bytes freed, and
+    the names left: ``name/<file>`` for anything in it that is not a regular file, ``name``
+    itself when it is not a real folder or could not be removed). Never follows a symlink, never
+    descends into a sub-folder (both are left and named). Absent: ``(0, ())``."""
+    try:
+        fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return 0, ()
+    except OSError:
+        return 0, (name,)  # a symlink or a file where the folder should be: left, named
+    freed = 0
+    left: list[str] = []
+    try:
+        for item in sorted(os.listdir(fd)):
+            size = remove_regular(fd, item)
+            if size is None:
+                left.append(f"{name}/{item}")
+            else:
+                freed += size
+    finally:
+        os.close(fd)
+    if not left:
+        try:
+            os.rmdir(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            pass
+        except OSError:  # a file written into it meanwhile: the folder stays for the next sweep
+            left.append(name)
+    return freed, tuple(left)
 
 
 # --- reading -----------------------------------------------------------------------------------

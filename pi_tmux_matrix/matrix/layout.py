@@ -13,19 +13,23 @@ from typing import Final
 
 from .fsio import opened_dir
 
-__all__ = ["LOCKS", "QUARANTINE", "RESERVED_DIRS", "SUFFIX", "TMP_SUFFIX", "lists_nothing"]
+__all__ = [
+    "LOCKS", "MAILBOX", "QUARANTINE", "RESERVED_DIRS", "SUFFIX", "TMP_SUFFIX", "inbox_name", "lists_nothing",
+    "notices_name",
+]  # fmt: skip
 
 SUFFIX: Final = ".json"
 TMP_SUFFIX: Final = ".json.tmp"
 LOCKS: Final = "locks"
 QUARANTINE: Final = "quarantine"
+MAILBOX: Final = "mailbox"
 # Sub-directories the matrix itself keeps beside the entries; never reported as foreign.
 RESERVED_DIRS: Final = frozenset(
     {
         LOCKS,
         QUARANTINE,
         "events",
-        "mailbox",
+        MAILBOX,
         "results",
         "runs",
         "jobs",
@@ -38,6 +42,16 @@ RESERVED_DIRS: Final = frozenset(
         "pipes",
     }
 )
+
+
+def inbox_name(key: str) -> str:
+    """The host's command queue of ``key``, a folder under ``mailbox/``."""
+    return key
+
+
+def notices_name(key: str) -> str:
+    """The agent's notices of ``key`` (``PI_MATRIX_MAILBOX``), a file under ``mailbox/``."""
+    return f"{key}.agent.jsonl"
 
 
 def lists_nothing(root: Path) -> bool:

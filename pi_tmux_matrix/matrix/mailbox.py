@@ -31,6 +31,7 @@ from .. import strictjson
 from ..errors import ContractError, CorruptEntry, PiMatrixError, StoreError
 from ..settings import EVENTS_MAX_BYTES
 from .fsio import DIR_FLAGS, open_append, opened_dir, read_bounded, read_tail
+from .layout import MAILBOX, inbox_name, notices_name
 from .model import MAX_REASON, MAX_TEXT, Outcome
 from .store import MatrixStore, now_ms
 
@@ -213,7 +214,7 @@ class Inbox:
 
     @property
     def path(self) -> Path:
-        return self.store.root / "mailbox" / self.key
+        return self.store.root / MAILBOX / inbox_name(self.key)
 
     def post(self, kind: str, text: str = "", sender: str | None = None, *, to: str | None = None) -> Path:
         """Queue a command (durable: temp, fsync, rename, fsync the folder, so the host never reads
@@ -223,7 +224,7 @@ class Inbox:
         name = f"{now_ms():015d}-{os.urandom(4).hex()}.json"
         tmp = self.path / f".{name}.tmp"
         try:
-            directory = self.store.side_dir("mailbox", self.key)
+            directory = self.store.side_dir(MAILBOX, inbox_name(self.key))
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _O_CLOEXEC, 0o600)
             try:
                 _write_all(fd, body)
@@ -336,10 +337,10 @@ class AgentNotices:
 
     @property
     def path(self) -> Path:
-        return self.store.root / "mailbox" / f"{self.key}.agent.jsonl"
+        return self.store.root / MAILBOX / notices_name(self.key)
 
     def ensure(self) -> Path:
-        self.store.side_dir("mailbox")
+        self.store.side_dir(MAILBOX)
         return self.path
 
     def notify(self, kind: str, text: str) -> str:

@@ -169,14 +169,53 @@ class RecordStore:
             return False
 
     def delete(self, name: str) -> bool:
-        """Remove the record (True if it was there)."""
+        """Remove the record and its lock file (True if it was there)."""
         file_name = self._name(name)
-        with self.locked(name) as fd:
-            try:
-                durable_unlink(fd, file_name)
-            except FileNotFoundError:
-                return False
-        return True
+        lock = f"{self.kind}.{name}.lock"
+        with self.store.hold(lock, f"{self.kind}/{name}: lock still held", "this record") as root_fd:
+            with self._dir_fd(create=False) as fd:
+                try:
+                    if fd is None:
+                        raise FileNotFoundError(file_name)
+                    durable_unlink(fd, file_name)
+                    existed = True
+                except FileNotFoundError:
+                    existed = False
+            self.store.drop_lock(root_fd, lock)
+        return existed
+
+    def delete_if(
+        self,
+        name: str,
+        keep: Callable[[dict[str, Any] | None], str | None],
+        first: Callable[[], None] | None = None,
+    ) -> str | None:
+        """Under the record's lock: read it (None if absent), ask ``keep`` for a reason to keep
+        it, and if it gives none run ``first`` (what goes with the record: a job's results, a run's
+        folder) and remove the record and its lock file (the history sweep's removal: not
+        fsynced). Returns the reason it was kept, None when removed. A record that cannot be read
+        is kept (``keep`` is not asked)."""
+        file_name = self._name(name)
+        lock = f"{self.kind}.{name}.lock"
+        with self.store.hold(lock, f"{self.kind}/{name}: lock still held", "this record") as root_fd:
+            with self._dir_fd(create=False) as fd:
+                try:
+                    current = None if fd is None else self._read(fd, name)
+                except CorruptEntry as exc:
+                    return f"unreadable ({exc.reason})"
+                why = keep(current)
+                if why is not None:
+                    return why
+                if first is not None:
+                    first()
+                if fd is not None:
+                    # Not fsynced (a sweep removes hundreds): a removal a crash undoes is done
+                    # again by the next sweep, as fsio.remove_regular says.
+                    for gone in (f".{file_name}.tmp", file_name):  # a dead writer's temp, the record
+                        with suppress(FileNotFoundError):
+                            os.unlink(gone, dir_fd=fd)
+            self.store.drop_lock(root_fd, lock)
+        return None
 
 
 class Records(Generic[T]):
@@ -290,8 +329,24 @@ class Records(Generic[T]):
         return records, problems
 
     def delete(self, name: str) -> bool:
-        """Remove the record (True if it was there)."""
+        """Remove the record and its lock file (True if it was there)."""
         return self.files.delete(name)
+
+    def delete_if(
+        self, name: str, keep: Callable[[T], str | None], first: Callable[[], None] | None = None
+    ) -> str | None:
+        """:meth:`RecordStore.delete_if` through the typed record: ``keep`` sees it decoded (an
+        absent record is kept as ``absent``, one that does not decode as unreadable)."""
+
+        def judge(raw: dict[str, Any] | None) -> str | None:
+            if raw is None:
+                return "absent"
+            try:
+                return keep(self.decode(raw, name))
+            except CorruptEntry as exc:
+                return f"unreadable ({exc.reason})"
+
+        return self.files.delete_if(name, judge, first)
 
     def _missing(self, name: str) -> Exception:
         if self.missing is None:  # a programming error: this kind is only read with find

@@ -1,8 +1,10 @@
 """Repair of the state dir: dead writers' temp files removed, corrupt and foreign files quarantined.
 
-Nothing is ever deleted here but a temp file no writer owns any more: a file that is not a valid
-entry is evidence, moved to ``quarantine/<name>.<ms>.<random>`` under the entry's lock after a
-re-check (a writer may have repaired it meanwhile). Files written by a newer pi-matrix are
+Nothing is ever deleted here but a temp file no writer owns any more and, once a corrupt entry is
+moved aside, what belonged to that entry alone (its mailbox, its lock file: see
+``MatrixStore.drop_leftovers``): a file that is not a valid entry is evidence, moved to
+``quarantine/<name>.<ms>.<random>`` under the entry's lock after a re-check (a writer may have
+repaired it meanwhile). Files written by a newer pi-matrix are
 reported and left alone. The entry store (:class:`~.store.MatrixStore`) is reached through the
 small :class:`EntryFiles` protocol, because ``MatrixStore.repair`` delegates here and this
 module must not import ``store``.
@@ -54,6 +56,8 @@ class EntryFiles(Protocol):
 
     def find(self, key: str) -> Entry | None: ...
 
+    def drop_leftovers(self, root_fd: int, key: str) -> object: ...
+
     def list(self) -> _Listing: ...
 
 
@@ -100,7 +104,7 @@ def _quarantine(store: EntryFiles, name: str, target: str) -> None:
     if fd is not None:
         os.close(fd)
     if key is not None and is_key(key):
-        with store.locked(key):
+        with store.locked(key) as root_fd:
             # Re-check under the lock: a writer may have repaired it meanwhile.
             try:
                 store.find(key)
@@ -108,6 +112,9 @@ def _quarantine(store: EntryFiles, name: str, target: str) -> None:
             except CorruptEntry:
                 pass
             _move(store.root / name, target)
+            # The entry is gone from the matrix as surely as a removed one: its mailbox and lock
+            # file go with it (the evidence is the file itself, kept in quarantine/).
+            store.drop_leftovers(root_fd, key)
     else:
         _move(store.root / name, target)
 

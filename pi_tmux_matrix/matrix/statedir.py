@@ -4,7 +4,8 @@ Layout under the state dir (0700, owned by the user, never a symlink)::
 
     <key>.json            one entry per registered process (0600)
     .<key>.json.tmp       a write in flight (or left by a killed writer; swept under the lock)
-    locks/<name>.lock     the flocks of entries and records; never unlinked while the file may live
+    locks/<name>.lock     the flocks of entries and records; unlinked by its holder only, with what
+                          it guards (see :func:`.locks.drop_held`)
     quarantine/           corrupt or foreign files moved aside by ``repair`` (never deleted)
     jobs/, runs/, …       record directories (:mod:`.records`) and the other reserved sub-dirs
 
@@ -24,11 +25,11 @@ from pathlib import Path
 
 import attrs
 
-from ..errors import LockUnavailable, StateDirError
+from ..errors import LockUnavailable, StateDirError, StoreError
 from ..identity import KEY_PATTERN
 from .fsio import DIR_FLAGS, check_dir, open_dir, opened_dir
 from .layout import LOCKS, QUARANTINE, RESERVED_DIRS, SUFFIX, TMP_SUFFIX
-from .locks import LockError, LockTimeout, entry_lock
+from .locks import LockError, LockTimeout, drop_held, entry_lock
 
 __all__ = ["LOCKS", "QUARANTINE", "RESERVED_DIRS", "SUFFIX", "TMP_SUFFIX", "Problem", "StateDir", "is_key"]
 
@@ -121,6 +122,23 @@ class StateDir:
                         path=path,
                         errno=exc.errno,
                     ) from None
+
+    def drop_lock(self, root_fd: int, lock_name: str) -> bool:
+        """Remove ``locks/<lock_name>``, which this thread holds (inside :meth:`hold`), because
+        what it guards is gone; True if removed. A process queued on it moves to the file the next
+        writer creates (the lock helper re-checks the inode after every ``flock``), so this is the
+        last act under the lock (:func:`.locks.drop_held`)."""
+        path = f"{self.root}{os.sep}{LOCKS}{os.sep}{lock_name}"
+        try:
+            return drop_held(root_fd, f"{LOCKS}/{lock_name}", path)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise StoreError(
+                f"{path}: cannot remove the lock file ({exc.strerror}); it is left for the next gc",
+                path=path,
+                errno=exc.errno,
+            ) from None
 
     def _locks_fd(self, root_fd: int) -> int:
         try:

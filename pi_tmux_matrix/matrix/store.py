@@ -16,6 +16,7 @@ have always imported them from.
 from __future__ import annotations
 
 import gc
+import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -33,13 +34,25 @@ from ..errors import (
 from ..identity import parse_key
 from .codec import MAX_ENTRY_BYTES, DecodeError, encode_entry
 from .fastcodec import read_entry
-from .fsio import durable_unlink, durable_write, new_token, now_ms, read_bounded, read_tail
+from .fsio import (
+    DIR_FLAGS,
+    durable_unlink,
+    durable_write,
+    new_token,
+    now_ms,
+    read_bounded,
+    read_tail,
+    remove_folder,
+    remove_regular,
+)
+from .layout import MAILBOX, inbox_name, notices_name
 from .model import MAX_HANDOFFS, Entry
 from .records import RecordStore
 from .repair import RepairAction, repair
 from .statedir import RESERVED_DIRS, SUFFIX, TMP_SUFFIX, Problem, StateDir, is_key
 
 __all__ = [
+    "Leftovers",
     "ListResult",
     "MatrixStore",
     "Problem",
@@ -61,6 +74,17 @@ class ListResult:
     raw: tuple[dict[str, object], ...]
     problems: tuple[Problem, ...]
 
+
+@attrs.frozen
+class Leftovers:
+    """What :meth:`MatrixStore.drop_leftovers` freed (bytes), and the paths it left (relative to
+    the state dir: not regular files, never followed or removed)."""
+
+    freed: int
+    left: tuple[str, ...]
+
+
+log = logging.getLogger(__name__)
 
 KNOWN_WRITES: Final = 256  # entries whose last write a store remembers (see _read_locked)
 
@@ -315,7 +339,9 @@ class MatrixStore(StateDir):
         return self.update(key, lambda _current: entry, expected=expected)
 
     def delete(self, key: str, expected: str) -> None:
-        """Delete the entry only if ``expected`` is still its generation. The lock file stays."""
+        """Delete the entry only if ``expected`` is still its generation. What belonged to it
+        alone goes with it (:meth:`drop_leftovers`): its host's mailbox, its agent's notices and
+        its lock file. Its history (events, artifacts, logs) stays for the retention window."""
         with self.locked(key) as root_fd:
             current = self._read(root_fd, key)
             found = None if current is None else current.generation
@@ -328,6 +354,42 @@ class MatrixStore(StateDir):
                 raise StoreError(
                     f"{path}: delete failed ({exc.strerror})", path=path, errno=exc.errno
                 ) from None
+            self._written.pop(key, None)
+            try:
+                self.drop_leftovers(root_fd, key)
+            except (OSError, StoreError) as exc:
+                # The entry is gone (that was the write asked for); what is left of it is small
+                # and the next gc takes it.
+                log.warning("%s: deleted; its mailbox or lock file is left for gc (%s)", key, exc)
+
+    def drop_leftovers(self, root_fd: int, key: str) -> Leftovers:
+        """Remove what belonged to ``key``'s entry alone, once the entry file is gone: its host's
+        mailbox (``mailbox/<key>/``: a message there is for a host that no longer exists), its
+        agent's notices (``mailbox/<key>.agent.jsonl``), then its lock file. Only under the key's
+        lock (:meth:`locked`), which it removes last: a writer queued on it moves to a new one.
+        Anything there that is not a regular file is left and named, never followed."""
+        freed = 0
+        left: list[str] = []
+        try:
+            mail_fd: int | None = os.open(MAILBOX, DIR_FLAGS, dir_fd=root_fd)
+        except FileNotFoundError:
+            mail_fd = None
+        except OSError:
+            mail_fd, left = None, [MAILBOX]  # a symlink or a file there: nothing taken from it
+        if mail_fd is not None:
+            try:
+                got, kept = remove_folder(mail_fd, inbox_name(key))
+                freed += got
+                left += [f"{MAILBOX}/{name}" for name in kept]
+                size = remove_regular(mail_fd, notices_name(key))
+                if size is None:
+                    left.append(f"{MAILBOX}/{notices_name(key)}")
+                else:
+                    freed += size
+            finally:
+                os.close(mail_fd)
+        self.drop_lock(root_fd, f"{key}.lock")
+        return Leftovers(freed, tuple(left))
 
     # -- repair -----------------------------------------------------------------------------------
     def repair(self, *, dry_run: bool = False) -> tuple[RepairAction, ...]:

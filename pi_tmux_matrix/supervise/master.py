@@ -232,6 +232,9 @@ class Master:
     _delivered_ids: set[str] = attrs.field(factory=set)
     _acking: set[str] = attrs.field(factory=set)  # handoff ids whose mark is queued or being written
     _reclaimed: set[tuple[str, str]] = attrs.field(factory=set)  # (key, generation) acted on
+    # The state dir's sweep (``retention.sweep_if_due``, from the layer above): run after each
+    # activation's reconcile, at most once an hour, never raising.
+    housekeeping: Callable[[MatrixStore], object] | None = None
 
     @property
     def key(self) -> str:
@@ -243,6 +246,8 @@ class Master:
         facts = gather_facts(listing.entries)
         plan = reconcile(listing.entries, facts)
         reconciled = apply_plan(self.store, plan) if reconcile_first else []
+        if reconcile_first and self.housekeeping is not None:
+            self.housekeeping(self.store)
         decisions = [self._decide(key) for key in plan.orphans]
         delivered = self.deliver_handoffs()
         return ActivationReport(
