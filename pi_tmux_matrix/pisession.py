@@ -27,7 +27,8 @@ import attrs
 
 from . import strictjson
 from .errors import ContractError, PiMatrixError
-from .matrix.fsio import now_ms, open_state_file
+from .matrix.fsio import open_state_file
+from .matrix.tokens import now_ms
 from .settings import agent_dir
 
 __all__ = [

@@ -14,7 +14,6 @@ from typing import Final
 from .dispatch.retention import dispatch_history, job_names
 from .errors import ContractError, LockUnavailable, PiMatrixError
 from .fork.retention import run_history
-from .matrix.fsio import now_ms
 from .matrix.retention import (
     GC_LOCK,
     Found,
@@ -29,6 +28,7 @@ from .matrix.retention import (
     sweep_due,
 )
 from .matrix.store import MatrixStore
+from .matrix.tokens import now_ms
 from .settings import load_settings
 
 __all__ = ["GC_LOCK_TIMEOUT_S", "Plan", "Report", "apply", "plan", "sweep", "sweep_if_due"]

@@ -208,7 +208,7 @@ def test_gc_previews_only_old_history_keeps_live_unfinished_and_unreadable_files
     name = f"{old.job.id}.{old.job.agents[0].agent_id}"
     assert {
         f"jobs/{old.job.id}.json", f"locks/jobs.{old.job.id}.lock", f"results/{name}.1.json",
-        f"locks/results.{name}.1.lock", f"logs/{name}.log", f"logs/{name}.watch.log",
+        f"locks/results.{name}.1.lock", f"logs/{name}.log",
         f"events/{old_key}.jsonl",
     } <= paths, sorted(paths)  # fmt: skip
     for other in (new.job.id, live.job.id, live_entry.key, master.key, planted.id, "quarantine/"):

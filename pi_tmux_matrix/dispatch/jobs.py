@@ -19,11 +19,11 @@ import attrs
 
 from ..errors import CorruptEntry, JobNotFound
 from ..identity import validate_id
-from ..matrix.fsio import now_ms
 from ..matrix.model import bounded
 from ..matrix.records import Records
 from ..matrix.statedir import Problem
 from ..matrix.store import MatrixStore
+from ..matrix.tokens import now_ms
 from .model import JOB_SCHEMA_VERSION, AgentResult, Job, JobAgent, ResultKind
 from .usage import CLAIM_SUFFIX, read_claim
 

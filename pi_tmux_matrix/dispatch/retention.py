@@ -1,7 +1,7 @@
 """The dispatcher's history in the state dir's sweep (:mod:`~pi_tmux_matrix.matrix.retention`).
 
 A job goes whole, once it is over and past the window: its record, its results and usage
-claims, its variables, its agents' and watchers' logs, and their lock files. Over means no agent
+claims, its variables, its agents' logs, and their lock files. Over means no agent
 of it has an entry (valid or not) or a live host; then the clock is its own end (its stop,
 dismissal or orphaning, or its newest result) when every agent's round has a result or the job
 was stopped or dismissed, and otherwise (an agent that never reported: a machine that went down)

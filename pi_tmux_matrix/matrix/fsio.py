@@ -6,18 +6,17 @@ crash sees the whole old version or the whole new one), :func:`durable_unlink`, 
 readers :func:`read_bounded` and :func:`read_tail` (never a symlink, never a FIFO) and their
 path-based face :func:`read_state_file` (every other state-dir file a reader takes), the
 removal of what is no longer needed (:func:`remove_regular`, :func:`remove_folder`: regular files
-only, never through a symlink), the safe opening of a state directory (:func:`open_dir`: ours,
-0700, never a symlink), and the generation tokens and timestamps every write carries. What the
-files mean is the business of the stores above it (``store``, ``records``).
+only, never through a symlink), the FIFO a host reads its pane from (:func:`open_fifo`), and the
+safe opening of a state directory (:func:`open_dir`: ours, 0700, never a symlink). The generation
+tokens and timestamps every write carries are in ``tokens``; what the files mean is the business
+of the stores above it (``store``, ``records``).
 """
 
 from __future__ import annotations
 
 import errno
-import itertools
 import os
 import stat
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -30,8 +29,6 @@ __all__ = [
     "check_dir",
     "durable_unlink",
     "durable_write",
-    "new_token",
-    "now_ms",
     "open_append",
     "open_dir",
     "open_fifo",
@@ -426,30 +423,3 @@ def _make_dir(path: Path) -> None:
             ) from None
         # mkdir's mode is filtered by the umask; the state dir is 0700 whatever the umask.
         os.chmod(directory, 0o700)
-
-
-# --- generation tokens -----------------------------------------------------------------------
-# os.urandom, as secrets.token_hex does, without importing secrets (hmac, hashlib: ~5 ms of
-# every command's start-up).
-_incarnation = os.urandom(8).hex()
-_counter = itertools.count(1)
-
-
-def _reset_tokens_after_fork() -> None:
-    # A forked child must never mint a token its parent also mints.
-    global _incarnation, _counter  # noqa: PLW0603
-    _incarnation = os.urandom(8).hex()
-    _counter = itertools.count(1)
-
-
-os.register_at_fork(after_in_child=_reset_tokens_after_fork)
-
-
-def new_token() -> str:
-    """A token never minted before by any process: random incarnation + a counter."""
-    return f"{_incarnation}-{next(_counter)}"
-
-
-def now_ms() -> int:
-    """Wall-clock milliseconds; records are for humans and expiry, never for liveness."""
-    return time.time_ns() // 1_000_000

@@ -22,9 +22,10 @@ from typing import Protocol
 import attrs
 
 from ..errors import CorruptEntry, StoreError
-from .fsio import now_ms, open_dir
+from .fsio import open_dir
 from .model import Entry
 from .statedir import QUARANTINE, SUFFIX, TMP_SUFFIX, Problem, is_key
+from .tokens import now_ms
 
 __all__ = ["EntryFiles", "RepairAction", "repair"]
 

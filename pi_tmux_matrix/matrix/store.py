@@ -38,8 +38,6 @@ from .fsio import (
     DIR_FLAGS,
     durable_unlink,
     durable_write,
-    new_token,
-    now_ms,
     read_bounded,
     read_tail,
     remove_folder,
@@ -50,6 +48,7 @@ from .model import MAX_HANDOFFS, Entry
 from .records import RecordStore
 from .repair import RepairAction, repair
 from .statedir import RESERVED_DIRS, SUFFIX, TMP_SUFFIX, Problem, StateDir, is_key
+from .tokens import new_token, now_ms
 
 __all__ = [
     "Leftovers",
