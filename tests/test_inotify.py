@@ -23,7 +23,7 @@ from typing import Any
 import attrs
 import pytest
 from helpers import read_events, spawn_sleeper
-from test_dispatch import Lab, wait_for
+from test_dispatch import Lab, lab, wait_for  # noqa: F401 - lab is a fixture
 from test_names import plant_job
 
 from pi_tmux_matrix import inotify, procs
@@ -70,17 +70,8 @@ def watchers_of(job_id: str) -> list[int]:
     return [p for p in procs.running_pids() if job_id in cmdline(p) and "watch" in cmdline(p)]
 
 
-@pytest.fixture
-def lab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
-    the_lab = Lab(tmp_path, tmux_socket)
-    try:
-        yield the_lab
-    finally:
-        the_lab.cleanup()
-
-
 @pytest.mark.parametrize("backend", ["tmux", "subprocess"])
-def test_an_agent_holds_one_inotify_instance_its_hosts_and_its_master_one(lab: Lab, backend: str) -> None:
+def test_an_agent_holds_one_inotify_instance_its_hosts_and_its_master_one(lab: Lab, backend: str) -> None:  # noqa: F811
     """Before: a detached agent held two (its host's and its watcher's), a master two (its inbox's
     and its state dir's): 100 agents and a master spent 202 of the user's 128. Now one each."""
     master = lab.start_master()
@@ -95,7 +86,7 @@ def test_an_agent_holds_one_inotify_instance_its_hosts_and_its_master_one(lab: L
     assert inotify_instances(master.pid) == 1  # its inbox and the state dir, on one instance
 
 
-def test_a_detached_agents_watcher_polls_its_log_and_still_finds_the_marker_soon(lab: Lab) -> None:
+def test_a_detached_agents_watcher_polls_its_log_and_still_finds_the_marker_soon(lab: Lab) -> None:  # noqa: F811
     lab.start_master()
     fired = lab.fire("say hello", backend="subprocess")
     (agent,) = fired.job.agents

@@ -14,14 +14,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
-import pytest
 from helpers import Reaper, make_entry, spawn_sleeper
-from test_dispatch import Lab, wait_for
+from test_dispatch import Lab, lab, wait_for  # noqa: F401 - lab is a fixture
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore, new_nonce
@@ -36,16 +34,6 @@ from pi_tmux_matrix.retention import plan, sweep_if_due
 
 DAY_MS = 24 * 3600 * 1000
 OLD_MS = 40 * DAY_MS  # past the default 30-day window
-
-
-@pytest.fixture
-def lab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
-    """A state dir, a live master on demand, a private tmux socket; everything stopped after."""
-    the_lab = Lab(tmp_path, tmux_socket)
-    try:
-        yield the_lab
-    finally:
-        the_lab.cleanup()
 
 
 def cli(state: Path, *words: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -68,14 +56,14 @@ def leftovers(state: Path, key: str) -> list[str]:
     return [name for name in names if os.path.lexists(state / name)]
 
 
-def finished(lab: Lab, key: str) -> bool:
+def finished(lab: Lab, key: str) -> bool:  # noqa: F811
     """The worker's host is gone and its master took its handoff: reconcile may remove it."""
     entry = lab.store.find(key)
     return entry is not None and not procs.is_alive(entry.process) and not entry.undelivered
 
 
 # === what belonged to an entry goes with it ======================================================
-def test_reconcile_removes_each_ended_entry_with_its_lock_and_mailbox_and_keeps_its_history(lab: Lab) -> None:
+def test_reconcile_removes_each_ended_entry_with_its_lock_and_mailbox_and_keeps_its_history(lab: Lab) -> None:  # noqa: F811
     master = lab.start_master()
     # The master's activation swept the state dir: no other sweep is due for an hour.
     wait_for("the activation's sweep", (lab.state / STATE_FILE).exists)
@@ -137,7 +125,7 @@ def test_an_entry_deleted_or_quarantined_takes_what_was_its_alone_and_a_fifo_the
 
 
 # === history: kept for the window, then swept ======================================================
-def _stop_and_reconcile(lab: Lab, *jobs: Any) -> None:
+def _stop_and_reconcile(lab: Lab, *jobs: Any) -> None:  # noqa: F811
     for job in jobs:
         stopped = cli(lab.state, "stop", job.job.id, "--confirm", "yes-tmux-stop", env=lab.env)
         assert stopped.returncode == 0, stopped.stderr
@@ -180,7 +168,7 @@ def _plant_job_with_an_unreadable_result(store: MatrixStore, tmp: Path) -> Job:
 
 
 def test_gc_previews_only_old_history_keeps_live_unfinished_and_unreadable_files_and_removes_with_the_word(
-    lab: Lab,
+    lab: Lab,  # noqa: F811
 ) -> None:
     master = lab.start_master()
     old = lab.fire("say old", backend="subprocess")
