@@ -93,3 +93,57 @@ def test_an_agent_that_ends_without_its_marker_gets_its_exit_as_the_rounds_resul
     assert result.kind is ResultKind.EXITED and result.exit_code == 3, result
     fifo = lab.state / "pipes" / f"{fired.job.id}.{agent.agent_id}.fifo"
     wait_for("the host's FIFO removed", lambda: not os.path.lexists(fifo), timeout=10)
+
+
+def test_the_deadline_stops_the_agent_with_the_mailbox_disk_full(sublab: Lab) -> None:  # noqa: F811
+    """The round thread asks its host for the deadline's stop in-process (a flag and a signal),
+    never through the mailbox: with every mailbox write refused (ENOSPC, in the host's process
+    only) the agent is still stopped and recorded timed out (review finding on 30.1)."""
+    from test_faults_more import _full_disk
+
+    from pi_tmux_matrix.dispatch.manager import FireRequest
+
+    sublab.start_master()
+    assert sublab.master is not None
+    full = _full_disk(sublab.tmp, "mailbox")
+    request = FireRequest(
+        task="HANG forever", path=str(sublab.work), backend="subprocess", deadline_s=2, profile="stand-in",
+        parent_pid=sublab.master.pid, parent_session=sublab.master.identity.session_id,
+    )  # fmt: skip
+    fired = sublab.dispatcher(PYTHONPATH=full["PYTHONPATH"]).fire(request)
+    (agent,) = fired.job.agents
+    assert agent.host is not None
+    sublab.started.append(agent.host)
+    result = wait_for("the timeout", lambda: sublab.result(fired.job.id, agent.agent_id), timeout=30)
+    assert result.kind is ResultKind.TIMEOUT
+    assert procs.wait_for_exit(agent.host, 20), "the agent outlived its deadline"
+    ended = sublab.store.get(agent.key)
+    assert ended.exit is not None and ended.exit.kind is ExitKind.TIMED_OUT
+
+
+def test_with_the_matrix_off_a_program_that_cannot_start_still_ends_its_round(sublab: Lab) -> None:  # noqa: F811
+    """Matrix off: the host registers nothing and runs the agent as its child beside the round
+    thread; a program that cannot start gives the round its result (exit 127) all the same."""
+    import json
+
+    (sublab.agent_dir / "settings.json").write_text(json.dumps({"processMatrix": {"enabled": False}}))
+    folder = sublab.agent_dir / "launch_profiles"
+    folder.mkdir(exist_ok=True)
+    broken = sublab.tmp / "broken-cli"  # executable, but its interpreter is not there: exec fails
+    broken.write_text("#!/nonexistent/interpreter\n")
+    broken.chmod(0o755)
+    (folder / "missing.toml").write_text(
+        f'[profile]\nname = "missing"\nprovider = "custom"\ncommand = ["{broken}"]\n'
+        'mode = "interactive"\ndeadline = 60\n'
+    )
+    from pi_tmux_matrix.dispatch.manager import FireRequest
+
+    fired = sublab.dispatcher().fire(
+        FireRequest(task="say hi", profile="missing", path=str(sublab.work), backend="subprocess")
+    )
+    (agent,) = fired.job.agents
+    if agent.host is not None:
+        sublab.started.append(agent.host)
+    result = wait_for("the round's result", lambda: sublab.result(fired.job.id, agent.agent_id), timeout=30)
+    assert result.kind is ResultKind.EXITED and result.exit_code == 127, result
+    assert sublab.store.list().entries == ()

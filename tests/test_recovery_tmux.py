@@ -135,6 +135,45 @@ def test_a_resumed_agent_stays_the_agent_of_its_job_for_jobs_followup_and_stop(l
     assert procs.wait_for_exit(back.process, 20)
 
 
+def test_a_resumed_agents_follow_up_round_is_watched_by_its_new_host(lab: Lab) -> None:  # noqa: F811
+    """Issue 30.1 (review finding): no watcher process starts for a follow-up any more; the host
+    of a resumed agent (launched unwatched: it answers its wake prompt, not a marker) watches the
+    rounds a follow-up opens on its job, so the follow-up's marker gives the round its result."""
+    import subprocess
+    import sys
+
+    from test_dispatch import lose_and_plan_resume
+
+    master = lab.start_master()
+    fired = lab.fire("Say hello.")  # its round ends; the agent stays up, idle
+    (agent,) = fired.job.agents
+    entry = lab.worker(agent.key)
+    wait_for("round 1's result", lambda: lab.result(fired.job.id, agent.agent_id, 1), timeout=30)
+    wait_for("the session file", lambda: Path(entry.identity.session_file or "").exists())
+    _resumable, new_master, _dry = lose_and_plan_resume(lab, master, agent.key)
+
+    def cli(*words: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "pi_tmux_matrix", *words], capture_output=True, text=True, env=lab.env,
+            timeout=60, check=False,
+        )  # fmt: skip
+
+    parent = ("--parent-pid", str(new_master.pid), "--parent-session", "boss2")
+    done = cli("resume", agent.key, "--json", *parent, "--socket", lab.socket)
+    assert done.returncode == 0, done.stderr
+    pid = json.loads(done.stdout)["hostPid"]
+    back = wait_for(
+        "the resumed host",
+        lambda: e if (e := lab.store.find(agent.key)) and e.pid == pid and e.child_pid else None,
+    )
+    assert back.process is not None
+    lab.started.append(back.process)
+    follow = cli("followup", fired.job.id, "--", "one more thing")
+    assert follow.returncode == 0, follow.stderr
+    result = wait_for("round 2's result", lambda: lab.result(fired.job.id, agent.agent_id, 2), timeout=30)
+    assert result.kind.value == "done", result
+
+
 def test_a_pane_closed_by_hand_ends_its_agent_and_is_not_taken_for_a_lost_tmux(lab: Lab) -> None:  # noqa: F811
     """Only a tmux server's end makes a worker resumable: a pane its owner closes (kill-pane, a
     closed window) while the server runs on ends the agent as asked (review finding)."""

@@ -13,6 +13,8 @@ import os
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from .. import procs
 from ..bridge import bridge_path
 from ..contract import (
@@ -24,16 +26,16 @@ from ..contract import (
     parse_allowed_paths,
 )
 from ..errors import ContractError, PiMatrixError
-from ..identity import ID_PATTERN, AgentIdentityContract, Mode, validate_id
+from ..identity import ID_PATTERN, AgentIdentityContract, Mode, Role, validate_id
 from ..matrix.tickets import LaunchTickets, Taken
 from ..piversion import is_pi_program
 from ..programs import agent_argv
 from ..settings import load_settings
-from ..supervise.host import AgentHost, HostHooks, HostSpec
+from ..supervise.host import AgentHost, HostSpec
 from .base import add_verb, store_of
+from .host_rounds import job_agent_of, rounds_for, run_unregistered, run_with_rounds
 
 if TYPE_CHECKING:
-    from ..dispatch.roundwatch import RoundWatch
     from ..matrix.store import MatrixStore
     from .base import Io
 
@@ -182,8 +184,9 @@ def cmd_host(args: argparse.Namespace, io: Io) -> int:
     allowed = parse_allowed_paths(os.environ.get(ENV_ALLOWED_PATHS))
     require_bridge(argv, provider_of(argv, args.provider), allowed)
     if not settings.enabled:
-        rounds = _rounds(store_of(args), args.job, args.job_agent, pane=os.environ.get(ENV_TMUX_PANE))
-        return become(argv, io) if rounds is None else _run_unregistered(argv, rounds)
+        pane = os.environ.get(ENV_TMUX_PANE)
+        rounds = rounds_for(store_of(args), args.job, args.job_agent, key=None, role=Role.WORKER, pane=pane)
+        return become(argv, io) if rounds is None else run_unregistered(argv, rounds, io)
     contract = contract_from_args(args)
     session_id = validate_id(args.session_id, "--session-id") if args.session_id else uuid.uuid4().hex
     identity = AgentIdentityContract(
@@ -224,61 +227,11 @@ def cmd_host(args: argparse.Namespace, io: Io) -> int:
             )
             io.err.write(f"pi-matrix host: {why}; nothing started\n")
             return 1
-    rounds = _rounds(store, args.job, args.job_agent, pane=os.environ.get(ENV_TMUX_PANE))
-    return _run(AgentHost(spec, store, settings, hooks=_hooks(rounds), out=io.out), rounds)
-
-
-def _rounds(
-    store: MatrixStore, job: str | None, agent_id: str | None, *, pane: str | None
-) -> RoundWatch | None:
-    """The job agent's round thread (issue 30.1: the host watches its own marker rounds)."""
-    if job is None or agent_id is None:
-        return None
-    from ..dispatch.roundwatch import RoundWatch
-
-    return RoundWatch.of_job(store, job, agent_id, pane=pane)
-
-
-def _hooks(rounds: RoundWatch | None, **more: Any) -> HostHooks:
-    # A look at the mail may find a follow-up's prompt: the round thread reads the job again.
-    wake = (lambda _host: rounds.poke()) if rounds is not None else None
-    return HostHooks(on_agent_end=abort_forks, on_tick=ForkResults(), on_wake=wake, **more)
-
-
-def _run(host: AgentHost, rounds: RoundWatch | None) -> int:
-    """Run the host, with its round thread beside it: the pane's pipe before the agent starts,
-    the open round told how the agent ended once its exit is recorded."""
-    if rounds is None:
-        return host.run()
-    rounds.open()
-    rounds.start()
-    try:
-        return host.run()
-    finally:
-        rounds.finish()
-
-
-def _run_unregistered(argv: list[str], rounds: RoundWatch) -> int:
-    """Matrix off, a job's rounds watched: nothing is registered (the off switch), but the job
-    still gets its results, so this process runs the agent as its child (the terminal passed
-    through) beside the round thread, instead of becoming it. The deadline stops the child."""
-    import signal
-    import subprocess
-
-    child = subprocess.Popen(agent_argv(argv))
-    identity = procs.identify(child.pid)
-    rounds.stop = lambda: procs.send_signal(identity, signal.SIGTERM) if identity is not None else None
-    # As the agent would have: a stop or hang-up ends it; Ctrl-C already reached it from the tty.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda got, _frame: procs.send_signal(identity, got) if identity else None)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    rounds.open()
-    rounds.start()
-    try:
-        code = child.wait()
-    finally:
-        rounds.finish()
-    return 128 - code if code < 0 else code
+    host = AgentHost(spec, store, settings, out=io.out)
+    rounds = rounds_for(
+        store, args.job, args.job_agent, key=host.key, role=host.role, pane=os.environ.get(ENV_TMUX_PANE)
+    )
+    return run_with_rounds(host, rounds, on_agent_end=abort_forks, on_tick=ForkResults())
 
 
 def _rehost(args: argparse.Namespace, io: Io) -> int:
@@ -300,7 +253,8 @@ def _rehost(args: argparse.Namespace, io: Io) -> int:
         contract=contract_from_args(args),
         mode=identity.mode or Mode.INTERACTIVE,
         task_summary=entry.task_summary,
-        deadline_s=_remaining_deadline(store, entry.key),
+        # The round's deadline is its round thread's (below), as for a fired agent.
+        deadline_s=None,
         stop_grace_s=args.stop_grace,
         take_over=agent,
         claim=args.rehost_claim,
@@ -315,40 +269,15 @@ def _rehost(args: argparse.Namespace, io: Io) -> int:
         follow_job(store, host.key, host.me, log_file=log_file)
 
     # Its round goes on under the new host: the agent's pane piped again, or its log followed.
-    found = _job_agent_of(store, entry.key)
-    rounds = _rounds(store, found[0], found[1], pane=None) if found is not None else None
-    hooks = _hooks(rounds, on_registered=follow)
-    return _run(AgentHost(spec, store, settings, hooks=hooks, out=io.out), rounds)
-
-
-def _job_agent_of(store: MatrixStore, key: str) -> tuple[str, str] | None:
-    """The watched job (id, agent id) whose live round ``key`` runs, if any."""
-    from ..dispatch.jobs import JobStore
-
-    try:
-        jobs, _problems = JobStore(store).list_jobs()
-    except PiMatrixError:
-        return None
-    for job in jobs:
-        for agent in job.agents:
-            if agent.key == key and job.watched and job.stopped_at is None and job.dismissed_at is None:
-                return job.id, agent.agent_id
-    return None
-
-
-def _remaining_deadline(store: MatrixStore, key: str) -> float | None:
-    """What is left of the job round's deadline the dead host kept (None: no job holds it)."""
-    from ..dispatch.jobs import JobStore
-    from ..matrix.store import now_ms
-
-    found = _job_agent_of(store, key)
-    if found is None:
-        return None  # a workspace's agent has no deadline, before or after its host's crash
-    try:
-        agent = JobStore(store).get(found[0]).agent(found[1])
-    except PiMatrixError:
-        return None
-    return max(1.0, (agent.deadline_at - now_ms()) / 1000) if agent is not None else None
+    found = job_agent_of(store, entry.key)
+    rounds = None
+    if found is not None:
+        rounds = rounds_for(store, found[0], found[1], key=None, role=Role.WORKER, pane=None)
+    if rounds is not None:
+        spec = attrs.evolve(spec, rounds_watched=True)
+    host = AgentHost(spec, store, settings, out=io.out)
+    hooks = {"on_agent_end": abort_forks, "on_registered": follow, "on_tick": ForkResults()}
+    return run_with_rounds(host, rounds, **hooks)
 
 
 def abort_forks(host: AgentHost) -> None:

@@ -2,20 +2,24 @@
 
 One process per agent: the completion watcher used to be a second interpreter per agent (a
 ``pi-matrix watch`` started by ``pipe-pane`` or detached, ~26 MiB each, one more inotify
-instance, one more start per fire). Now the host runs the rounds in a thread of its own:
+instance, one more start per fire). Now the host runs the rounds in a thread of its own
+(wired by ``cli/host_rounds.py``):
 
-* tmux backend: before the agent starts, the host makes a FIFO (``pipes/<job>.<agent>.fifo``)
-  and pipes its own pane's output into it (``pipe-pane`` running one ``cat``, no interpreter),
-  so nothing the agent prints is missed; subprocess backend: the host's log is followed;
+* tmux backend: after the host registered and before its agent starts, the host makes a FIFO
+  (``pipes/<job>.<agent>.fifo``) and pipes its own pane's output into it (``pipe-pane``
+  running one ``cat``, no interpreter), so nothing the agent prints is missed; subprocess
+  backend: the host's log is followed;
 * each round is a :class:`~.watch.Watcher` (marker, deadline, end), the round the job record
   names; a follow-up re-arms the job, posts its prompt to the host, and the host's look at its
-  mail wakes the thread, which takes the new round;
+  mail wakes the thread, which takes the new round (and, as a safety net, the thread looks at
+  the job every :data:`IDLE_LOOK_S` while no round is open);
+* the deadline: the thread writes the ``timeout`` result and asks the host (``on_deadline``),
+  whose own loop stops the agent; no disk and no mailbox on the way;
 * the host's agent ended and its exit is recorded: the host says so through a pipe, the open
   round (if any) writes how the agent ended, and the thread ends.
 
-What the thread writes goes through the same doors as before: the job's results (``JobStore``),
-the host's inbox (a ``round`` message the host's loop takes), the host's stop for the deadline.
-A failure in the thread is logged and written to the agent's events; it never ends the host.
+A failure in the thread is logged and written to the agent's events, and the thread starts
+over after a pause: a round is never left without a watcher while the host lives.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import logging
 import os
 import selectors
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -33,7 +38,7 @@ import attrs
 
 from ..errors import PiMatrixError, TmuxUnavailable
 from ..matrix.fsio import open_fifo
-from ..matrix.mailbox import EventLog, Inbox, addressee
+from ..matrix.mailbox import EventLog
 from ..matrix.store import MatrixStore
 from .jobs import JobStore
 from .model import TMUX
@@ -42,12 +47,16 @@ from .watch import InHost, Watcher, drain_pipe
 if TYPE_CHECKING:
     import pluggy
 
-__all__ = ["FINISH_WAIT_S", "RoundWatch"]
+__all__ = ["FINISH_WAIT_S", "IDLE_LOOK_S", "RoundWatch"]
 
 log = logging.getLogger(__name__)
 # How long the host waits for its round thread at the end: the open round's claim wait (5 s)
 # and the last drain of the pane, with margin.
 FINISH_WAIT_S: Final = 10.0
+# With no round open, the job is looked at this often even unwoken (a host whose inotify was
+# refused polls its mail; a wake is the fast path, this the net).
+IDLE_LOOK_S: Final = 30.0
+RETRY_S: Final = (1.0, 5.0, 30.0)  # pauses before the thread starts over after a failure
 
 
 @attrs.define
@@ -57,23 +66,30 @@ class RoundWatch:
     store: MatrixStore
     job_id: str
     agent_id: str
-    pane: str | None = None  # the host's own pane (tmux backend), whose output is piped in
+    pane: str | None = None  # the agent's pane (tmux backend), whose output is piped in
     socket: str | None = None
     follow: str | None = None  # the host's log (subprocess backend)
+    skip_through: int = 0  # rounds up to this one are not this host's (a resumed session's)
+    # Set by the program: the host's stop for the deadline, and the key it holds now (a session
+    # switch changes it; None: nothing registered, the matrix is off).
+    on_deadline: Callable[[], None] | None = None
+    host_key: Callable[[], str] | None = None
     _fifo: tuple[int, int] | None = None
     _fifo_path: Path | None = None
+    _piped: bool = False
+    _exit_code: int | None = None
     _done: tuple[int, int] = attrs.field(factory=os.pipe)
     _wake: tuple[int, int] = attrs.field(factory=os.pipe)
     _thread: threading.Thread | None = None
-    # The deadline's stop when no registered host reads its mail (the matrix off): the caller's.
-    stop: Callable[[], object] | None = None
 
     def __attrs_post_init__(self) -> None:
         for fd in (*self._done, *self._wake):
             os.set_blocking(fd, False)
 
     @classmethod
-    def of_job(cls, store: MatrixStore, job_id: str, agent_id: str, *, pane: str | None) -> RoundWatch | None:
+    def of_job(
+        cls, store: MatrixStore, job_id: str, agent_id: str, *, pane: str | None, skip_through: int = 0
+    ) -> RoundWatch | None:
         """The round thread for a job agent, or None (no such job or agent: nothing to watch)."""
         try:
             agent = JobStore(store).get(job_id).agent(agent_id)
@@ -84,10 +100,13 @@ class RoundWatch:
             log.warning("job %s has no agent %s: its rounds are not watched", job_id, agent_id)
             return None
         if agent.backend == TMUX:
-            return cls(store, job_id, agent_id, pane=pane or agent.pane_id, socket=agent.socket)
+            return cls(
+                store, job_id, agent_id, pane=pane or agent.pane_id, socket=agent.socket,
+                skip_through=skip_through,
+            )  # fmt: skip
         # The fire records the log once the host runs; its name is the backend's (backends.py).
         log_file = agent.log or str(store.root / "logs" / f"{job_id}.{agent_id}.log")
-        return cls(store, job_id, agent_id, follow=log_file)
+        return cls(store, job_id, agent_id, follow=log_file, skip_through=skip_through)
 
     def open(self) -> None:
         """Before the agent starts: the pane's output into our FIFO (nothing printed is missed).
@@ -102,6 +121,7 @@ class RoundWatch:
             self._fifo_path = path
             # One ``cat`` per pane (each sh execs the next): no interpreter, as issue 30.1 asks.
             TmuxServer(self.socket).pipe_pane(self.pane, ["sh", "-c", 'exec cat >"$1"', "sh", str(path)])
+            self._piped = True
         except (OSError, TmuxUnavailable, PiMatrixError) as exc:
             log.warning(
                 "job %s: no pipe on pane %s (%s); rounds end by exit or deadline", self.job_id, self.pane, exc
@@ -118,28 +138,40 @@ class RoundWatch:
         with contextlib.suppress(BlockingIOError):  # one wake byte already waits
             os.write(self._wake[1], b"w")
 
-    def finish(self, timeout: float = FINISH_WAIT_S) -> None:
-        """The agent ended and its exit is recorded: the open round says how, the thread ends."""
+    def finish(self, timeout: float = FINISH_WAIT_S, *, exit_code: int | None = None) -> None:
+        """The agent ended and its exit is recorded (``exit_code``: with nothing registered, how
+        it ended): the open round says how, the thread ends, the pane's pipe is closed."""
+        self._exit_code = exit_code
         with contextlib.suppress(BlockingIOError):
             os.write(self._done[1], b"d")
         if self._thread is not None:
             self._thread.join(timeout)
+        elif exit_code is not None:  # never started (the agent could not be): still a result
+            self._run()
+        self._unpipe()
         self._close_fifo()
 
     # -- the thread ---------------------------------------------------------------------------------
     def _run(self) -> None:
-        try:
-            self._rounds()
-        except Exception as exc:  # never the host's end: its agent is still supervised
-            log.exception("job %s: the round thread failed", self.job_id)
-            key = self._key()
-            if key is not None:
-                EventLog(self.store, key).write("rounds_failed", error=str(exc)[:300])
+        for pause in (*RETRY_S, None):
+            try:
+                self._rounds()
+                return
+            except Exception as exc:  # never the host's end: its agent is still supervised
+                log.exception("job %s: the round thread failed", self.job_id)
+                key = self._key()
+                if key is not None:
+                    EventLog(self.store, key).write("rounds_failed", error=str(exc)[:300], retry=pause)
+            if pause is None or self._wait_done(pause):
+                return
 
     def _rounds(self) -> None:
-        jobs, watched, plugins = JobStore(self.store), 0, None
-        in_host = InHost(os.getpid(), self._done[0], self._wake[0], self._deadline_stop)
-        while not self._ended():
+        jobs, watched, plugins = JobStore(self.store), self.skip_through, None
+        in_host = InHost(
+            os.getpid(), self._done[0], self._wake[0], self._deadline_stop,
+            key=self.host_key, exit_code=lambda: self._exit_code,
+        )  # fmt: skip
+        while True:  # at least one look: an agent that never started still ends its round
             job = jobs.get(self.job_id)
             agent = job.agent(self.agent_id)
             if agent is None:
@@ -148,13 +180,14 @@ class RoundWatch:
                 plugins = plugins or _plugins(agent.cwd)  # once: loading them reads every package
                 Watcher(
                     self.store, job, agent, agent.round, follow=self.follow, socket=self.socket,
-                    pane=self.pane, plugins=plugins, pipe_fd=self._read_fd(),
-                    in_host=in_host,
+                    pane=self.pane, plugins=plugins, pipe_fd=self._read_fd(), in_host=in_host,
                 ).run()  # fmt: skip
                 watched = agent.round
-                continue
-            watched = max(watched, agent.round)
-            self._idle()
+            elif not self._ended():
+                watched = max(watched, agent.round)
+                self._idle()
+            if self._ended():
+                return
 
     def _idle(self) -> None:
         """No round open: wait for a re-arm or the end, keeping the pane's pipe drained."""
@@ -165,35 +198,32 @@ class RoundWatch:
             fifo = self._read_fd()
             if fifo is not None:
                 selector.register(fifo, selectors.EVENT_READ)
-            while True:
-                ready = {key.fd for key, _ in selector.select()}
-                if fifo is not None and fifo in ready:
-                    drain_pipe(fifo)  # between rounds the output is no round's
+            until = time.monotonic() + IDLE_LOOK_S
+            while time.monotonic() < until:
+                ready = {key.fd for key, _ in selector.select(max(0.0, until - time.monotonic()))}
                 if self._done[0] in ready:
                     return
                 if self._wake[0] in ready:
+                    # Before the pipe: what came with the wake may be the new round's output.
                     drain_pipe(self._wake[0])
                     return
+                if fifo is not None and fifo in ready:
+                    drain_pipe(fifo)  # between rounds the output is no round's
         finally:
             selector.close()
 
     def _deadline_stop(self) -> None:
-        """The deadline passed: the host's own stop, asked as any owner asks (its loop, not this
-        thread, runs the stop sequence: request -> SIGTERM -> SIGKILL, recorded timed out)."""
-        if self.stop is not None:
-            self.stop()
-            return
-        key = self._key()
-        if key is None:
-            return
-        to = addressee(self.store, key, os.getpid())
-        Inbox(self.store, key).post("stop", "deadline", sender="pi-matrix deadline", to=to)
+        if self.on_deadline is not None:
+            self.on_deadline()
 
     def _ended(self) -> bool:
+        return self._wait_done(0)
+
+    def _wait_done(self, seconds: float) -> bool:
         ready = selectors.DefaultSelector()
         try:
             ready.register(self._done[0], selectors.EVENT_READ)
-            return bool(ready.select(0))
+            return bool(ready.select(seconds))
         finally:
             ready.close()
 
@@ -201,11 +231,24 @@ class RoundWatch:
         return self._fifo[0] if self._fifo is not None else None
 
     def _key(self) -> str | None:
+        if self.host_key is not None:
+            return self.host_key()
         try:
             agent = JobStore(self.store).get(self.job_id).agent(self.agent_id)
         except PiMatrixError:
             return None
         return agent.key if agent is not None else None
+
+    def _unpipe(self) -> None:
+        """Close the pane's pipe before its FIFO goes: a ``cat`` never waits on a FIFO nobody
+        will open again (and the pane is left as it was, when it outlives the host)."""
+        if not self._piped or self.pane is None or self.socket is None:
+            return
+        from .tmux import TmuxServer
+
+        with contextlib.suppress(OSError, TmuxUnavailable, PiMatrixError):
+            TmuxServer(self.socket).pipe_pane(self.pane, None)
+        self._piped = False
 
     def _close_fifo(self) -> None:
         if self._fifo is not None:

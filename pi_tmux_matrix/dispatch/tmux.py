@@ -365,16 +365,17 @@ class TmuxServer:
         except TmuxUnavailable:
             return False
 
-    def pipe_pane(self, pane_id: str, command: Sequence[str]) -> None:
-        """Send the pane's output to ``command``'s stdin, replacing any previous pipe.
+    def pipe_pane(self, pane_id: str, command: Sequence[str] | None) -> None:
+        """Send the pane's output to ``command``'s stdin, replacing any previous pipe (None:
+        close the pipe).
 
         tmux runs a pipe command through ``/bin/sh -c``: the words are quoted with
         :func:`shlex.join` (and ``#`` doubled, the command is format-expanded)."""
-        words = [str(word) for word in command]
-        if not words or any("\0" in word for word in words):
+        words = [str(word) for word in command] if command is not None else None
+        if words is not None and (not words or any("\0" in word for word in words)):
             raise ContractError("command", f"{command!r} is not a pipe command", "pass a non-empty argv")
-        line = literal(shlex.join(words))
-        result = self._run("pipe-pane", "-O", "-t", check_pane_id(pane_id), line)
+        line = [literal(shlex.join(words))] if words is not None else []
+        result = self._run("pipe-pane", "-O", "-t", check_pane_id(pane_id), *line)
         if result.returncode != 0:
             raise self._failed(result, f"pipe-pane of {pane_id}")
 

@@ -64,6 +64,10 @@ class InHost:
     done_fd: int  # readable once the host's agent ended and its exit is recorded
     wake_fd: int  # readable when the host took mail (a follow-up may have re-armed the round)
     stop: Callable[[], None]  # the deadline: the host stops its agent (recorded timed out)
+    # The key the host holds now (a session switch changes it); None: nothing is registered (the
+    # matrix is off), and ``exit_code`` says how the agent ended.
+    key: Callable[[], str] | None = None
+    exit_code: Callable[[], int | None] = lambda: None
 
 
 @attrs.define
@@ -125,9 +129,10 @@ class Watcher:
             job=self.job.id, round_=self.round, outcome=kind.value, marker=self.scanner.marker,
             reason=detail, text=self.scanner.round_text, path=self.jobs.results.path(name), usage=usage,
         )  # fmt: skip
-        to = addressee(self.store, self.agent.key, self._host_pid())
+        key = self._host_key()
+        to = addressee(self.store, key, self._host_pid())
         try:
-            Inbox(self.store, self.agent.key).post("round", text, sender="pi-matrix watch", to=to)
+            Inbox(self.store, key).post("round", text, sender="pi-matrix watch", to=to)
         except PiMatrixError as exc:
             log.warning("%s: the round's end was not told to its host: %s", self.agent.key, exc)
 
@@ -145,8 +150,19 @@ class Watcher:
     def _host_pid(self) -> int | None:
         return self.in_host.pid if self.in_host is not None else self.agent.host_pid
 
+    def _host_key(self) -> str:
+        if self.in_host is not None and self.in_host.key is not None:
+            return self.in_host.key()
+        return self.agent.key
+
     def host_ended(self) -> AgentResult | None:
-        entry = self.store.find(self.agent.key)
+        if self.in_host is not None and self.in_host.key is None:
+            code = self.in_host.exit_code()  # nothing registered: the host knows how it ended
+            detail = "agent exited" + (f" with code {code}" if code is not None else "")
+            return self.write(ResultKind.EXITED, detail, exit_code=code)
+        entry = self.store.find(self._host_key())
+        if self.in_host is not None and (entry is None or entry.pid != self.in_host.pid):
+            return None  # the key is another host's now (a lost claim): its rounds are not ours
         exit_record = entry.exit if entry is not None and entry.pid == self._host_pid() else None
         if exit_record is None:
             return self.write(ResultKind.EXITED, "the host ended without recording an exit")
