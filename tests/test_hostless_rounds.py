@@ -150,3 +150,21 @@ def test_in_tmux_the_agent_hung_up_with_its_killed_hosts_pane_ends_its_round_onc
     assert shown["result"]["kind"] == "exited" and shown["unsupervised"] is None, shown
     _job_json(lab, fired.job.id)
     assert _results(lab) == [f"{fired.job.id}.{agent.agent_id}.1.json"]  # exactly one
+
+
+def test_a_masters_activation_writes_the_result_of_a_round_whose_host_and_agent_ended(
+    sublab: Lab,  # noqa: F811
+) -> None:
+    master = sublab.start_master()
+    fired = sublab.fire("HANG long work", backend="subprocess")
+    (agent,) = fired.job.agents
+    entry = sublab.worker(agent.key)
+    _kill(entry.process, entry.child_process)
+    running = sublab.store.get(master.key)
+    _kill(master.process, running.child_process)
+    assert sublab.result(fired.job.id, agent.agent_id) is None  # nobody has looked yet
+
+    sublab.start_master()  # its activation looks
+
+    result = wait_for("the round's result", lambda: sublab.result(fired.job.id, agent.agent_id))
+    assert result.kind is ResultKind.EXITED and "agent ended while unsupervised" in result.detail
