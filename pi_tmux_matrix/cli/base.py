@@ -6,11 +6,20 @@ Kept apart from ``app`` so verb modules never import the module that imports the
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Iterable, Iterator
 from typing import IO, TYPE_CHECKING, Any, Final, NamedTuple
 
-from ..errors import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, ContractError, UsageError
+from ..errors import (
+    EXIT_FAILED,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    ContractError,
+    PiMatrixError,
+    UsageError,
+)
 
 if TYPE_CHECKING:
     from ..matrix.retention import Report
@@ -18,8 +27,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EPILOG", "STOP_WORD", "Io", "Parser", "add_verb", "age", "confirmed", "printable", "public_verbs",
-    "report_problems", "require_matrix", "stop_target", "store_of", "sweep_history",
+    "report_problems", "require_matrix", "settle_and_sweep", "stop_target", "store_of", "sweep_history",
 ]  # fmt: skip
+
+log = logging.getLogger(__name__)
 
 EPILOG: Final = f"""\
 exit codes:
@@ -99,6 +110,19 @@ def sweep_history(store: MatrixStore) -> Report | None:
     from ..retention import sweep_if_due
 
     return sweep_if_due(store)
+
+
+def settle_and_sweep(store: MatrixStore) -> Report | None:
+    """A master's housekeeping after its activation's reconcile: the job rounds whose host and
+    agent both ended unseen get their result (issue 30.6: the master notices too), then the
+    sweep. Never raising: a record it cannot write is the next reader's to write."""
+    from ..dispatch.hostless import settle_all
+
+    try:
+        settle_all(store)
+    except (PiMatrixError, OSError) as exc:
+        log.warning("the open rounds of dead hosts were not settled: %s", exc)
+    return sweep_history(store)
 
 
 def age(then_ms: int | None, now: int | None = None) -> str:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import procs, strictjson
 from ..dispatch import BACKEND_NAMES, TMUX
+from ..dispatch.hostless import settle
 from ..dispatch.ready import READY_S
 from ..errors import EXIT_OK, ContractError, DispatchError, NotConfirmed, ResumeRefused
 from ..matrix.codec import MAX_ENTRY_BYTES as INPUT_MAX_BYTES
@@ -245,7 +246,9 @@ def _job_rows(io: Io, view: ListedJob) -> list[Row]:
     for i, shown in enumerate(view.agents):
         agent, result = shown.agent, shown.result
         outcome = "working" if result is None else result.kind.value
-        if result is None and shown.readiness is not None:
+        if result is None and shown.unsupervised is not None:
+            outcome = f"working ({shown.unsupervised})"  # its agent runs on; its end is not seen yet
+        elif result is None and shown.readiness is not None:
             # A pi agent's process runs a second before pi has loaded: its bridge says when.
             outcome = "starting (pi loading)" if shown.readiness == "loading" else "working (ready)"
         if result is not None and result.detail:
@@ -292,6 +295,7 @@ def cmd_jobs(args: argparse.Namespace, io: Io) -> int:
 def cmd_job(args: argparse.Namespace, io: Io) -> int:
     dispatcher = dispatcher_of(args)
     job = dispatcher.jobs.get(resolve_job(dispatcher.store, args.job_id))
+    settle(dispatcher.jobs, dispatcher.store if dispatcher.settings.enabled else None, job)  # issue 30.6
     view = dispatcher.view(job, tmux_state=dispatcher.tmux_states(job))
     if args.json:
         dump_json(io, view.to_json())

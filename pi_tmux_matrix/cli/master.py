@@ -31,9 +31,9 @@ from ..settings import load_settings
 from ..supervise.claim import check_claim, live_master, stray_agent, take_over
 from ..supervise.feed import EntryFeed
 from ..supervise.host import AgentHost, HostHooks, HostSpec
-from ..supervise.master import TASK_STATES, ActivationReport, Decision, Master, TtyPrompter
+from ..supervise.master import TASK_STATES, ActivationReport, Decision, Master, TtyPrompter, one_shot
 from ..supervise.relaunch import Relauncher
-from .base import add_verb, store_of, sweep_history
+from .base import add_verb, settle_and_sweep, store_of
 from .handoffs import handoff_message, print_handoff
 from .host import ForkResults, abort_forks, become, provider_of
 
@@ -267,7 +267,7 @@ class _MasterSession:
         return Master(
             self.store, self.session_id, me, _relauncher(self.args, self.store), task_ref=self.task_ref,
             task_state=self.args.task_state, prompter=self.prompter,
-            deliver=self.deliver if deliver else None, acks=self.acks, housekeeping=sweep_history,
+            deliver=self.deliver if deliver else None, acks=self.acks, housekeeping=settle_and_sweep,
         )  # fmt: skip
 
     def deliver(self, entry: Entry, handoff: Handoff) -> bool:
@@ -303,7 +303,7 @@ class _MasterSession:
         )
         try:
             self.start_session()
-            report = self.master_at(me, deliver=not self.args.json).activate()
+            report = one_shot(self.master_at(me, deliver=not self.args.json).activate())
         finally:
             # This process ends here: its record must not stay `running` under a dead pid (every
             # view would show a master that is not there). Closed as a host closes its own record;

@@ -159,6 +159,7 @@ def cmd_reconcile(args: argparse.Namespace, io: Io) -> int:
                 "processMatrix.enabled", "is false, so nothing may be written", "use --dry-run"
             )
         rows = [{"key": k, "action": a, "reason": r} for k, a, r in apply_plan(store, plan)]
+        rows += _settled_rounds(store)
     swept = None if args.dry_run else sweep_history(store)
     if args.json:
         io.out.write(json.dumps(rows, indent=2) + "\n")
@@ -173,6 +174,16 @@ def cmd_reconcile(args: argparse.Namespace, io: Io) -> int:
                 f"{swept.plan.days:g} day(s) and of removed entries ('pi-matrix gc' shows what is kept)\n"
             )
     return EXIT_OK
+
+
+def _settled_rounds(store: MatrixStore) -> list[dict[str, Any]]:
+    """Job rounds whose host and agent ended unseen get their result (issue 30.6)."""
+    from ..dispatch.hostless import settle_all
+
+    return [
+        {"key": r.key, "action": "round_exited", "reason": f"job {r.job_id} round {r.round}: {r.detail}"}
+        for r in settle_all(store)
+    ]
 
 
 def _worker(store: MatrixStore, args: argparse.Namespace) -> Entry:

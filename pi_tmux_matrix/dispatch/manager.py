@@ -381,7 +381,11 @@ class Dispatcher:
     def dismiss(self, job_id: str) -> Job:
         """Done with a finished job: its idle agents are stopped cooperatively and the job is hidden."""
         job = self.jobs.get(job_id)
-        working = [a.agent.agent_id for a in self.view(job).agents if a.result is None and a.host_alive]
+        working = [
+            a.agent.agent_id
+            for a in self.view(job).agents
+            if a.result is None and (a.host_alive or a.unsupervised)
+        ]
         if working:
             raise DispatchError(
                 f"dismiss: {job_id} still has working agents ({', '.join(working)}); wait for them, or "

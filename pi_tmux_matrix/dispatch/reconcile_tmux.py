@@ -17,6 +17,7 @@ from .. import procs
 from ..errors import TmuxUnavailable
 from ..matrix.store import MatrixStore, now_ms
 from .backends import started_in
+from .hostless import settle
 from .jobs import JobStore
 from .model import Job, JobAgent
 from .tmux import TmuxServer
@@ -119,7 +120,8 @@ def untracked(sockets: AbstractSet[str], known: AbstractSet[str], cache: PaneCac
 
 
 def _orphaned(view: JobView, states: dict[str, TmuxState]) -> bool:
-    """Unfinished, every pane recorded, and every unfinished agent's pane gone and host dead."""
+    """Unfinished, every pane recorded, and every unfinished agent's pane gone and host dead (an
+    agent running on unsupervised is not lost: its job is running)."""
     unfinished = [a for a in view.agents if a.result is None]
     # A fire still launching has no panes yet: not orphaned.
     recorded = all(a.pane_id is not None for a in view.job.agents if a.in_tmux)
@@ -127,14 +129,18 @@ def _orphaned(view: JobView, states: dict[str, TmuxState]) -> bool:
         view.state == "running"
         and bool(unfinished)
         and recorded
-        and all(states.get(a.agent.agent_id) == "gone" and not a.host_alive for a in unfinished)
+        and all(
+            states.get(a.agent.agent_id) == "gone" and not a.host_alive and a.unsupervised is None
+            for a in unfinished
+        )
     )
 
 
 def reconcile(
     jobs: JobStore, entries: MatrixStore | None, *, sockets: AbstractSet[str] | None = None
 ) -> list[ListedJob]:
-    """On dispatcher start (``jobs``): complete records from pane tags, mark unfinished jobs
+    """On dispatcher start (``jobs``): complete records from pane tags, write the result of
+    each round whose host and agent ended unseen (:func:`~.hostless.settle`), mark unfinished jobs
     whose panes all vanished as orphaned (never killing anything), report every job's
     tri-state; panes tagged with an unknown job are listed as ``untracked``. ``entries`` gives
     each agent's matrix status (None with the matrix off)."""
@@ -145,6 +151,8 @@ def reconcile(
     ]
     for job in records:
         current = rebuild_from_tags(jobs, job, cache)
+        # A round whose host and agent both ended unseen gets its result now (issue 30.6).
+        settle(jobs, entries, current)
         states = tmux_states(current, cache)
         view = job_view(current, jobs.results_of(current), entries=entries, tmux_state=states)
         if _orphaned(view, states):

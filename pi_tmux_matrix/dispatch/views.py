@@ -20,6 +20,7 @@ from .. import procs
 from ..errors import CorruptEntry
 from ..matrix.model import Entry, Status, bounded
 from ..matrix.store import MatrixStore
+from .hostless import UNSUPERVISED, Supervision, supervision
 from .model import AgentResult, Job, JobAgent
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,9 @@ class AgentView(_Subscriptable):
     results: tuple[AgentResult, ...]  # every round's, oldest first
     ready_at: int | None = None  # the entry's readyAt: when its pi bridge reported in
     readiness: str | None = None  # the entry's: "ready", "loading", None (ended, or no bridge)
+    # The round is open, its host is dead and its agent runs on (issue 30.6): "unsupervised: host
+    # gone"; None otherwise. Never finished: its result comes when the agent ends (hostless.py).
+    unsupervised: str | None = None
 
     def to_json(self) -> dict[str, object]:
         agent = self.agent
@@ -112,6 +116,7 @@ class AgentView(_Subscriptable):
             "paneId": agent.pane_id,
             "hostPid": agent.host_pid,
             "hostAlive": self.host_alive,
+            "unsupervised": self.unsupervised,
             "status": self.status.value if self.status is not None else None,
             "readyAt": self.ready_at,
             "tmux": self.tmux,
@@ -233,16 +238,19 @@ def job_view(
     for agent in job.agents:
         rounds = tuple(results.get(agent.agent_id, ()))
         entry = _entry_of(entries, agent.key) if entries is not None else None
+        result = next((r for r in rounds if r.round == agent.round), None)
+        hostless = result is None and supervision(agent, entry) is Supervision.UNSUPERVISED
         agents.append(
             AgentView(
                 agent=agent,
                 host_alive=procs.is_alive(agent.host),
                 status=entry.status if entry is not None else None,
                 tmux=(tmux_state or {}).get(agent.agent_id, "unknown" if agent.in_tmux else "n/a"),
-                result=next((r for r in rounds if r.round == agent.round), None),
+                result=result,
                 results=rounds,
                 ready_at=entry.ready_at if entry is not None else None,
                 readiness=entry.readiness if entry is not None else None,
+                unsupervised=UNSUPERVISED if hostless else None,
             )
         )
     finished = sum(1 for view in agents if view.result is not None)

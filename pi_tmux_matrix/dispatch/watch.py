@@ -35,7 +35,7 @@ from ..matrix.artifacts import marked_answer
 from ..matrix.fsio import open_state_file
 from ..matrix.mailbox import EventLog, Inbox, addressee, round_message
 from ..matrix.store import MatrixStore, now_ms
-from .confirm import spawn_failure
+from .hostless import HOST_ENDED, exit_words
 from .jobs import JobStore, result_now
 from .markers import MarkerScanner
 from .model import AgentResult, Job, JobAgent, ResultKind
@@ -165,20 +165,9 @@ class Watcher:
             return None  # the key is another host's now (a lost claim): its rounds are not ours
         exit_record = entry.exit if entry is not None and entry.pid == self._host_pid() else None
         if exit_record is None:
-            return self.write(ResultKind.EXITED, "the host ended without recording an exit")
-        # A program that could not be started: the same words as the fire's (the fire may come
-        # second on a loaded machine, and this result is the one the job keeps).
-        failed = spawn_failure(self.store, self.agent.key) if exit_record.code == 127 else None
-        if failed is not None:
-            return self.write(ResultKind.EXITED, failed, exit_code=127, exit_kind=exit_record.kind.value)
-        detail = f"agent {exit_record.kind.value}"
-        if exit_record.code is not None:
-            detail += f" with code {exit_record.code}"
-        if exit_record.signal is not None:
-            detail += f" by signal {exit_record.signal}"
-        return self.write(
-            ResultKind.EXITED, detail, exit_code=exit_record.code, exit_kind=exit_record.kind.value
-        )
+            return self.write(ResultKind.EXITED, HOST_ENDED)
+        detail, code, kind = exit_words(self.store, self.agent.key, exit_record)
+        return self.write(ResultKind.EXITED, detail, exit_code=code, exit_kind=kind)
 
     def on_deadline(self) -> None:
         if self.superseded():

@@ -26,6 +26,7 @@ from ..matrix.model import Entry, Handoff, Status
 from ..matrix.owners import calling_master, owning_master, require_master
 from ..matrix.reconcile import ActionKind, Facts, Plan, reconcile
 from ..matrix.store import MatrixStore, now_ms
+from .decisions import Decision, await_acceptance, launching_note, told_one_shot
 from .rehost import needs_rehost, rehost
 from .relaunch import Relauncher, ResumeRefused
 
@@ -42,6 +43,7 @@ __all__ = [
     "grant",
     "handshake",
     "is_exact",
+    "one_shot",
     "owning_master",
     "recorded_goal",
     "require_master",
@@ -75,21 +77,6 @@ class TtyPrompter:
 
 
 @attrs.frozen
-class Decision:
-    """What activation did (or, headless, would leave to the owner) for one orphan."""
-
-    key: str
-    agent_id: str
-    lane: str | None
-    exact: bool
-    alive: bool
-    # re-adopted | re-claimed | rehosted | relaunched | adopted | cleanup_requested | resumed | left
-    # | reported | refused (another master's grant won: the detail names it) | failed
-    action: str
-    detail: str = ""
-
-
-@attrs.frozen
 class ActivationReport:
     """Everything one activation did, for the CLI to print."""
 
@@ -98,6 +85,12 @@ class ActivationReport:
     reconciled: tuple[tuple[str, str, str], ...]  # (key, action, reason)
     orphans: tuple[Decision, ...]
     delivered: tuple[tuple[str, Handoff], ...]
+
+
+def one_shot(report: ActivationReport) -> ActivationReport:
+    """The report of ``master --once``, whose process ends right after it: see
+    :func:`~.decisions.told_one_shot`."""
+    return attrs.evolve(report, orphans=tuple(told_one_shot(d) for d in report.orphans))
 
 
 def gave_up_on_parent(entry: Entry) -> bool:
@@ -248,13 +241,15 @@ class Master:
         reconciled = apply_plan(self.store, plan) if reconcile_first else []
         if reconcile_first and self.housekeeping is not None:
             self.housekeeping(self.store)
-        decisions = [self._decide(key) for key in plan.orphans]
+        decided = [d for d in (self._decide(key) for key in plan.orphans) if d is not None]
+        # Said as it stands: a grant is an adoption once the worker's host accepts it (issue 30.8).
+        decisions = await_acceptance(self.store, decided, self.me, self.session_id)
         delivered = self.deliver_handoffs()
         return ActivationReport(
             key=self.key,
             session_id=self.session_id,
             reconciled=tuple(reconciled),
-            orphans=tuple(d for d in decisions if d is not None),
+            orphans=tuple(decisions),
             delivered=tuple(delivered),
         )
 
@@ -270,9 +265,10 @@ class Master:
             return None  # re-parented since the scan
         alive = procs.is_alive(entry.process) or procs.is_alive(entry.child_process)
         exact = is_exact(entry, self.session_id, self.task_ref)
-        decision = attrs.evolve(
-            Decision(key, entry.identity.agent_id, entry.identity.lane, exact, alive, "reported"),
-        )
+        decision = Decision(key, entry.identity.agent_id, entry.identity.lane, exact, alive, "reported")
+        launching = launching_note(entry, procs.is_alive)
+        if launching is not None:  # another launcher resumes it: nothing to adopt or relaunch
+            return attrs.evolve(decision, action="skipped", detail=launching)
         if exact and self.task_state == "active":
             return self._recover(entry, decision)
         if exact:
