@@ -17,6 +17,7 @@ from .. import procs
 from ..errors import TmuxUnavailable
 from ..matrix.store import MatrixStore, now_ms
 from .backends import started_in
+from .confirm import settle_starts
 from .jobs import JobStore
 from .model import Job, JobAgent
 from .tmux import TmuxServer
@@ -147,6 +148,10 @@ def reconcile(
         current = rebuild_from_tags(jobs, job, cache)
         states = tmux_states(current, cache)
         view = job_view(current, jobs.results_of(current), entries=entries, tmux_state=states)
+        # A start no fire waited for, whose host died before starting its agent: the job's
+        # result says so (and the job is not merely orphaned).
+        if entries is not None and settle_starts(entries, jobs, current, view.unsettled()):
+            view = job_view(current, jobs.results_of(current), entries=entries, tmux_state=states)
         if _orphaned(view, states):
             current = jobs.update(
                 job.id, lambda j: attrs.evolve(j, orphaned_at=now_ms()) if j.orphaned_at is None else None
