@@ -1,6 +1,7 @@
 """``fire`` confirms the start (issue 18.6): the agent's program is found before a pane is made,
-and a host that cannot start its agent makes the fire fail with the reason, which the job and
-``show`` carry. Each test was seen to fail on the code before the change."""
+and, asked to (``--confirm-start``; since issue 30 point 4 a fire waits on no start by default,
+see test_fire_unconfirmed.py), a host that cannot start its agent makes the fire fail with the
+reason, which the job and ``show`` carry. Each test was seen to fail on the code before the change."""
 
 from __future__ import annotations
 
@@ -62,14 +63,16 @@ def tmp_bin(at: Lab) -> Path:
 
 def test_an_agent_whose_start_fails_in_its_host_fails_the_fire_with_the_reason(sublab: Lab) -> None:  # noqa: F811
     """The program is there but cannot be executed (its interpreter is missing): the host's spawn
-    fails; the fire exits 1 naming the reason, the job holds an ``exited`` result with it."""
+    fails; the fire that confirms the start exits 1 naming the reason, the job holds an
+    ``exited`` result with it."""
     master = sublab.start_master()
     script = sublab.tmp / "agent.sh"
     script.write_text("#!/nonexistent/interpreter\necho hi\n")
     script.chmod(0o755)
     _profile(sublab, "broken", [str(script), "{task}"])
     parent = ("--parent-pid", str(master.pid), "--parent-session", "boss")
-    done = _cli(sublab, "fire", "--profile", "broken", "--backend", "subprocess", *parent, "--", "hi")
+    fire = ("fire", "--profile", "broken", "--backend", "subprocess", "--confirm-start", *parent)
+    done = _cli(sublab, *fire, "--", "hi")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "could not start" in done.stderr and "No such file or directory" in done.stderr
     (job,), _problems = JobStore(sublab.store).list_jobs()

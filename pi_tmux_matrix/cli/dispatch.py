@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import procs, strictjson
 from ..dispatch import BACKEND_NAMES, TMUX
-from ..dispatch.hostless import settle
+from ..dispatch.confirm import CONFIRM_S
 from ..dispatch.ready import READY_S
 from ..errors import EXIT_OK, ContractError, DispatchError, NotConfirmed, ResumeRefused
 from ..matrix.codec import MAX_ENTRY_BYTES as INPUT_MAX_BYTES
@@ -80,6 +80,12 @@ def register(sub: Any, epilog: str) -> None:
     fire.add_argument(
         "--json", action="store_true", help="print the job id and each agent's key, target, pid"
     )
+    fire.add_argument(
+        "--confirm-start", type=float, nargs="?", const=CONFIRM_S, metavar="SECONDS",
+        help=f"wait until each agent's host has started it, at most SECONDS (default {CONFIRM_S:g}); "
+        "exit 1 naming any agent that could not start (without it, fire returns once the panes are "
+        "made, and 'pi-matrix jobs' and 'show' report a failed start)",
+    )  # fmt: skip
     fire.add_argument(
         "--wait-ready", type=float, nargs="?", const=READY_S, metavar="SECONDS",
         help=f"then wait until each agent is ready (pi: its bridge reported in; others: running), "
@@ -177,6 +183,7 @@ def cmd_fire(args: argparse.Namespace, io: Io) -> int:
         backend=args.backend,
         dry_run=args.dry_run, parent_pid=args.parent_pid, parent_session=args.parent_session,
         agent_id=args.agent_id, launch_key=args.launch_key, force=args.force, workspace=args.workspace,
+        confirm_s=_confirm_s(args),
     )  # fmt: skip
     if args.force and args.launch_key is None:
         raise ContractError("--force", "given without --launch-key", "force replaces a job named by its key")
@@ -184,6 +191,18 @@ def cmd_fire(args: argparse.Namespace, io: Io) -> int:
     check_wait_ready(args.wait_ready, enabled=dispatcher.settings.enabled)
     result = dispatcher.fire(request)
     return report_fire(io, args, dispatcher.store, result)
+
+
+def _confirm_s(args: argparse.Namespace) -> float:
+    """How long this fire waits for its hosts' starts: not at all unless asked (a series of fires
+    waits on no start in turn); ``--wait-ready`` waits for more than the start anyway."""
+    if args.confirm_start is not None:
+        if not args.confirm_start > 0:
+            raise ContractError(
+                "--confirm-start", f"{args.confirm_start:g} seconds", "give a positive number of seconds"
+            )
+        return float(args.confirm_start)
+    return CONFIRM_S if args.wait_ready is not None else 0.0
 
 
 def _adhoc_agents(args: argparse.Namespace) -> tuple[AdHocAgent, ...]:
@@ -295,7 +314,6 @@ def cmd_jobs(args: argparse.Namespace, io: Io) -> int:
 def cmd_job(args: argparse.Namespace, io: Io) -> int:
     dispatcher = dispatcher_of(args)
     job = dispatcher.jobs.get(resolve_job(dispatcher.store, args.job_id))
-    settle(dispatcher.jobs, dispatcher.store if dispatcher.settings.enabled else None, job)  # issue 30.6
     view = dispatcher.view(job, tmux_state=dispatcher.tmux_states(job))
     if args.json:
         dump_json(io, view.to_json())

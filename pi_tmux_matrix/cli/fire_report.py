@@ -1,6 +1,7 @@
 """What ``fire`` prints, and ``fire --wait-ready``: the launch, then each agent's readiness.
 
-A fire's ``launched`` means every agent's process started; with ``--wait-ready`` it also means
+A fire's ``launched`` means every agent's pane and host were made (their start is not waited
+for); with ``--confirm-start`` every agent's process started too; with ``--wait-ready`` also
 every pi agent has loaded (its bridge reported in: the entry's ``readyAt``), and an agent that
 does not get there in time, or ends first, is named in the error (exit 1) after the launch lines.
 """

@@ -1,9 +1,19 @@
-"""``fire`` confirms the start: the agent's program is found before a pane is made, and each host's
-``started`` (its agent process named in its entry) or its failure is waited for, bounded.
+"""A fire's starts confirmed: the agent's program is found before a pane is made; whether each
+host then started its agent is settled later, never by the fire waiting on it (issue 30 point 4).
 
-A fire that says ``launched`` has seen every agent running; one whose agent could not start
-exits 1 with the reason, and the job (an ``exited`` result) and ``show`` (the entry and its
-events) carry it. Hosts are waited for together, so twenty agents cost one wait, not twenty.
+Twenty single fires one after another used to wait twenty host start-ups; now a fire returns once
+its launch calls are done (window, tags, job record, ``launching`` entry), and a failed start
+still reaches the job (an ``exited`` result with the reason) and ``show``:
+
+* the host could not start its agent (a missing interpreter, exit 127): the host records
+  ``spawn_failed`` and its exit, and its own round thread writes the job's result;
+* the host itself never got that far (its pane died at once, it ended before registering):
+  :func:`settle_starts`, run by ``jobs``/``job`` (and the tool's views), finds the host dead by
+  identity with its agent never started, writes the result and closes the launcher's
+  ``launching`` record (so it is never relaunched as if interrupted).
+
+A caller that wants the old wait asks for it (``confirm_s``, the CLI's ``--confirm-start``):
+:func:`confirm_starts` waits for every host together, so twenty agents cost one wait.
 """
 
 from __future__ import annotations
@@ -18,13 +28,18 @@ import attrs
 
 from .. import procs
 from ..errors import DispatchError, PiMatrixError
+from ..matrix import lifecycle
 from ..matrix.mailbox import EventLog
-from ..matrix.model import Status
-from ..matrix.store import MatrixStore
+from ..matrix.model import Entry, Status
+from ..matrix.store import MatrixStore, now_ms
 from ..programs import agent_argv_of
-from .model import JobAgent, PlannedAgent
+from .jobs import JobStore, result_now
+from .model import Job, JobAgent, PlannedAgent, ResultKind
 
-__all__ = ["CONFIRM_S", "StartFailure", "check_programs", "confirm_starts", "spawn_failure"]
+__all__ = [
+    "CONFIRM_S", "StartFailure", "check_programs", "confirm_starts", "record_failures", "settle_starts",
+    "spawn_failure",
+]  # fmt: skip
 
 CONFIRM_S: Final = 5.0
 
@@ -68,7 +83,8 @@ def confirm_starts(
 ) -> list[StartFailure]:
     """Wait (at most ``timeout``) until each agent's host has named its agent process in its entry,
     or failed to start it; the failures, each with its reason. A host still busy at the end is
-    not a failure (a slow machine): the watcher records whatever comes next."""
+    not a failure (a slow machine): its round thread, or :func:`settle_starts`, records what
+    comes next."""
     pending = {a.agent_id: a for a in agents if a.host is not None}
     failed: list[StartFailure] = []
     deadline = time.monotonic() + timeout
@@ -107,9 +123,78 @@ def _verdict(store: MatrixStore, agent: JobAgent) -> str | None:
     return None
 
 
+def record_failures(store: MatrixStore, jobs: JobStore, job: Job, failed: Sequence[StartFailure]) -> None:
+    """Each failed start reaches the job (an ``exited`` result with the reason; a result already
+    there stands) and the entry (the launcher's ``launching`` record closed)."""
+    for failure in failed:
+        agent = failure.agent
+        jobs.put_result(
+            result_now(job, agent.agent_id, agent.key, agent.round, ResultKind.EXITED,
+                       detail=failure.reason, exit_code=failure.code)
+        )  # fmt: skip
+        _close_unstarted(store, agent, failure.reason)
+
+
+def settle_starts(store: MatrixStore, jobs: JobStore, job: Job, unsettled: Sequence[JobAgent]) -> bool:
+    """Confirm, after the fact, the starts no fire waited for: of ``unsettled`` (agents with no
+    result for their round whose host is dead), each that never started its agent gets its
+    failure recorded. True if anything was written. An agent that did start is left alone
+    (its host's end is the round thread's to report, or the job is orphaned)."""
+    failed = []
+    for agent in unsettled:
+        reason = _never_started(store, agent)
+        if reason is not None:
+            failed.append(StartFailure(agent, reason, 127 if "could not start" in reason else None))
+    if failed:
+        record_failures(store, jobs, job, failed)
+    return bool(failed)
+
+
+def _never_started(store: MatrixStore, agent: JobAgent) -> str | None:
+    """Why the dead host of ``agent`` never started it, or None if it did or we cannot tell (an
+    entry that is gone proves nothing)."""
+    host = agent.host
+    if host is None or procs.is_alive(host):
+        return None
+    failure = spawn_failure(store, agent.key)
+    if failure is not None:
+        return failure
+    try:
+        entry = store.find(agent.key)
+    except PiMatrixError:
+        return None
+    # Still the launcher's ``launching`` record under this host, which is dead: it never
+    # registered (its pane died at once, or it ended first). A host that registered and died
+    # is the round thread's or the orphan check's, never settled here on a guess.
+    if entry is None or entry.pid != host.pid or entry.status is not Status.LAUNCHING:
+        return None
+    return "its host ended before it started the agent; see 'pi-matrix show " + agent.key + "'"
+
+
+def _close_unstarted(store: MatrixStore, agent: JobAgent, reason: str) -> None:
+    """A start reported as failed is never relaunched later: the launcher's own ``launching``
+    record (its host died before registering) is closed, and ``show`` says why."""
+    host = agent.host
+    closed: list[Entry] = []
+
+    def close(entry: Entry) -> Entry | None:
+        if entry.status is not Status.LAUNCHING or host is None or entry.pid != host.pid:
+            return None
+        closed.append(lifecycle.close(entry, "start_failed", now_ms()))
+        return closed[-1]
+
+    try:
+        store.update(agent.key, close)
+    except PiMatrixError:
+        return
+    if closed and spawn_failure(store, agent.key) is None:
+        # No host wrote its own account: the start line of ``show`` comes from this one.
+        EventLog(store, agent.key).write("spawn_failed", error=reason.partition("; see ")[0][:300])
+
+
 def spawn_failure(store: MatrixStore, key: str) -> str | None:
     """The reason the host of ``key`` could not start its agent (its ``spawn_failed`` event), if so:
-    the fire and the watcher word such an end alike, whichever records it first."""
+    the fire, ``jobs`` and the round thread word such an end alike, whichever records it first."""
     for event in reversed(EventLog(store, key).tail(10)):
         if event.get("event") == "spawn_failed":
             return f"its agent could not start: {event.get('error', 'unknown error')}"

@@ -45,7 +45,8 @@ from ..matrix.store import MatrixStore, RecordStore, now_ms
 from ..matrix.tickets import LaunchTickets
 from ..settings import MatrixSettings
 from .backends import DEFAULT_SOCKET, TMUX_SESSION, Backend, backend_named, backends, start_fenced
-from .confirm import check_programs, confirm_starts
+from .confirm import check_programs, confirm_starts, record_failures, settle_starts
+from .hostless import settle
 from .jobs import JobStore, new_nonce, result_now
 from .model import MAX_ROUND, TMUX, AgentLaunch, AgentResult, Job, JobAgent, PlannedAgent, ResultKind
 from .plan import LIVE, MAX_DEADLINE_S, MAX_TASK_BYTES, FireRequest, Planner, marker_instruction
@@ -195,19 +196,18 @@ class Dispatcher:
                     job.id,
                     lambda j: attrs.evolve(j, agents=tuple(by_id.get(a.agent_id, a) for a in j.agents)),
                 )
-        failed = confirm_starts(self.store, job.agents, request.confirm_s) if self.settings.enabled else []
+        # The start is not waited for unless asked (issue 30 point 4): a series of fires must not
+        # wait on each host's start in turn. A failed start still reaches the job and the entry:
+        # the host records it (its round thread writes the result), or ``jobs``/``job`` settles a
+        # host that never got that far (confirm.settle_starts).
+        waited = self.settings.enabled and request.confirm_s > 0
+        failed = confirm_starts(self.store, job.agents, request.confirm_s) if waited else []
         if self.settings.enabled:
             LaunchTickets(self.store).prune()  # a day's launches are kept (matrix.tickets)
         for agent, plan in zip(job.agents, planned, strict=True):
             self._notify("on_launched", job=job, launch=plan.launch, pane=PaneInfo.of(agent).to_json())
         if failed:
-            for failure in failed:
-                agent = failure.agent
-                self.jobs.put_result(
-                    result_now(job, agent.agent_id, agent.key, agent.round, ResultKind.EXITED,
-                               detail=failure.reason, exit_code=failure.code)
-                )  # fmt: skip
-                self._close_unstarted(agent)
+            record_failures(self.store, self.jobs, job, failed)
             reasons = "; ".join(f"{f.agent.agent_id}: {f.reason}" for f in failed)
             raise DispatchError(f"fire: job {job.id}: {len(failed)} agent(s) could not start: {reasons}")
         return FireResult(job, tuple(planned), False)
@@ -248,19 +248,6 @@ class Dispatcher:
                 f"pick another name, or stop it first ('pi-matrix stop-session {request.workspace} --socket "
                 f"{request.socket} --confirm yes-tmux-stop' stops its jobs)",
             )  # fmt: skip
-
-    def _close_unstarted(self, agent: JobAgent) -> None:
-        """A start this fire reports as failed is never relaunched later: the launcher's own
-        ``launching`` record (its host died before registering) is closed."""
-        host = agent.host
-
-        def close(entry: Entry) -> Entry | None:
-            if entry.status is not Status.LAUNCHING or host is None or entry.pid != host.pid:
-                return None
-            return lifecycle.close(entry, "start_failed", now_ms())
-
-        with contextlib.suppress(PiMatrixError):
-            self.store.update(agent.key, close)
 
     def _notify(self, hook: str, **kwargs: object) -> None:
         """Call a notification hook through pluggy, one plugin at a time (each call wrapped by every
@@ -309,7 +296,13 @@ class Dispatcher:
     def view(self, job: Job, *, tmux_state: Mapping[str, TmuxState] | None = None) -> JobView:
         """A job as ``jobs``/``job`` show it: each agent's result, host liveness and tmux state."""
         entries = self.store if self.settings.enabled else None
-        return job_view(job, self.jobs.results_of(job), entries=entries, tmux_state=tmux_state)
+        view = job_view(job, self.jobs.results_of(job), entries=entries, tmux_state=tmux_state)
+        # Starts that never happened first (their entry is closed too), then rounds whose host
+        # and agent both ended unseen (issue 30.6): each gets its result once.
+        started = entries is not None and settle_starts(self.store, self.jobs, job, view.unsettled())
+        if settle(self.jobs, entries, job) or started:
+            view = job_view(job, self.jobs.results_of(job), entries=entries, tmux_state=tmux_state)
+        return view
 
     def tmux_states(self, job: Job, cache: PaneCache | None = None) -> dict[str, TmuxState]:
         return tmux_states(job, cache)

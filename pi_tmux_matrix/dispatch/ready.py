@@ -3,7 +3,7 @@
 ``running`` is written when the host starts the agent process, a second or so before pi has
 loaded; a pi agent is ready when its bridge reports in (pi's ``session_start``), which the host
 records as the entry's ``readyAt``. An agent with no bridge (another CLI) has nothing to report:
-it is ready once running, which ``fire`` has already confirmed. Agents are waited for together,
+it is ready once running, which ``fire --wait-ready`` confirms first. Agents are waited for together,
 each entry read lock-free, so twenty agents cost one wait.
 """
 
@@ -72,7 +72,7 @@ def _verdict(store: MatrixStore, agent: JobAgent) -> Readiness | None:
     except PiMatrixError:
         entry = None  # being rewritten, or unreadable: asked again at the next poll
     if agent.provider != "pi":
-        # No bridge, no report: ready when running (the fire has seen it start).
+        # No bridge, no report: ready when running (the fire confirmed its start first).
         return Readiness(agent)
     if entry is not None and entry.ready_at is not None:
         return Readiness(agent, entry.ready_at)

@@ -17,6 +17,7 @@ from .. import procs
 from ..errors import TmuxUnavailable
 from ..matrix.store import MatrixStore, now_ms
 from .backends import started_in
+from .confirm import settle_starts
 from .hostless import settle
 from .jobs import JobStore
 from .model import Job, JobAgent
@@ -151,10 +152,15 @@ def reconcile(
     ]
     for job in records:
         current = rebuild_from_tags(jobs, job, cache)
-        # A round whose host and agent both ended unseen gets its result now (issue 30.6).
-        settle(jobs, entries, current)
         states = tmux_states(current, cache)
         view = job_view(current, jobs.results_of(current), entries=entries, tmux_state=states)
+        # A start no fire waited for, whose host died before starting its agent: the job's
+        # result says so, and its launching entry is closed (first: the next rule would write a
+        # vaguer result and leave the entry for a master to relaunch).
+        settled = entries is not None and settle_starts(entries, jobs, current, view.unsettled())
+        # A round whose host and agent both ended unseen gets its result now (issue 30.6).
+        if settle(jobs, entries, current) or settled:
+            view = job_view(current, jobs.results_of(current), entries=entries, tmux_state=states)
         if _orphaned(view, states):
             current = jobs.update(
                 job.id, lambda j: attrs.evolve(j, orphaned_at=now_ms()) if j.orphaned_at is None else None

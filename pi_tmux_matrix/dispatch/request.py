@@ -75,9 +75,11 @@ class FireRequest:
     # fresh session ``workspace``, run interactively, with no watcher, deadline or marker; the task
     # is optional (without one they start idle).
     watched: bool = True
-    # How long fire waits for every host to report its agent started (or failed to): bounded,
-    # so a slow machine costs a warning in the record, never a hang.
-    confirm_s: float = 5.0
+    # How long fire waits for every host to report its agent started (or failed to). 0, the
+    # default: not at all (issue 30 point 4: a series of fires must not wait on each start in
+    # turn); a failed start still reaches the job and ``show`` (dispatch/confirm.py says how).
+    # Bounded when asked, so a slow machine costs a warning in the record, never a hang.
+    confirm_s: float = 0.0
 
 
 # The line naming a round's usage claim file (the pi bridge reads it from the prompt it ran).

@@ -153,6 +153,13 @@ class JobView(_Subscriptable):
     def job_id(self) -> str:
         return self.job.id
 
+    def unsettled(self) -> list[JobAgent]:
+        """Agents with no result for their round whose host is dead: whether each ever started
+        is for :func:`~pi_tmux_matrix.dispatch.confirm.settle_starts` to say (no fire waits)."""
+        return [
+            a.agent for a in self.agents if a.result is None and not a.host_alive and a.agent.host is not None
+        ]
+
 
 @attrs.frozen
 class CorruptJobView(_Subscriptable):
