@@ -314,7 +314,7 @@ def cmd_jobs(args: argparse.Namespace, io: Io) -> int:
 def cmd_job(args: argparse.Namespace, io: Io) -> int:
     dispatcher = dispatcher_of(args)
     job = dispatcher.jobs.get(resolve_job(dispatcher.store, args.job_id))
-    view = dispatcher.view(job, tmux_state=dispatcher.tmux_states(job))
+    view = dispatcher.settled_view(job, tmux_state=dispatcher.tmux_states(job))
     if args.json:
         dump_json(io, view.to_json())
     else:

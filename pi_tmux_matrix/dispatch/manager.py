@@ -295,13 +295,19 @@ class Dispatcher:
     # -- jobs (dispatch/views.py, dispatch/reconcile_tmux.py) ----------------------------------------
     def view(self, job: Job, *, tmux_state: Mapping[str, TmuxState] | None = None) -> JobView:
         """A job as ``jobs``/``job`` show it: each agent's result, host liveness and tmux state."""
-        entries = self.store if self.settings.enabled else None
-        view = job_view(job, self.jobs.results_of(job), entries=entries, tmux_state=tmux_state)
-        # Starts that never happened first (their entry is closed too), then rounds whose host
-        # and agent both ended unseen (issue 30.6): each gets its result once.
-        started = entries is not None and settle_starts(self.store, self.jobs, job, view.unsettled())
-        if settle(self.jobs, entries, job) or started:
-            view = job_view(job, self.jobs.results_of(job), entries=entries, tmux_state=tmux_state)
+        if not self.settings.enabled:
+            return job_view(job, self.jobs.results_of(job), entries=None, tmux_state=tmux_state)
+        view = job_view(job, self.jobs.results_of(job), entries=self.store, tmux_state=tmux_state)
+        if settle_starts(self.store, self.jobs, job, view.unsettled()):
+            view = job_view(job, self.jobs.results_of(job), entries=self.store, tmux_state=tmux_state)
+        return view
+
+    def settled_view(self, job: Job, *, tmux_state: Mapping[str, TmuxState] | None = None) -> JobView:
+        """:meth:`view` for a reader that may end rounds (``job ID``): after the starts that never
+        happened, a round whose host and agent both ended unseen gets its result (issue 30.6)."""
+        view = self.view(job, tmux_state=tmux_state)
+        if settle(self.jobs, self.store if self.settings.enabled else None, job):
+            view = self.view(job, tmux_state=tmux_state)
         return view
 
     def tmux_states(self, job: Job, cache: PaneCache | None = None) -> dict[str, TmuxState]:
