@@ -215,10 +215,11 @@ def interpreter_pss() -> tuple[int, int]:
 
 
 def fire_fleet(
-    env: dict[str, str], store: MatrixStore, works: list[Path], socket: str, master: int, count: int
+    env: dict[str, str], store: MatrixStore, works: list[Path], *, socket: str, master: int, count: int
 ) -> tuple[float, list[tuple[list[str], dict[str, str], str]]]:
     """Fire ``count`` agents one after another; the time until all are up, and what was launched."""
-    dispatcher = Dispatcher(store, load_settings(works[0], env), env=dict(env, PI_MATRIX_STATE_DIR=str(store.root)))
+    settings = load_settings(works[0], env)
+    dispatcher = Dispatcher(store, settings, env=dict(env, PI_MATRIX_STATE_DIR=str(store.root)))
     planned: list[tuple[list[str], dict[str, str], str]] = []
     t0 = time.perf_counter()
     for i in range(count):
@@ -239,13 +240,13 @@ def raw_fleet(
 ) -> float:  # fmt: skip
     """The same pane commands by raw tmux calls, into ``store``; the time until all are up."""
     t0 = time.perf_counter()
-    for i, (argv, pane_env, cwd) in enumerate(planned):
-        argv = [str(store.root) if word == str(ours_root) else word for word in argv]
-        pane_env = {k: (str(store.root) if v == str(ours_root) else v) for k, v in pane_env.items()}
+    ours, theirs = str(ours_root), str(store.root)
+    for i, (planned_argv, planned_env, cwd) in enumerate(planned):
+        argv = [theirs if word == ours else word for word in planned_argv]
         command = ["tmux", "-L", socket]
         command += ["new-window", "-d"] if i else ["new-session", "-d", "-s", "bench"]
-        for key, value in pane_env.items():
-            command += ["-e", f"{key}={value}"]
+        for key, value in planned_env.items():
+            command += ["-e", f"{key}={theirs if value == ours else value}"]
         subprocess.run([*command, "-c", cwd, "--", *argv], check=True, env=env, cwd=cwd, timeout=30)
     wait_for(lambda: all_up(store, len(planned)), 300, f"{len(planned)} raw agents up")
     return time.perf_counter() - t0
@@ -267,7 +268,8 @@ def run(count: int, window: float, settle: float, root: Path) -> dict[str, Any]:
     socket, base_socket = f"pm-bench-fleet-{tag}", f"pm-bench-fleet-{tag}-base"
     store = MatrixStore(root / "state")
     base_store = MatrixStore(root / "state-base")
-    figures: dict[str, Any] = {"agents": count, "working_dirs": len(works), "window_s": window, "settle_s": settle}
+    figures: dict[str, Any] = {"agents": count, "working_dirs": len(works), "window_s": window}
+    figures["settle_s"] = settle
     started: list[ProcessIdentity] = []
     try:
         master = spawn_master(env, store.root)
@@ -276,14 +278,28 @@ def run(count: int, window: float, settle: float, root: Path) -> dict[str, Any]:
         started.append(master_id)
 
         # -- fire ---------------------------------------------------------------------------------
-        figures["fire_up_s"], planned = fire_fleet(env, store, works, socket, master.pid, count)
+        figures["fire_up_s"], planned = fire_fleet(
+            env, store, works, socket=socket, master=master.pid, count=count
+        )
         fired_at = time.monotonic()
         entries = workers(store)
         hosts = [e.process for e in entries if e.process is not None]
         agents = {e.child_pid for e in entries}
         started += fleet_processes(store)
 
-        # -- memory -------------------------------------------------------------------------------
+        # -- idle CPU -----------------------------------------------------------------------------
+        time.sleep(max(0.0, settle - (time.monotonic() - fired_at)))
+        watched = [h.pid for h in hosts] + [master.pid]
+        before, master_before = sum(cpu_s(p) for p in watched), cpu_s(master.pid)
+        time.sleep(window)
+        used = sum(cpu_s(p) for p in watched) - before
+        figures["idle_master_cpu_s"] = cpu_s(master.pid) - master_before  # of the total
+        figures["idle_cpu_s"] = used
+        figures["idle_share_of_core"] = used / window
+        figures["alive_after_window"] = sum(procs.is_alive(h) for h in hosts)
+
+        # -- memory, after the idle window: steady state (a host loads some modules at its first
+        # heartbeat and parent poll) -----------------------------------------------------------
         server = server_pid(socket)
         helpers = [p for p in (descendants(server) if server else []) if p not in agents]
         helpers = [p for p in helpers if p not in {h.pid for h in hosts}]
@@ -301,16 +317,6 @@ def run(count: int, window: float, settle: float, root: Path) -> dict[str, Any]:
         figures["agent_pss_per_agent"] = sum(pss_bytes(p) for p in agents if p) / count
         figures["python_pss"], figures["python_rss"] = interpreter_pss()
 
-        # -- idle CPU -----------------------------------------------------------------------------
-        time.sleep(max(0.0, settle - (time.monotonic() - fired_at)))
-        watched = [h.pid for h in hosts] + [master.pid]
-        before = sum(cpu_s(p) for p in watched)
-        time.sleep(window)
-        used = sum(cpu_s(p) for p in watched) - before
-        figures["idle_cpu_s"] = used
-        figures["idle_share_of_core"] = used / window
-        figures["alive_after_window"] = sum(procs.is_alive(h) for h in hosts)
-
         # -- listings -----------------------------------------------------------------------------
         figures["version_s"] = median_cli(env, store.root, "--version")
         for verb, words in {
@@ -321,10 +327,12 @@ def run(count: int, window: float, settle: float, root: Path) -> dict[str, Any]:
 
         # -- baseline fire: the same panes by raw tmux calls, into a state dir of their own --------
         # Under the same master (registered there too), beside ours; stopped before activation.
+        contract = AgentIdentityContract(agent_id=SESSION, session_id=SESSION)
         base_store.register(
-            lifecycle.new_entry(role=Role.MASTER, identity=AgentIdentityContract(agent_id=SESSION, session_id=SESSION),
-                                process=master_id, now=now_ms(), task_ref=GOAL)
-        )  # fmt: skip
+            lifecycle.new_entry(
+                role=Role.MASTER, identity=contract, process=master_id, now=now_ms(), task_ref=GOAL
+            )
+        )
         try:
             figures["raw_fire_up_s"] = raw_fleet(env, base_store, base_socket, store.root, planned)
         finally:
@@ -334,9 +342,8 @@ def run(count: int, window: float, settle: float, root: Path) -> dict[str, Any]:
 
         # -- activation after kill -9 -------------------------------------------------------------
         empty = root / "state-empty"
-        figures["activation_empty_s"], _ = cli(
-            env, empty, "master", "--session-id", SESSION, "--task-ref", GOAL, "--headless", "--once", "--json"
-        )
+        activate = ("master", "--session-id", SESSION, "--task-ref", GOAL, "--headless", "--once", "--json")
+        figures["activation_empty_s"], _ = cli(env, empty, *activate)
         procs.send_signal(master_id, signal.SIGKILL)
         master.wait(timeout=10)
         # The hosts see their parent die (their status, a second later, is recorded); the new
@@ -346,9 +353,7 @@ def run(count: int, window: float, settle: float, root: Path) -> dict[str, Any]:
         for e in workers(store):
             statuses[e.status.value] = statuses.get(e.status.value, 0) + 1
         figures["statuses_before_activation"] = statuses
-        took, out = cli(
-            env, store.root, "master", "--session-id", SESSION, "--task-ref", GOAL, "--headless", "--once", "--json"
-        )
+        took, out = cli(env, store.root, *activate)
         report = json.loads(out)
         figures["activation_s"] = took
         figures["activation_orphans"] = len(report.get("orphans", []))
@@ -370,7 +375,9 @@ def rows_of(f: dict[str, Any]) -> list[dict[str, Any]]:
     per = "per agent"
     listing_goal = 1.0
 
-    def row(figure: str, ours: float, unit: str, base: float, base_is: str, goal: str, met: bool | None) -> dict[str, Any]:
+    def row(  # noqa: PLR0917 - one table row, in the table's column order
+        figure: str, ours: float, unit: str, base: float, base_is: str, goal: str, met: bool | None
+    ) -> dict[str, Any]:
         return {"figure": figure, "ours": ours, "unit": unit, "baseline": base, "baseline_is": base_is,
                 "ratio": ours / base if base else None, "goal": goal, "met": met}  # fmt: skip
 

@@ -137,18 +137,29 @@ class RoundWatch:
                 EventLog(self.store, key).write("rounds_failed", error=str(exc)[:300])
 
     def _rounds(self) -> None:
-        jobs, watched, plugins = JobStore(self.store), 0, None
+        jobs, watched = JobStore(self.store), 0
         in_host = InHost(os.getpid(), self._done[0], self._wake[0], self._deadline_stop)
+        loaded: list[pluggy.PluginManager] = []
+
+        def plugins(cwd: str) -> Callable[[], pluggy.PluginManager]:
+            # Loaded at the first result, once: loading reads every installed package's metadata
+            # (~1 MiB of each host, issue 30.10), and an idle agent's host never needs them.
+            def load() -> pluggy.PluginManager:
+                if not loaded:
+                    loaded.append(_plugins(cwd))
+                return loaded[0]
+
+            return load
+
         while not self._ended():
             job = jobs.get(self.job_id)
             agent = job.agent(self.agent_id)
             if agent is None:
                 return
             if agent.round > watched and jobs.result(job.id, agent.agent_id, agent.round) is None:
-                plugins = plugins or _plugins(agent.cwd)  # once: loading them reads every package
                 Watcher(
                     self.store, job, agent, agent.round, follow=self.follow, socket=self.socket,
-                    pane=self.pane, plugins=plugins, pipe_fd=self._read_fd(),
+                    pane=self.pane, plugins_of=plugins(agent.cwd), pipe_fd=self._read_fd(),
                     in_host=in_host,
                 ).run()  # fmt: skip
                 watched = agent.round
