@@ -1,6 +1,6 @@
 """Run every benchmark and print one table: figure, ours, baseline, ratio, goal, met.
 
-    python benchmarks/run_all.py [--quick] [--no-real-pi]
+    python benchmarks/run_all.py [--quick] [--no-real-pi] [--no-fleet]
 
 Each benchmark measures its own baseline in the same run (see its docstring). The combined table
 is written to benchmarks/results/all.json, and as a bar chart of the ratios against their goals
@@ -19,7 +19,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-BENCHES = ("bench_store", "bench_supervise", "bench_fire", "bench_handoff", "bench_startup")
+BENCHES = ("bench_store", "bench_supervise", "bench_fire", "bench_handoff", "bench_startup", "bench_fleet")
 
 
 def _number(text: str) -> float | None:
@@ -93,9 +93,14 @@ def main() -> int:
         "--real-pi", action=argparse.BooleanOptionalAction, default=True,
         help="bench_handoff's real-pi rows (default: on; skipped, saying why, when pi is not installed)",
     )  # fmt: skip
+    parser.add_argument(
+        "--fleet", action=argparse.BooleanOptionalAction, default=True,
+        help="bench_fleet: 100 agents in tmux, ~4 min (default: on; --no-fleet skips it)",
+    )  # fmt: skip
     args = parser.parse_args()
     failed = []
-    for name in BENCHES:
+    benches = [name for name in BENCHES if args.fleet or name != "bench_fleet"]
+    for name in benches:
         command = [sys.executable, str(HERE / f"{name}.py"), *(["--quick"] if args.quick else [])]
         if name == "bench_handoff" and not args.real_pi:
             command.append("--no-real-pi")
@@ -103,7 +108,7 @@ def main() -> int:
         done = subprocess.run(command, check=False)
         if done.returncode != 0:
             failed.append(name)
-    rows = [row for name in BENCHES if name not in failed for row in rows_of(name)]
+    rows = [row for name in benches if name not in failed for row in rows_of(name)]
     print(f"\n{'figure':<48}  {'ours':>12}  {'baseline':>14}  {'ratio':>7}  {'goal':<18}  met")
     for row in rows:
         unit = str(row.get("unit", ""))

@@ -15,7 +15,6 @@ process's ``on_refused`` once, so the process says so once, not at every retry.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import struct
@@ -46,9 +45,11 @@ Handler = Callable[[set[str]], None]
 
 
 def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
+    # The interpreter's own symbols (libc among them), as procs does for prctl: not
+    # ctypes.util.find_library, which imports tempfile and runs ldconfig in every process that
+    # loads this module (every host, issue 30.10).
     try:
-        lib = ctypes.CDLL(name or "libc.so.6", use_errno=True)
+        lib = ctypes.CDLL(None, use_errno=True)
     except OSError:
         return None
     if not hasattr(lib, "inotify_init1"):

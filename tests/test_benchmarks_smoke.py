@@ -99,3 +99,22 @@ def test_bench_startup_quick_runs(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     rows = json.loads((tmp_path / "s.json").read_text())["rows"]
     assert any("ls --json" in r["figure"] for r in rows) and all(r["ratio"] > 0 for r in rows)
+
+
+def test_bench_fleet_quick_runs(tmp_path: Path) -> None:
+    from conftest import require_tmux
+
+    require_tmux()
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_fleet.py"), "--quick", "--agents", "3",
+         "--window", "2", "--output", str(tmp_path / "fleet.json")],
+        capture_output=True, text=True, timeout=300, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    data = json.loads((tmp_path / "fleet.json").read_text())
+    figures = " | ".join(r["figure"] for r in data["rows"])
+    for figure in ("PSS of ours per agent", "idle CPU of 3 hosts", "fire 3 agents", "pi-matrix ls",
+                   "pi-matrix tree", "pi-matrix jobs", "pi-matrix top --once", "master activation"):
+        assert figure in figures, figures
+    assert all({"figure", "ours", "baseline", "ratio", "goal", "met"} <= set(r) for r in data["rows"])
+    assert data["activation_readopted"] == 3, data  # every orphan re-adopted by the new master

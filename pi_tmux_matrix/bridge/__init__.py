@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 __all__ = ["bridge_path"]
 
 
 def bridge_path() -> Path:
-    """The installed ``bridge.ts`` (a real file: pi loads it by path)."""
-    return Path(str(resources.files(__name__) / "bridge.ts"))
+    """The installed ``bridge.ts`` (a real file: pi loads it by path).
+
+    Beside this module, not through ``importlib.resources``: every host asks for it, and that
+    import costs each of them ~2 MiB (issue 30.10), for a path a zipped install could not give
+    pi anyway."""
+    return Path(__file__).with_name("bridge.ts")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import time
 from collections.abc import Callable
 
@@ -34,11 +33,11 @@ log = logging.getLogger(__name__)
 
 def new_job_id() -> str:
     """``job-<UTC yyyymmdd-HHMMSS>-<6 hex>``: sortable by time, unique without coordination."""
-    return f"job-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+    return f"job-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.urandom(3).hex()}"
 
 
 def new_nonce() -> str:
-    return secrets.token_hex(6)
+    return os.urandom(6).hex()
 
 
 class JobStore:
@@ -77,7 +76,7 @@ class JobStore:
         """Move ``job``'s record and results aside (``fire --launch-key K --force``): under
         ``archived-jobs/<name>`` and ``archived-results/<name>.<n>``, each result carrying its
         own job, agent and round. Nothing is deleted before its copy is written; returns ``name``."""
-        name = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+        name = f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.urandom(3).hex()}"
         jobs = Records(self.store, "archived-jobs", Job, newest=JOB_SCHEMA_VERSION)
         results = Records(self.store, "archived-results", AgentResult)
         kept = [r for rounds in self.results_of(job).values() for r in rounds]

@@ -166,21 +166,33 @@ class RoundWatch:
                 return
 
     def _rounds(self) -> None:
-        jobs, watched, plugins = JobStore(self.store), self.skip_through, None
+        jobs, watched = JobStore(self.store), self.skip_through
         in_host = InHost(
             os.getpid(), self._done[0], self._wake[0], self._deadline_stop,
             key=self.host_key, exit_code=lambda: self._exit_code,
         )  # fmt: skip
+        loaded: list[pluggy.PluginManager] = []
+
+        def plugins(cwd: str) -> Callable[[], pluggy.PluginManager]:
+            # Loaded at the first result, once: loading reads every installed package's metadata
+            # (~1 MiB of each host, issue 30.10), and an idle agent's host never needs them.
+            def load() -> pluggy.PluginManager:
+                if not loaded:
+                    loaded.append(_plugins(cwd))
+                return loaded[0]
+
+            return load
+
         while True:  # at least one look: an agent that never started still ends its round
             job = jobs.get(self.job_id)
             agent = job.agent(self.agent_id)
             if agent is None:
                 return
             if agent.round > watched and jobs.result(job.id, agent.agent_id, agent.round) is None:
-                plugins = plugins or _plugins(agent.cwd)  # once: loading them reads every package
                 Watcher(
                     self.store, job, agent, agent.round, follow=self.follow, socket=self.socket,
-                    pane=self.pane, plugins=plugins, pipe_fd=self._read_fd(), in_host=in_host,
+                    pane=self.pane, plugins_of=plugins(agent.cwd), pipe_fd=self._read_fd(),
+                    in_host=in_host,
                 ).run()  # fmt: skip
                 watched = agent.round
             elif not self._ended():

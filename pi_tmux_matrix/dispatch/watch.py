@@ -24,10 +24,9 @@ import selectors
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
-import pluggy
 
 from .. import procs
 from ..errors import CorruptEntry, PiMatrixError, TmuxUnavailable
@@ -40,6 +39,9 @@ from .jobs import JobStore, result_now
 from .markers import MarkerScanner
 from .model import AgentResult, Job, JobAgent, ResultKind
 from .stops import stop_agent
+
+if TYPE_CHECKING:
+    import pluggy
 
 __all__ = ["InHost", "MarkerScanner", "Watcher", "drain_pipe"]
 
@@ -82,6 +84,8 @@ class Watcher:
     # Both come from the host's round thread (:mod:`.roundwatch`): the plugin manager, and the
     # FIFO tmux's ``pipe-pane`` writes the pane's output to.
     plugins: pluggy.PluginManager | None = None
+    # Or how to get them when a result is written (the round thread loads them then, once).
+    plugins_of: Callable[[], pluggy.PluginManager] | None = None
     pipe_fd: int | None = None
     # The host this round runs in (None: a watcher of its own, which finds the host by its pid).
     in_host: InHost | None = None
@@ -115,9 +119,10 @@ class Watcher:
         self.events.write("result", job=self.job.id, round=self.round, kind=kind.value, detail=detail[:200])
         if kind in (ResultKind.DONE, ResultKind.BLOCKED):
             self._tell_host(kind, detail, "" if result.usage is None else result.usage.line())
-        if self.plugins is not None:
-            with contextlib.suppress(Exception):  # a plugin's failure never loses a written result
-                self.plugins.hook.on_terminal(job=self.job, result=result)
+        with contextlib.suppress(Exception):  # a plugin's failure never loses a written result
+            plugins = self.plugins if self.plugins_of is None else self.plugins_of()
+            if plugins is not None:
+                plugins.hook.on_terminal(job=self.job, result=result)
         return result
 
     def _tell_host(self, kind: ResultKind, detail: str, usage: str) -> None:

@@ -6,7 +6,7 @@ No I/O here: the store keeps these records, the launcher and the waiter move the
 
 from __future__ import annotations
 
-import secrets
+import os
 import time
 from collections.abc import Iterable, Mapping
 from enum import Enum
@@ -137,7 +137,7 @@ class ForkRequest:
 
 
 def new_run_id() -> str:
-    return f"run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(3)}"
+    return f"run-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.urandom(3).hex()}"
 
 
 def _number(value: object) -> float:

@@ -13,7 +13,6 @@ caller's (``alive``): these functions stay pure.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -305,6 +304,10 @@ def accept_adoption(entry: Entry, now: int) -> Entry:
 
 
 def _handoff(entry: Entry, outcome: Outcome, now: int, summary: str, result_pointer: str | None) -> Handoff:
+    # Here, not at the top: secrets brings hmac and hashlib (OpenSSL, ~3.7 MiB of every host,
+    # issue 30.10), and only a host that hands off needs it.
+    import secrets
+
     return Handoff(
         id=secrets.token_hex(6),
         generation=entry.registration,

@@ -13,7 +13,6 @@ module must not import ``store``.
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -79,7 +78,7 @@ def repair(store: EntryFiles, *, dry_run: bool = False) -> tuple[RepairAction, .
             actions.append(RepairAction(problem.path, "skip", problem.reason))
             continue
         name = os.path.basename(problem.path)
-        target = str(store.root / QUARANTINE / f"{name}.{now_ms()}.{secrets.token_hex(3)}")
+        target = str(store.root / QUARANTINE / f"{name}.{now_ms()}.{os.urandom(3).hex()}")
         actions.append(RepairAction(problem.path, "quarantine", problem.reason, target))
         if not dry_run:
             _quarantine(store, name, target)

@@ -18,7 +18,6 @@ Tickets are small; abandoned ones are kept a day (a stalled server may wake late
 from __future__ import annotations
 
 import os
-import secrets
 from typing import Final
 
 import attrs
@@ -38,7 +37,7 @@ _TICKET_CHARS: Final = frozenset("0123456789abcdef")
 
 def new_ticket() -> str:
     """A fresh ticket: 32 hex digits, never reused."""
-    return secrets.token_hex(16)
+    return os.urandom(16).hex()
 
 
 def check_ticket(ticket: str) -> str:
@@ -91,7 +90,7 @@ class LaunchTickets:
             try:
                 # No lock is held (the host and the launcher race by design): each taker writes
                 # its own temp file, and the exclusive link decides who took the ticket.
-                tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+                tmp = f".{name}.{os.urandom(4).hex()}.tmp"
                 durable_write(fd, name, taker.encode(), exclusive=True, path=str(root / name), tmp=tmp)
                 return None
             except FileExistsError:
