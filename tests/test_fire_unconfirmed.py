@@ -94,7 +94,8 @@ def test_a_fire_that_asks_to_confirm_still_waits_and_names_the_failure(lab: Lab)
     lab.start_master()
     pythonpath = _seam(lab, DIE)
     try:
-        _fire(lab, "HANG doomed", pythonpath, confirm_s=CONFIRM_S)
+        # Generous: the wait ends when the host is seen dead; only a loaded machine needs it all.
+        _fire(lab, "HANG doomed", pythonpath, confirm_s=6 * CONFIRM_S)
     except Exception as exc:  # noqa: BLE001 - the message is what is checked
         said = str(exc)
     else:
