@@ -10,30 +10,14 @@ stand-in agent under real hosts, killed by identity.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 from typing import Any
 
 from test_dispatch import Lab, lab, sublab, wait_for  # noqa: F401 - lab and sublab are fixtures
+from test_recovery_rehost import _cli, _kill
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.model import ResultKind
 from pi_tmux_matrix.matrix.model import Status
-
-
-def _cli(at: Lab, *words: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(at.state), *words],
-        capture_output=True, text=True, env=at.env, timeout=60, check=False, cwd=at.work,
-    )  # fmt: skip
-
-
-def _kill(*identities: procs.ProcessIdentity | None) -> None:
-    for ident in identities:
-        if ident is not None:
-            procs.send_signal(ident, signal.SIGKILL)
-            assert procs.wait_for_exit(ident, 5), f"pid {ident.pid} outlived SIGKILL"
 
 
 def _job_json(at: Lab, job_id: str) -> dict[str, Any]:

@@ -26,7 +26,7 @@ def _kill(*identities: procs.ProcessIdentity | None) -> None:
     for ident in identities:
         if ident is not None:
             procs.send_signal(ident, signal.SIGKILL)
-            procs.wait_for_exit(ident, 5)
+            assert procs.wait_for_exit(ident, 5), f"pid {ident.pid} outlived SIGKILL"
 
 
 def test_a_live_agent_whose_host_died_is_rehosted_by_its_exact_master_then_steered_and_stopped(

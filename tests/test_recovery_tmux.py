@@ -5,7 +5,10 @@ recorded ``resumable`` (reason ``tmux_lost``), ``jobs`` says ``gone`` (no server
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import kill_tmux_server
@@ -93,44 +96,47 @@ def test_tmux_kill_server_then_master_relaunch_tmux_brings_both_pi_workers_back_
     assert sum("resumed in your own session" in text for text in llm.user_texts()) >= 2
 
 
+def _cli(at: Lab, *words: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", *words], capture_output=True, text=True, env=at.env,
+        timeout=60, check=False,
+    )  # fmt: skip
+
+
+def _lose_and_resume(lab: Lab, master: Any, key: str) -> Any:  # noqa: F811
+    """The master lost, its worker left resumable, then ``resume KEY`` under a new master into
+    the lab's tmux: the resumed host's entry once its agent runs."""
+    from test_dispatch import lose_and_plan_resume
+
+    _resumable, new_master, _dry = lose_and_plan_resume(lab, master, key)
+    parent = ("--parent-pid", str(new_master.pid), "--parent-session", "boss2")
+    done = _cli(lab, "resume", key, "--json", *parent, "--socket", lab.socket)
+    assert done.returncode == 0, done.stderr
+    pid = json.loads(done.stdout)["hostPid"]
+    back = wait_for(
+        "the resumed host", lambda: e if (e := lab.store.find(key)) and e.pid == pid and e.child_pid else None
+    )
+    assert back.process is not None
+    lab.started.append(back.process)
+    return back
+
+
 def test_a_resumed_agent_stays_the_agent_of_its_job_for_jobs_followup_and_stop(lab: Lab) -> None:  # noqa: F811
     """Issue 18.13: after ``resume`` the job record follows the agent's new host and pane, so
     ``jobs`` shows it alive in its pane, ``followup JOB`` reaches it and ``stop JOB`` stops it (it
     used to say ``host gone tmux foreign`` and refuse the follow-up: no agent alive to take it)."""
-    import subprocess
-    import sys
-
-    from test_dispatch import lose_and_plan_resume
-
     master = lab.start_master()
     fired = lab.fire("HANG resumable work")
     (agent,) = fired.job.agents
     entry = lab.worker(agent.key)
     wait_for("the session file", lambda: Path(entry.identity.session_file or "").exists())
-    _resumable, new_master, _dry = lose_and_plan_resume(lab, master, agent.key)
-
-    def cli(*words: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "pi_tmux_matrix", *words], capture_output=True, text=True, env=lab.env,
-            timeout=60, check=False,
-        )  # fmt: skip
-
-    parent = ("--parent-pid", str(new_master.pid), "--parent-session", "boss2")
-    done = cli("resume", agent.key, "--json", *parent, "--socket", lab.socket)
-    assert done.returncode == 0, done.stderr
-    pid = json.loads(done.stdout)["hostPid"]
-    back = wait_for(
-        "the resumed host",
-        lambda: e if (e := lab.store.find(agent.key)) and e.pid == pid and e.child_pid else None,
-    )
-    assert back.process is not None
-    lab.started.append(back.process)
+    back = _lose_and_resume(lab, master, agent.key)
     (view,) = [v for v in lab.dispatcher().reconcile() if v["jobId"] == fired.job.id]
     (shown,) = view["agents"]
     assert shown["hostAlive"] is True and shown["tmux"] == "ours", shown
-    follow = cli("followup", fired.job.id, "--", "one more thing")
+    follow = _cli(lab, "followup", fired.job.id, "--", "one more thing")
     assert follow.returncode == 0, follow.stderr
-    stop = cli("stop", fired.job.id, "--confirm", "yes-tmux-stop")
+    stop = _cli(lab, "stop", fired.job.id, "--confirm", "yes-tmux-stop")
     assert stop.returncode == 0, stop.stderr
     assert procs.wait_for_exit(back.process, 20)
 
@@ -139,36 +145,14 @@ def test_a_resumed_agents_follow_up_round_is_watched_by_its_new_host(lab: Lab) -
     """Issue 30.1 (review finding): no watcher process starts for a follow-up any more; the host
     of a resumed agent (launched unwatched: it answers its wake prompt, not a marker) watches the
     rounds a follow-up opens on its job, so the follow-up's marker gives the round its result."""
-    import subprocess
-    import sys
-
-    from test_dispatch import lose_and_plan_resume
-
     master = lab.start_master()
     fired = lab.fire("Say hello.")  # its round ends; the agent stays up, idle
     (agent,) = fired.job.agents
     entry = lab.worker(agent.key)
     wait_for("round 1's result", lambda: lab.result(fired.job.id, agent.agent_id, 1), timeout=30)
     wait_for("the session file", lambda: Path(entry.identity.session_file or "").exists())
-    _resumable, new_master, _dry = lose_and_plan_resume(lab, master, agent.key)
-
-    def cli(*words: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "pi_tmux_matrix", *words], capture_output=True, text=True, env=lab.env,
-            timeout=60, check=False,
-        )  # fmt: skip
-
-    parent = ("--parent-pid", str(new_master.pid), "--parent-session", "boss2")
-    done = cli("resume", agent.key, "--json", *parent, "--socket", lab.socket)
-    assert done.returncode == 0, done.stderr
-    pid = json.loads(done.stdout)["hostPid"]
-    back = wait_for(
-        "the resumed host",
-        lambda: e if (e := lab.store.find(agent.key)) and e.pid == pid and e.child_pid else None,
-    )
-    assert back.process is not None
-    lab.started.append(back.process)
-    follow = cli("followup", fired.job.id, "--", "one more thing")
+    _lose_and_resume(lab, master, agent.key)
+    follow = _cli(lab, "followup", fired.job.id, "--", "one more thing")
     assert follow.returncode == 0, follow.stderr
     result = wait_for("round 2's result", lambda: lab.result(fired.job.id, agent.agent_id, 2), timeout=30)
     assert result.kind.value == "done", result
