@@ -108,6 +108,7 @@ def test_a_fire_into_a_running_tmux_server_costs_two_tmux_calls_and_its_pane_is_
     pipe-pane)."""
     lab.start_master()
     first = lab.fire("HANG one")  # starts the server and its session
+    lab.worker(first.job.agents[0].key)  # its host's own calls (its pane's pipe) are made by now
     log = recording_tmux(lab.tmp, monkeypatch)
     fired = lab.fire("HANG two")
     (agent,) = fired.job.agents

@@ -70,6 +70,7 @@ class RoundWatch:
     socket: str | None = None
     follow: str | None = None  # the host's log (subprocess backend)
     skip_through: int = 0  # rounds up to this one are not this host's (a resumed session's)
+    own_pane: bool = False  # the pane is the host's own, piped before its agent starts
     # Set by the program: the host's stop for the deadline, and the key it holds now (a session
     # switch changes it; None: nothing registered, the matrix is off).
     on_deadline: Callable[[], None] | None = None
@@ -102,7 +103,7 @@ class RoundWatch:
         if agent.backend == TMUX:
             return cls(
                 store, job_id, agent_id, pane=pane or agent.pane_id, socket=agent.socket,
-                skip_through=skip_through,
+                skip_through=skip_through, own_pane=pane is not None,
             )  # fmt: skip
         # The fire records the log once the host runs; its name is the backend's (backends.py).
         log_file = agent.log or str(store.root / "logs" / f"{job_id}.{agent_id}.log")
@@ -189,10 +190,12 @@ class RoundWatch:
             if agent is None:
                 return
             if agent.round > watched and jobs.result(job.id, agent.agent_id, agent.round) is None:
+                # A fresh host's first round: its pipe was on before the agent started.
+                first = self.own_pane and self._piped and watched == 0
                 Watcher(
                     self.store, job, agent, agent.round, follow=self.follow, socket=self.socket,
                     pane=self.pane, plugins_of=plugins(agent.cwd), pipe_fd=self._read_fd(),
-                    in_host=in_host,
+                    in_host=in_host, scan_history=not first,
                 ).run()  # fmt: skip
                 watched = agent.round
             elif not self._ended():

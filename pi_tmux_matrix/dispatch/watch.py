@@ -89,6 +89,9 @@ class Watcher:
     pipe_fd: int | None = None
     # The host this round runs in (None: a watcher of its own, which finds the host by its pid).
     in_host: InHost | None = None
+    # False: the pipe was on the pane before its agent started, so its history holds nothing the
+    # pipe did not bring (a fresh host's first round): no capture-pane.
+    scan_history: bool = True
     jobs: JobStore = attrs.field(init=False)
     scanner: MarkerScanner = attrs.field(init=False)
     events: EventLog = attrs.field(init=False)
@@ -375,7 +378,7 @@ class Watcher:
 
     def _scan_history(self) -> None:
         """Once, at start: what the pane showed before the pipe was attached."""
-        if self.socket is None or self.pane is None or self._found is not None:
+        if not self.scan_history or self.socket is None or self.pane is None or self._found is not None:
             return
         from .tmux import TmuxServer
 
