@@ -183,15 +183,22 @@ def master_window(lab: Lab, *pi_args: str) -> None:
         "--", lab.pi, *pi_args,  # type: ignore[attr-defined]
     ]  # fmt: skip
     tmux = ["tmux", "-L", lab.socket]
-    has = subprocess.run([*tmux, "has-session", "-t", "=m"], capture_output=True, check=False)
-    where = (
-        ["new-window", "-t", "=m:"] if has.returncode == 0 else ["new-session", "-d", "-s", "m", "-x", "160"]
-    )
     # The lab's server may already run (the dispatcher's): pass what pi and the host need.
     names = ("PATH", "HOME", "TMPDIR", "PI_OFFLINE", "NO_PROXY", "PI_CODING_AGENT_DIR", "PI_MATRIX_STATE_DIR",
              "PI_MATRIX_PI_COMMAND", "PI_MATRIX_TMUX_SOCKET", "PYTHONPATH", "VIRTUAL_ENV")  # fmt: skip
     env = [w for name in names if name in lab.env for w in ("-e", f"{name}={lab.env[name]}")]
-    subprocess.run([*tmux, *where, *env, "-c", str(lab.work), "--", *argv], env=lab.env, check=True)
+    # A killed master's window may be closing its session "m" (or the server with it) just now:
+    # has-session and the call after it can disagree, so the choice is made again on a failure.
+    for attempt in range(5):
+        has = subprocess.run([*tmux, "has-session", "-t", "=m"], capture_output=True, check=False)
+        new = ["new-session", "-d", "-s", "m", "-x", "160"]
+        where = ["new-window", "-t", "=m:"] if has.returncode == 0 else new
+        command = [*tmux, *where, *env, "-c", str(lab.work), "--", *argv]
+        made = subprocess.run(command, env=lab.env, capture_output=True, check=False)
+        if made.returncode == 0:
+            return
+        time.sleep(0.2 * (attempt + 1))
+    raise AssertionError(f"tmux could not open the master's window: {made.stderr!r}")
 
 
 def _stopped(pid: int) -> bool:
