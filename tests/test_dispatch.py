@@ -75,10 +75,12 @@ class Lab:
             sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", session, "--task-ref", task_ref,
             "--headless", "--mode", "print", *extra, "--", *STANDIN, "-p", "HANG orchestrating",
         ]  # fmt: skip
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            cwd=self.work, env=self.env, start_new_session=True,
-        )  # fmt: skip
+        said = self.tmp / f"master-{session}.{len(self.started)}.out"
+        with said.open("wb") as out:
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.DEVNULL,
+                cwd=self.work, env=self.env, start_new_session=True,
+            )  # fmt: skip
         ident = procs.identify(proc.pid)
         assert ident is not None
         self.started.append(ident)
@@ -86,6 +88,9 @@ class Lab:
             "the master to register",
             lambda: e if (e := self.store.find(f"master-{session}")) and e.pid == proc.pid else None,
         )
+        # Registered is not activated: the activation's reconcile (it removes a dead worker's
+        # record) would otherwise race what the test does next. Its report's first line is last.
+        wait_for("the master's activation", lambda: f"master-{session} active" in said.read_text(errors="replace"))
         return self.master
 
     def dispatcher(self, **env: str) -> Dispatcher:
