@@ -90,7 +90,8 @@ class Lab:
         )
         # Registered is not activated: the activation's reconcile (it removes a dead worker's
         # record) would otherwise race what the test does next. Its report's first line is last.
-        wait_for("the master's activation", lambda: f"master-{session} active" in said.read_text(errors="replace"))
+        active = f"master-{session} active"
+        wait_for("the master's activation", lambda: active in said.read_text(errors="replace"))
         return self.master
 
     def dispatcher(self, **env: str) -> Dispatcher:
