@@ -1,0 +1,115 @@
+"""A worker host's poll of its parent reads the parent's master entry by its key, not the whole
+state dir (issue 30.9): with a hundred agents each host's listing every ``watcherPollMs`` was most
+of the fleet's idle CPU. The whole listing stays the way to find a master whose key changed (a
+session switch re-keys it under the same process).
+
+A real registered, heartbeating parent process; the store's ``list`` is counted (our own seam).
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import attrs
+import pytest
+from helpers import Reaper, make_identity, spawn_registered_parent
+
+from pi_tmux_matrix import procs
+from pi_tmux_matrix.identity import ProcessIdentity, Role
+from pi_tmux_matrix.matrix import lifecycle
+from pi_tmux_matrix.matrix.store import ListResult, MatrixStore, now_ms
+from pi_tmux_matrix.supervise.record import OwnRecord
+from pi_tmux_matrix.supervise.worker import ParentState, WorkerSide
+
+
+class CountingStore(MatrixStore):
+    """The matrix store, counting its whole-directory listings."""
+
+    listings = 0
+
+    def list(self, *args: Any, **kwargs: Any) -> ListResult:
+        self.listings += 1
+        return super().list(*args, **kwargs)
+
+
+class Agent:
+    def steer(self, text: str, *, notice: bool = False) -> None:
+        pass
+
+
+@pytest.fixture
+def store(tmp_path: Any) -> CountingStore:
+    return CountingStore(tmp_path / "state")
+
+
+def _side(store: MatrixStore, parent: ProcessIdentity, session: str) -> WorkerSide:
+    me = procs.current()
+    entry = lifecycle.new_entry(
+        role=Role.WORKER,
+        identity=make_identity("w1"),
+        process=me,
+        now=now_ms(),
+        parent=parent,
+        parent_session_id=session,
+    )
+    registered = store.register(entry)
+    record = OwnRecord(store, registered.key, registered.registration, registered)
+    return WorkerSide(record, cast(Any, Agent()), Role.WORKER, me, 5.0, beat_window_s=30.0, parent=parent)
+
+
+def _parent(reaper: Reaper, store: MatrixStore, session: str) -> ProcessIdentity:
+    # Beating rarely: a test that moves its entry away must not see it end on a failed beat.
+    popen = reaper.popen(spawn_registered_parent(store.root, session, beat_s=600))
+    identity = procs.identify(popen.pid)
+    assert identity is not None
+    return identity
+
+
+def _crowd(store: MatrixStore, n: int) -> None:
+    """Other agents' entries: what a listing would read."""
+    for i in range(n):
+        store.register(
+            lifecycle.new_entry(
+                role=Role.WORKER,
+                identity=make_identity(f"other{i}"),
+                process=ProcessIdentity(10_000 + i, 1, "b"),
+                now=now_ms(),
+            )
+        )
+
+
+def test_the_parent_poll_reads_the_masters_entry_by_key_and_lists_nothing(
+    reaper: Reaper, store: CountingStore
+) -> None:
+    parent = _parent(reaper, store, "boss")
+    _crowd(store, 20)
+    side = _side(store, parent, "boss")
+    store.listings = 0
+    for _ in range(3):
+        assert side.look() is ParentState.ALIVE
+    assert store.listings == 0, "each poll read the whole state dir"
+
+
+def test_a_master_re_keyed_by_a_session_switch_is_still_found_by_its_process(
+    reaper: Reaper, store: CountingStore
+) -> None:
+    parent = _parent(reaper, store, "boss")
+    side = _side(store, parent, "boss")
+    # The master switched session: its entry is now under another key, same process. The old
+    # key is gone; the worker's entry still names the old session.
+    old = store.get("master-boss")
+    store.register(
+        attrs.evolve(old, key="master-boss2", identity=attrs.evolve(old.identity, session_id="boss2"))
+    )
+    store.delete("master-boss", old.generation)
+    store.listings = 0
+    assert side.look() is ParentState.ALIVE
+    assert store.listings == 1  # the fallback
+
+
+def test_a_parent_that_is_no_registered_master_is_still_lost(reaper: Reaper, store: CountingStore) -> None:
+    parent = _parent(reaper, store, "boss")
+    side = _side(store, parent, "boss")
+    store.delete("master-boss", store.get("master-boss").generation)
+    # Confirmed on a second look (a session switch closes the old entry just before the new).
+    assert [side.look(), side.look()] == [ParentState.ALIVE, ParentState.UNREGISTERED]
