@@ -7,6 +7,7 @@ Real hosts, the bundled stand-in agent, a private tmux server per test (``Lab``)
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -147,3 +148,52 @@ def test_with_the_matrix_off_a_program_that_cannot_start_still_ends_its_round(su
     result = wait_for("the round's result", lambda: sublab.result(fired.job.id, agent.agent_id), timeout=30)
     assert result.kind is ResultKind.EXITED and result.exit_code == 127, result
     assert sublab.store.list().entries == ()
+
+
+# A seam of this test's own: a sitecustomize that writes the interpreter's sys.modules to a file
+# on SIGUSR1 (which pi-matrix never uses), put on the host's PYTHONPATH by the fire.
+_DUMP_MODULES = """\
+import os, signal, sys
+
+def _dump(_signum, _frame):
+    with open(os.path.join({folder!r}, "modules-%d" % os.getpid()), "w") as out:
+        out.write("\\n".join(sorted(sys.modules)))
+
+signal.signal(signal.SIGUSR1, _dump)
+"""
+# What a host must not load on its way to idling with a job agent (issue 30.3): the converter
+# (cattrs, ~1.5 MiB with typing_extensions, dataclasses, datetime, base64, socket), psutil, and
+# what only other verbs use.
+NOT_IN_A_HOST = (
+    "cattrs", "typing_extensions", "dataclasses", "datetime", "base64", "socket", "psutil", "pluggy",
+    "rich", "tomllib", "uuid", "secrets", "pi_tmux_matrix.dispatch.manager", "pi_tmux_matrix.fork.launch",
+)  # fmt: skip
+
+
+def test_an_idle_job_host_loads_no_converter_no_psutil_no_socket(lab: Lab) -> None:  # noqa: F811
+    seam = lab.tmp / "seam"
+    seam.mkdir()
+    (seam / "sitecustomize.py").write_text(_DUMP_MODULES.format(folder=str(seam)))
+    lab.start_master()
+    assert lab.master is not None
+    from pi_tmux_matrix.dispatch.manager import FireRequest
+
+    request = FireRequest(
+        task="HANG until stopped", path=str(lab.work), socket=lab.socket, profile="stand-in",
+        parent_pid=lab.master.pid, parent_session=lab.master.identity.session_id,
+    )  # fmt: skip
+    path = os.pathsep.join(p for p in (str(seam), os.environ.get("PYTHONPATH", "")) if p)
+    fired = lab.dispatcher(PYTHONPATH=path).fire(request)
+    (agent,) = fired.job.agents
+    if agent.host is not None:
+        lab.started.append(agent.host)
+    entry = lab.worker(agent.key)
+    # Past its first heartbeats and parent polls (1 s each in the lab): what it loads on first use.
+    wait_for("two heartbeats", lambda: (e := lab.store.get(agent.key)).heartbeat_at and e, timeout=10)
+    time.sleep(2.5)
+    dump = seam / f"modules-{entry.pid}"
+    os.kill(entry.pid, signal.SIGUSR1)
+    modules = set(wait_for("the host's modules", lambda: dump.exists() and dump.read_text()).split())
+    assert "pi_tmux_matrix.supervise.host" in modules  # the dump is the host's
+    loaded = sorted(m for m in modules if m.split(".")[0] in NOT_IN_A_HOST or m in NOT_IN_A_HOST)
+    assert loaded == [], loaded

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -305,6 +304,10 @@ def listening(path: str) -> bool:
     """Whether a server listens on the socket file at all, answering or not: False when the file is
     missing or nobody accepts on it (the server is gone), True for a server that is there but hung
     (its kernel backlog still takes the connection). Runs no tmux: a connect only."""
+    # Imported here: a host imports this module for its pane's pipe and never asks this; socket
+    # (with array) would be ~0.2 MiB of each host (issue 30.3).
+    import socket
+
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(1.0)
     try:

@@ -28,7 +28,7 @@ import attrs
 
 from .. import strictjson
 from ..errors import CorruptEntry
-from ..matrix.codec import conv
+from ..matrix.codec import unstructure
 from ..matrix.fsio import read_state_file
 
 __all__ = [
@@ -111,7 +111,7 @@ class ClaimedUsage:
         ``{"advisory": true, "invalid": "why"}``."""
         if self.claimed is None:
             return {"advisory": True, "invalid": self.invalid or "unreadable"}
-        return {"advisory": True, "claimed": _present(conv().unstructure(self.claimed))}
+        return {"advisory": True, "claimed": _present(unstructure(self.claimed))}
 
 
 def _present(raw: Any) -> Any:

@@ -4,8 +4,10 @@ On disk everything is camelCase (pi's convention) with a ``schemaVersion``; in P
 snake_case. Primitives are structured strictly: ``"12"`` is not a pid and ``true`` is not 1.
 
 The converter is built on first use (:func:`conv`), and cattrs imported with it: listing reads
-entries through :mod:`.fastcodec`, so ``ls``/``tree``/``show`` and a host's own heartbeats need
-no cattrs at all (~10 ms of every such command's start-up).
+entries through :mod:`.fastcodec`, so ``ls``/``tree``/``show`` need no cattrs at all (~10 ms of
+every such command's start-up); :func:`structure` and :func:`unstructure` go through
+:mod:`.plaincodec` first, so a host, which reads its job and writes its entry and results all its
+life, never builds it either (~1.5 MiB of each host, issue 30.3).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import attrs
 
 from .. import strictjson
 from ..identity import Mode, Role
+from . import plaincodec
 from .model import OUTCOME_ALIASES, SCHEMA_VERSION, DirectiveKind, Entry, ExitKind, Outcome, Status, to_camel
 
 if TYPE_CHECKING:
@@ -33,6 +36,7 @@ __all__ = [
     "entry_document",
     "register_enum",
     "to_camel",
+    "unstructure",
     "unstructure_entry",
 ]
 
@@ -213,6 +217,10 @@ def _explain(data: Any, cls: type[Any], fallback: BaseException) -> str:
 def structure(data: Any, cls: type[T]) -> T:
     """Structure ``data`` as ``cls`` or raise :class:`DecodeError` with one readable line."""
     try:
+        return plaincodec.structure(data, cls)  # no cattrs for a valid record (a host's reads)
+    except plaincodec.Unsure:
+        pass
+    try:
         return conv().structure(data, cls)
     except Exception as exc:  # noqa: BLE001 - hostile input can fail in any structuring step
         raise DecodeError(_explain(data, cls, exc)) from None
@@ -220,8 +228,17 @@ def structure(data: Any, cls: type[T]) -> T:
 
 def unstructure_entry(entry: Entry) -> dict[str, Any]:
     """The on-disk (camelCase) form of ``entry``."""
-    result: dict[str, Any] = conv().unstructure(entry)
+    result: dict[str, Any] = unstructure(entry)
     return result
+
+
+def unstructure(record: Any) -> Any:
+    """The on-disk (camelCase) form of an attrs record: the converter's, without building it
+    (a host writes its entry and results all its life, and needs no cattrs for that)."""
+    try:
+        return plaincodec.unstructure(record)
+    except plaincodec.Unsure:
+        return conv().unstructure(record)
 
 
 def encode_entry(entry: Entry) -> bytes:

@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 from .. import strictjson
 from ..errors import CorruptEntry
 from ..identity import ID_PATTERN, validate_id
-from .codec import MAX_ENTRY_BYTES, DecodeError, conv, structure
+from .codec import MAX_ENTRY_BYTES, DecodeError, structure, unstructure
 from .fsio import durable_unlink, durable_write, opened_dir, read_bounded
 from .statedir import LOCKS, QUARANTINE, RESERVED_DIRS, SUFFIX, Problem, StateDir
 
@@ -278,7 +278,7 @@ class Records(Generic[T]):
     @staticmethod
     def encode(record: T) -> dict[str, Any]:
         """The on-disk (camelCase) mapping of ``record``."""
-        raw: dict[str, Any] = conv().unstructure(record)
+        raw: dict[str, Any] = unstructure(record)
         return raw
 
     def find(self, name: str) -> T | None:
