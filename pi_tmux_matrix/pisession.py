@@ -44,6 +44,7 @@ __all__ = [
     "run_outcome",
     "session_file_of",
     "session_lines",
+    "sync_header",
     "whole_lines",
     "write_header",
 ]
@@ -146,9 +147,11 @@ def _read_session(
         os.close(fd)
 
 
-def write_header(session_file: str, session_id: str, cwd: str) -> None:
+def write_header(session_file: str, session_id: str, cwd: str, *, sync: bool = True) -> bool:
     """Create a pi session file holding only its header (pi appends to exactly that file and
-    keeps the header's id), unless it exists. The folder is the agent dir's, made 0700."""
+    keeps the header's id), unless it exists; True if it was created. The folder is the agent
+    dir's, made 0700. ``sync=False``: not fsynced yet, the caller does it (:func:`sync_header`)
+    before it tells anyone the agent started (a fire: beside its tmux call, issue 30.4)."""
     path = Path(session_file)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + ".000Z"
@@ -156,11 +159,25 @@ def write_header(session_file: str, session_id: str, cwd: str) -> None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except FileExistsError:
-        return
+        return False
     data = (json.dumps(header) + "\n").encode()
     try:
         while data:
             data = data[os.write(fd, data) :]
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
+def sync_header(session_file: str) -> None:
+    """fsync a header :func:`write_header` wrote with ``sync=False`` (an fsync through any open
+    file of it flushes what the other wrote): a crash then leaves the header whole, never an
+    empty file that ``resume`` would refuse as headerless."""
+    # Opened to be flushed, not read (nor created: it is there); never through a symlink.
+    fd = os.open(session_file, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
         os.fsync(fd)
     finally:
         os.close(fd)

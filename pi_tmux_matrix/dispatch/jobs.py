@@ -52,9 +52,11 @@ class JobStore:
         self.results = Records(store, "results", AgentResult)
 
     # -- jobs -------------------------------------------------------------------------------------
-    def create(self, job: Job) -> Job:
+    def create(self, job: Job, *, sync_dir: bool = True) -> Job:
+        """Write a new job record. ``sync_dir=False``: whole and visible, but durable only once
+        the next durable write to ``jobs/`` (the fire's own update of it) fsyncs the folder."""
         validate_id(job.id, "job id")
-        if not self.jobs.put(job.id, job, exclusive=True):
+        if not self.jobs.put(job.id, job, exclusive=True, sync_dir=sync_dir):
             raise CorruptEntry(self.jobs.path(job.id), "a job with this id already exists")
         # Before any agent starts: its usage claim goes beside its results (claim_path).
         self.store.side_dir("results")

@@ -32,22 +32,20 @@ from ..errors import (
     AgentNotFound,
     ContractError,
     DispatchError,
-    EntryExists,
     JobNotFound,
     PiMatrixError,
     TmuxUnavailable,
 )
-from ..identity import AgentIdentityContract, ProcessIdentity, Role
-from ..matrix import lifecycle
 from ..matrix.mailbox import Inbox, addressee, encode_message
-from ..matrix.model import Entry, Status
+from ..matrix.model import Entry
 from ..matrix.store import MatrixStore, RecordStore, now_ms
 from ..matrix.tickets import LaunchTickets
 from ..settings import MatrixSettings
-from .backends import DEFAULT_SOCKET, TMUX_SESSION, Backend, backend_named, backends, start_fenced
+from .backends import DEFAULT_SOCKET, TMUX_SESSION, Backend, backends
 from .confirm import check_programs, confirm_starts, record_failures, settle_starts
 from .hostless import settle
 from .jobs import JobStore, new_nonce, result_now
+from .launching import Beside, launch_one
 from .model import MAX_ROUND, TMUX, AgentLaunch, AgentResult, Job, JobAgent, PlannedAgent, ResultKind
 from .plan import LIVE, MAX_DEADLINE_S, MAX_TASK_BYTES, FireRequest, Planner, marker_instruction
 from .plugins import plugin_manager
@@ -180,22 +178,34 @@ class Dispatcher:
         with self._cap_lock():
             self.planner.check_room(job, planned)
             self._check_launch_key(request, job, archive=True)
-            self.jobs.create(job)
+            # Written whole (its bytes fsynced before it gets its name) and visible before any
+            # host starts (each reads it), but its folder is fsynced once, by the update below
+            # (always run, same folder), not twice (issue 30.4: each fsync is a journal commit a
+            # series of fires waits for in turn). Until then only its hosts know of it; a crash
+            # that undoes it (an OS crash: fsync guards nothing else) ends those hosts too, and
+            # the fire that made it never returned.
+            self.jobs.create(job, sync_dir=False)
             launched: list[JobAgent] = []
+            beside = Beside()  # what the launches owe and nothing waits for (dispatch/launching.py)
+            store = self.store if self.settings.enabled else None
             try:
                 for agent, plan in zip(job.agents, planned, strict=True):
-                    launched.append(self._launch_one(job, agent, plan))
+                    launched.append(launch_one(self.backends, store, job.id, agent, plan, beside=beside))
             except PiMatrixError as exc:
-                done = ", ".join(a.agent_id for a in launched) or "none"
-                raise DispatchError(
-                    f"fire: job {job.id}: launch failed ({exc}); already running: {done}"
-                ) from exc
+                failure = f"fire: job {job.id}: launch failed ({exc}); {_running(launched)}"
+                raise DispatchError(failure) from exc
             finally:
                 by_id = {a.agent_id: a for a in launched}
-                job = self.jobs.update(
-                    job.id,
-                    lambda j: attrs.evolve(j, agents=tuple(by_id.get(a.agent_id, a) for a in j.agents)),
-                )
+                try:
+                    job = self.jobs.update(
+                        job.id,
+                        lambda j: attrs.evolve(j, agents=tuple(by_id.get(a.agent_id, a) for a in j.agents)),
+                    )
+                finally:
+                    unwritten = beside.join()
+            if unwritten:
+                what, error = unwritten[0]
+                raise DispatchError(f"fire: job {job.id}: {what}: {error}; {_running(launched)}") from error
         # The start is not waited for unless asked (issue 30 point 4): a series of fires must not
         # wait on each host's start in turn. A failed start still reaches the job and the entry:
         # the host records it (its round thread writes the result), or ``jobs``/``job`` settles a
@@ -266,31 +276,6 @@ class Dispatcher:
         if not self.settings.enabled:
             return contextlib.nullcontext()
         return RecordStore(self.store, "jobs").locked("fire-cap")
-
-    def _launch_one(self, job: Job, agent: JobAgent, plan: PlannedAgent) -> JobAgent:
-        if agent.provider == "pi" and agent.session_file is not None:
-            pisession.write_header(agent.session_file, agent.session_id, plan.cwd)
-        backend = backend_named(self.backends, agent.backend)
-        store = self.store if self.settings.enabled else None
-        launched = start_fenced(backend, store, job.id, agent, plan).recorded(agent)
-        if self.settings.enabled and launched.host is not None:
-            self._publish_launching(plan.launch, launched.host)
-        return launched
-
-    def _publish_launching(self, launch: AgentLaunch, host: ProcessIdentity) -> None:
-        """The launcher publishes the host's pid before the host registers (seed 000)."""
-        identity = AgentIdentityContract(
-            agent_id=launch.agent_id, session_id=launch.session_id, session_file=launch.session_file,
-            cwd=launch.cwd, worktree=launch.worktree, lane=launch.lane, profile=launch.profile.name,
-            provider=launch.profile.provider, mode=launch.profile.mode,
-        )  # fmt: skip
-        entry = lifecycle.new_entry(
-            role=Role.WORKER, identity=identity, process=host, now=now_ms(), parent=launch.parent,
-            parent_session_id=launch.parent_session, task_ref=launch.task_ref, task_summary=launch.task,
-            status=Status.LAUNCHING,
-        )  # fmt: skip
-        with contextlib.suppress(EntryExists):  # the host registered first: its registration is the record
-            self.store.create(entry)
 
     # -- jobs (dispatch/views.py, dispatch/reconcile_tmux.py) ----------------------------------------
     def view(self, job: Job, *, tmux_state: Mapping[str, TmuxState] | None = None) -> JobView:
@@ -423,6 +408,10 @@ class Dispatcher:
         if unwritten:
             raise DispatchError(f"stop: {job_id}: its agents were stopped, but not recorded: {unwritten[0]}")
         return job, written
+
+
+def _running(launched: Sequence[JobAgent]) -> str:
+    return "already running: " + (", ".join(a.agent_id for a in launched) or "none")
 
 
 def _followup(text: str, nonce: str, usage_file: str) -> str:

@@ -63,7 +63,14 @@ def _write_all(fd: int, data: bytes) -> None:
 
 # --- writing -----------------------------------------------------------------------------------
 def durable_write(
-    dir_fd: int, name: str, data: bytes, *, exclusive: bool, path: str, tmp: str | None = None
+    dir_fd: int,
+    name: str,
+    data: bytes,
+    *,
+    exclusive: bool,
+    path: str,
+    tmp: str | None = None,
+    sync_dir: bool = True,
 ) -> None:
     """Write ``name`` in ``dir_fd`` so a crash leaves the whole old or the whole new version.
 
@@ -71,6 +78,13 @@ def durable_write(
     the name is taken) -> fsync the directory. The caller holds the name's lock, which is what
     makes the one fixed temp name per file safe. Any failure is a StoreError and the write was
     not acknowledged.
+
+    ``sync_dir=False`` leaves out the last fsync: the new version is visible at once and still
+    whole whenever a crash keeps it (its bytes reached the disk before it got its name), but a
+    crash may undo it, leaving the old version (or, for a create, nothing). Only for a caller
+    whose next write to the same folder is a durable one made before anyone relies on this one
+    surviving a crash (that folder's fsync then keeps both), or whose record a crash makes moot;
+    each such caller says which, where it asks.
     """
     # ``tmp``: a writer that holds no lock on the name (a launch ticket) brings its own temp name.
     tmp = tmp or f".{name}.tmp"
@@ -98,7 +112,8 @@ def durable_write(
         else:
             os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             committed = True
-        _fsync(dir_fd)
+        if sync_dir:
+            _fsync(dir_fd)
     except FileExistsError:
         raise
     except OSError as exc:

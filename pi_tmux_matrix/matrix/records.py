@@ -93,10 +93,13 @@ class RecordStore:
         except FileNotFoundError:
             return None
 
-    def _write(self, fd: int, name: str, record: dict[str, Any], *, exclusive: bool) -> None:
+    def _write(
+        self, fd: int, name: str, record: dict[str, Any], *, exclusive: bool, sync_dir: bool = True
+    ) -> None:
         file_name = self._name(name)
         data = (json.dumps(record) + "\n").encode()
-        durable_write(fd, file_name, data, exclusive=exclusive, path=str(self.root / file_name))
+        path = str(self.root / file_name)
+        durable_write(fd, file_name, data, exclusive=exclusive, path=path, sync_dir=sync_dir)
 
     def get(self, name: str) -> dict[str, Any] | None:
         """The record, None if absent (no lock: every read sees a whole version)."""
@@ -104,11 +107,14 @@ class RecordStore:
         with self._dir_fd(create=False) as fd:
             return None if fd is None else self._read(fd, name)
 
-    def put(self, name: str, record: dict[str, Any], *, exclusive: bool = False) -> bool:
-        """Write the record; with ``exclusive`` only if absent (False when it was taken)."""
+    def put(
+        self, name: str, record: dict[str, Any], *, exclusive: bool = False, sync_dir: bool = True
+    ) -> bool:
+        """Write the record; with ``exclusive`` only if absent (False when it was taken).
+        ``sync_dir=False``: whole but not yet durable (see :func:`~.fsio.durable_write`)."""
         with self.locked(name) as fd:
             try:
-                self._write(fd, name, record, exclusive=exclusive)
+                self._write(fd, name, record, exclusive=exclusive, sync_dir=sync_dir)
             except FileExistsError:
                 return False
         return True
@@ -293,9 +299,10 @@ class Records(Generic[T]):
             raise self._missing(name)
         return record
 
-    def put(self, name: str, record: T, *, exclusive: bool = False) -> bool:
-        """Write the record; with ``exclusive`` only if absent (False when it was taken)."""
-        return self.files.put(name, self.encode(record), exclusive=exclusive)
+    def put(self, name: str, record: T, *, exclusive: bool = False, sync_dir: bool = True) -> bool:
+        """Write the record; with ``exclusive`` only if absent (False when it was taken).
+        ``sync_dir=False``: whole but not yet durable (see :func:`~.fsio.durable_write`)."""
+        return self.files.put(name, self.encode(record), exclusive=exclusive, sync_dir=sync_dir)
 
     def update(self, name: str, change: Callable[[T], T | None]) -> T:
         """Change the record under its lock (``change`` returning None writes nothing); returns

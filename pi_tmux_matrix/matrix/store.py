@@ -228,12 +228,13 @@ class MatrixStore(StateDir):
         return ListResult(tuple(e for _, e, _ in entries), tuple(r for _, _, r in entries), tuple(problems))
 
     # -- writing ----------------------------------------------------------------------------------
-    def _write(self, root_fd: int, key: str, entry: Entry, *, exclusive: bool) -> None:
+    def _write(self, root_fd: int, key: str, entry: Entry, *, exclusive: bool, sync_dir: bool = True) -> None:
         name = key + SUFFIX
         data = encode_entry(entry)
         self._written.pop(key, None)  # a failed write leaves nothing known
+        path = f"{self.root}{os.sep}{name}"
         try:
-            durable_write(root_fd, name, data, exclusive=exclusive, path=f"{self.root}{os.sep}{name}")
+            durable_write(root_fd, name, data, exclusive=exclusive, path=path, sync_dir=sync_dir)
         except FileExistsError:
             raise EntryExists(key, None) from None
         self._written[key] = (data, entry)
@@ -248,14 +249,16 @@ class MatrixStore(StateDir):
             return attrs.evolve(entry, generation=token, registration=token, updated_at=now)
         return attrs.evolve(entry, generation=token, updated_at=now)
 
-    def create(self, entry: Entry) -> Entry:
-        """Write a new entry; :class:`EntryExists` if the key is taken. Returns it stamped."""
+    def create(self, entry: Entry, *, sync_dir: bool = True) -> Entry:
+        """Write a new entry; :class:`EntryExists` if the key is taken. Returns it stamped.
+        ``sync_dir=False``: whole and visible, not made durable (see :func:`.fsio.durable_write`:
+        only for an entry a crash makes moot)."""
         with self.locked(entry.key) as root_fd:
             found = self._try_read(root_fd, entry.key)
             if found is not None:
                 raise EntryExists(entry.key, found)
             stamped = self._stamp(entry, register=True)
-            self._write(root_fd, entry.key, stamped, exclusive=True)
+            self._write(root_fd, entry.key, stamped, exclusive=True, sync_dir=sync_dir)
             return stamped
 
     def register(
