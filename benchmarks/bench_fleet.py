@@ -5,8 +5,8 @@ baseline measured in the same run.
 
 A real ``pi-matrix master --headless`` (heartbeating) owns N agents fired one after another by
 ``Dispatcher.fire`` (the bundled stand-in, task ``HANG``, so each stays up) into a private tmux
-server. Default settings, except ``maxConcurrentAgents``: it is a cap per working directory
-bounded at 64, so the agents are spread over as many working directories as that needs.
+server. Default settings, except ``maxConcurrentAgents`` (a cap per working directory, bounded at
+256): set to N, in one working directory (more than 256 spread over as many as that needs).
 
 1. PSS (``/proc/PID/smaps_rollup``) of our processes per agent: its host, and apart from it the
    helpers tmux runs for us (the ``cat`` of each pane's ``pipe-pane``). Baseline: the PSS of a

@@ -51,7 +51,7 @@ BOUNDS: Final[dict[str, tuple[int, int, int]]] = {
     "adoptionGraceMs": (300_000, 5_000, 3_600_000),
     "watcherPollMs": (25_000, 1_000, 600_000),
     # The dispatcher's cap of live agents per working directory (issue 4), not a time.
-    "maxConcurrentAgents": (3, 1, 64),
+    "maxConcurrentAgents": (3, 1, 256),
     # Running fork runs per working directory (seed 003's MAX_CONCURRENT_FORKS).
     "maxConcurrentForks": (3, 1, 64),
     # Each agent's events file (issue 28): past this many bytes it is rotated to ``.jsonl.1``

@@ -102,7 +102,7 @@ def test_seed_defaults_and_bounds() -> None:
         "heartbeatMs": (30_000, 1_000, 600_000),
         "adoptionGraceMs": (300_000, 5_000, 3_600_000),
         "watcherPollMs": (25_000, 1_000, 600_000),
-        "maxConcurrentAgents": (3, 1, 64),
+        "maxConcurrentAgents": (3, 1, 256),
         "maxConcurrentForks": (3, 1, 64),
         "eventsMaxBytes": (4 * 1024 * 1024, 64 * 1024, 1024 * 1024 * 1024),
         "historyRetentionDays": (30, 1, 3650),
