@@ -83,7 +83,11 @@ def register(sub: Any, epilog: str) -> None:
 def _identity_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("identity")
     group.add_argument("--session-id", metavar="ID", help="the agent's session id (default: a new one)")
-    group.add_argument("--session-file", metavar="FILE", help="the agent's exact session file")
+    group.add_argument(
+        "--session-file",
+        metavar="FILE",
+        help="the agent's exact session file (a new one of pi gets its header first)",
+    )
     group.add_argument("--cwd", metavar="DIR", help="the agent's working directory")
     group.add_argument("--worktree", metavar="DIR", help="the lane's worktree")
     group.add_argument("--resource", action="append", default=[], metavar="PATH", help="a resource pointer")
@@ -227,6 +231,13 @@ def cmd_host(args: argparse.Namespace, io: Io) -> int:
             )
             io.err.write(f"pi-matrix host: {why}; nothing started\n")
             return 1
+    if identity.is_pi and identity.session_file is not None:
+        # As a fire does (and a master): a new session file gets its header with this host's
+        # session id before pi starts, so pi keeps that id. Else pi writes its own, and its
+        # first identity report would close this entry as a session switch (issue 32.13).
+        from ..pisession import write_header
+
+        write_header(identity.session_file, session_id, identity.cwd or os.getcwd())
     host = AgentHost(spec, store, settings, out=io.out)
     rounds = rounds_for(
         store, args.job, args.job_agent, key=host.key, role=host.role, pane=os.environ.get(ENV_TMUX_PANE)
