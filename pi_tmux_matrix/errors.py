@@ -153,9 +153,13 @@ class AdoptionRefused(PiMatrixError):
 class StoreError(PiMatrixError):
     """The entry store could not complete an operation; nothing was committed."""
 
-    def __init__(self, message: str, *, path: str | None = None, errno: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, path: str | None = None, errno: int | None = None, committed: bool = False
+    ) -> None:
         self.path = path
         self.errno = errno
+        # The new version was in place when the write failed (only its folder's fsync did).
+        self.committed = committed
         super().__init__(message)
 
 

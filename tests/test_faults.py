@@ -259,12 +259,12 @@ def test_11_a_failed_event_append_costs_the_line_not_the_host_and_a_failed_post_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The disk refuses: the event log is best effort (a folder where its file goes), and a
-    message that cannot be queued (ENOSPC forced at the mailbox's own write seam) is a
+    message that cannot be queued (ENOSPC forced at fsio's write seam) is a
     StoreError naming the key, with no half message left behind."""
     import errno
 
     from pi_tmux_matrix.errors import StoreError
-    from pi_tmux_matrix.matrix import mailbox
+    from pi_tmux_matrix.matrix import fsio
     from pi_tmux_matrix.matrix.mailbox import EventLog, Inbox
     from pi_tmux_matrix.matrix.store import MatrixStore
 
@@ -275,10 +275,43 @@ def test_11_a_failed_event_append_costs_the_line_not_the_host_and_a_failed_post_
     def full(_fd: int, _data: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(mailbox, "_write_all", full)
-    with pytest.raises(StoreError, match="worker-w1: the message could not be queued"):
+    monkeypatch.setattr(fsio, "_write_all", full)
+    refused = r"worker-w1: the message could not be queued \(No space left on device\)"
+    with pytest.raises(StoreError, match=refused):
         Inbox(store, "worker-w1").post("stop", sender="test")
     assert list((store.root / "mailbox" / "worker-w1").iterdir()) == []
+
+
+def test_11b_a_post_whose_folder_fsync_fails_is_queued_and_says_it_may_not_survive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32.6: the mailbox writes through fsio's one durable write, so its two outcomes are
+    fsio's: the message file's fsync passes and its folder's fails (EIO forced at fsio's seam):
+    the message is there, whole, and the error says it may not survive a crash."""
+    import errno
+
+    from pi_tmux_matrix.errors import StoreError
+    from pi_tmux_matrix.matrix import fsio
+    from pi_tmux_matrix.matrix.mailbox import Inbox
+    from pi_tmux_matrix.matrix.store import MatrixStore
+
+    store = MatrixStore(tmp_path / "state")
+    folder = store.side_dir("mailbox", "worker-w1")
+    synced: list[int] = []
+
+    def folder_fails(fd: int) -> None:
+        if os.path.samefile(f"/proc/self/fd/{fd}", folder):
+            raise OSError(errno.EIO, "Input/output error")
+        synced.append(fd)
+        os.fsync(fd)
+
+    monkeypatch.setattr(fsio, "_fsync", folder_fails)
+    unsure = r"worker-w1: the message is queued but may not survive a crash \(Input"
+    with pytest.raises(StoreError, match=unsure):
+        Inbox(store, "worker-w1").post("stop", sender="test")
+    assert synced, "the message file itself was fsynced through the seam"
+    (queued,) = Inbox(store, "worker-w1").take()
+    assert queued.kind == "stop" and queued.sender == "test"
 
 
 def _spawn_on_pid(pid: int) -> subprocess.Popen[bytes] | None:

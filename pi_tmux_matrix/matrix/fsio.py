@@ -122,6 +122,7 @@ def durable_write(
             f"{path}: write failed ({exc.strerror}){note}; the change was not acknowledged",
             path=path,
             errno=exc.errno,
+            committed=committed,
         ) from None
     finally:
         if not committed:

@@ -16,7 +16,6 @@ Three small append-or-drop channels beside the entries (never the entries themse
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import logging
@@ -30,7 +29,7 @@ import attrs
 from .. import strictjson
 from ..errors import ContractError, CorruptEntry, PiMatrixError, StoreError
 from ..settings import EVENTS_MAX_BYTES
-from .fsio import DIR_FLAGS, open_append, opened_dir, read_bounded, read_tail
+from .fsio import DIR_FLAGS, durable_write, open_append, opened_dir, read_bounded, read_tail
 from .layout import MAILBOX, inbox_name, notices_name
 from .model import MAX_REASON, MAX_TEXT, Outcome
 from .store import MatrixStore, now_ms
@@ -72,7 +71,6 @@ MESSAGE_KINDS: Final = frozenset(
 MAX_MESSAGE_BYTES: Final = 64 * 1024
 ROUND_TEXT_CHARS: Final = MAX_TEXT  # of a round's own output a watcher sends its host
 _ROUND_OUTCOMES: Final = {"done": Outcome.DONE, "blocked": Outcome.BLOCKED}
-_O_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
 # One events line at most (a bigger record is replaced by a marker naming its size): what
 # ``EventLog.tail`` parses, so every line written can be read back.
 EVENT_LINE_BYTES: Final = 64 * 1024
@@ -199,11 +197,6 @@ def _append(path: Path, data: bytes, max_bytes: int | None = None) -> None:
             os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    while data:
-        data = data[os.write(fd, data) :]
-
-
 class Inbox:
     """``mailbox/<key>/``: the host's command queue."""
 
@@ -222,36 +215,25 @@ class Inbox:
         ``to`` when the sender knows it (see :class:`Message`)."""
         body = encode_message(kind, text, sender, to=to)
         name = f"{now_ms():015d}-{os.urandom(4).hex()}.json"
-        tmp = self.path / f".{name}.tmp"
+        directory = self.store.side_dir(MAILBOX, inbox_name(self.key))
+        final = directory / name
         try:
-            directory = self.store.side_dir(MAILBOX, inbox_name(self.key))
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _O_CLOEXEC, 0o600)
-            try:
-                _write_all(fd, body)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            final = directory / name
-            os.replace(tmp, final)
-        except OSError as exc:
-            # A full disk (or any other refusal): one clear error, and no half message left to read.
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            with opened_dir(directory, create=False) as dir_fd:
+                if dir_fd is None:  # pragma: no cover - side_dir just made it
+                    raise StoreError(f"{directory}: the mailbox folder is gone", path=str(directory))
+                # The one durable write of the state dir (a unique name: no lock needed).
+                durable_write(dir_fd, name, body, exclusive=False, path=str(final))
+        except StoreError as exc:
+            # A full disk (or any other refusal): one clear error, and no half message left to
+            # read; or the message is in place but its folder's fsync failed.
+            why = os.strerror(exc.errno) if exc.errno else str(exc)
+            if exc.committed:
+                raise StoreError(
+                    f"{self.key}: the message is queued but may not survive a crash ({why})",
+                    path=str(final), errno=exc.errno,
+                ) from None  # fmt: skip
             raise StoreError(
-                f"{self.key}: the message could not be queued ({exc.strerror or exc}); nothing was sent",
-                path=str(tmp), errno=exc.errno,
-            ) from None  # fmt: skip
-        try:
-            # The folder too, as fsio.durable_write does: a message its sender was told of
-            # survives a crash (the rename alone may not).
-            dir_fd = os.open(directory, DIR_FLAGS)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        except OSError as exc:
-            raise StoreError(
-                f"{self.key}: the message is queued but may not survive a crash ({exc.strerror or exc})",
+                f"{self.key}: the message could not be queued ({why}); nothing was sent",
                 path=str(final), errno=exc.errno,
             ) from None  # fmt: skip
         return final
