@@ -84,7 +84,7 @@ def test_an_agent_that_ends_without_its_marker_gets_its_exit_as_the_rounds_resul
     folder.mkdir(exist_ok=True)
     (folder / "standin-print.toml").write_text(
         '[profile]\nname = "standin-print"\nprovider = "pi"\n'
-        'command = ["{python}", "-m", "pi_tmux_matrix.standin"]\nmode = "print"\ndeadline = 120\n'
+        'command = ["{python}", "-m", "pi_tmux_matrix.testing.standin"]\nmode = "print"\ndeadline = 120\n'
     )
     lab.start_master()
     fired = lab.fire("FAIL on purpose", profile="standin-print")
@@ -101,7 +101,7 @@ def test_the_deadline_stops_the_agent_with_the_mailbox_disk_full(sublab: Lab) ->
     only) the agent is still stopped and recorded timed out (review finding on 30.1)."""
     from test_faults_more import _full_disk
 
-    from pi_tmux_matrix.dispatch.manager import FireRequest
+    from pi_tmux_matrix.dispatch.request import FireRequest
 
     sublab.start_master()
     assert sublab.master is not None
@@ -136,7 +136,7 @@ def test_with_the_matrix_off_a_program_that_cannot_start_still_ends_its_round(su
         f'[profile]\nname = "missing"\nprovider = "custom"\ncommand = ["{broken}"]\n'
         'mode = "interactive"\ndeadline = 60\n'
     )
-    from pi_tmux_matrix.dispatch.manager import FireRequest
+    from pi_tmux_matrix.dispatch.request import FireRequest
 
     fired = sublab.dispatcher().fire(
         FireRequest(task="say hi", profile="missing", path=str(sublab.work), backend="subprocess")
