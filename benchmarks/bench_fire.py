@@ -40,12 +40,14 @@ import attrs
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.confirm import CONFIRM_S
-from pi_tmux_matrix.dispatch.manager import Dispatcher, FireRequest
+from pi_tmux_matrix.dispatch.manager import Dispatcher
+from pi_tmux_matrix.dispatch.request import FireRequest
 from pi_tmux_matrix.identity import AgentIdentityContract, ProcessIdentity, Role
 from pi_tmux_matrix.matrix import lifecycle
 from pi_tmux_matrix.matrix.model import Status
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
 from pi_tmux_matrix.settings import load_settings
+from pi_tmux_matrix.testing.knobs import plugins_with_knobs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -111,8 +113,9 @@ def run(agents: int, root: Path) -> dict[str, Any]:
             store = MatrixStore(root / f"state-{side}")
             _register_master(store, master_id)
             dispatcher = Dispatcher(
-                store, load_settings(work, env), env=dict(env, PI_MATRIX_STATE_DIR=str(store.root))
-            )
+                store, load_settings(work, env), env=dict(env, PI_MATRIX_STATE_DIR=str(store.root)),
+                plugins=plugins_with_knobs(env),
+            )  # fmt: skip
             socket = f"pm-bench-fire-{tag}-{side}"
             sockets.append(socket)
             planned: list[tuple[list[str], dict[str, str]]] = []

@@ -45,12 +45,14 @@ from pathlib import Path
 from typing import Any
 
 from pi_tmux_matrix import procs
-from pi_tmux_matrix.dispatch.manager import Dispatcher, FireRequest
+from pi_tmux_matrix.dispatch.manager import Dispatcher
+from pi_tmux_matrix.dispatch.request import FireRequest
 from pi_tmux_matrix.identity import AgentIdentityContract, ProcessIdentity, Role
 from pi_tmux_matrix.matrix import lifecycle
 from pi_tmux_matrix.matrix.model import Status
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
 from pi_tmux_matrix.settings import BOUNDS, load_settings
+from pi_tmux_matrix.testing.knobs import plugins_with_knobs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SESSION = "bench-fleet"
@@ -219,7 +221,10 @@ def fire_fleet(
 ) -> tuple[float, list[tuple[list[str], dict[str, str], str]]]:
     """Fire ``count`` agents one after another; the time until all are up, and what was launched."""
     settings = load_settings(works[0], env)
-    dispatcher = Dispatcher(store, settings, env=dict(env, PI_MATRIX_STATE_DIR=str(store.root)))
+    dispatcher = Dispatcher(
+        store, settings, env=dict(env, PI_MATRIX_STATE_DIR=str(store.root)),
+        plugins=plugins_with_knobs(env, matrix=settings.enabled),
+    )  # fmt: skip
     planned: list[tuple[list[str], dict[str, str], str]] = []
     t0 = time.perf_counter()
     for i in range(count):

@@ -217,7 +217,7 @@ def bare_writes(folder: Path, data: bytes, count: int) -> list[float]:
 def rss(root: Path, env: dict[str, str]) -> dict[str, Any]:
     state = root / "rss"
     parent = spawn_master(state, env)
-    child = [sys.executable, "-m", "pi_tmux_matrix.standin", "--no-session", "HANG"]
+    child = [sys.executable, "-m", "pi_tmux_matrix.testing.standin", "--no-session", "HANG"]
     host = spawn(host_argv(state, "rss", parent.pid, child), env)
     try:
         started = wait_for(

@@ -60,18 +60,18 @@ _LAZY: Final[dict[str, str]] = {
     "Status": ".matrix.model",
     "entry_key": ".identity",
     "load_settings": ".settings",
-    "now_ms": ".matrix.store",
+    "now_ms": ".matrix.tokens",
     "parse_env": ".contract",
     "reconcile": ".matrix.reconcile",
-    "resolve_state_dir": ".settings",
+    "resolve_state_dir": ".paths",
     "AgentLaunch": ".dispatch.model",
     "AgentResult": ".dispatch.model",
     "Dispatcher": ".dispatch.manager",
-    "FireRequest": ".dispatch.manager",
+    "FireRequest": ".dispatch.request",
     "FireResult": ".dispatch.manager",
     "Job": ".dispatch.model",
     "JobAgent": ".dispatch.model",
-    "PlannedAgent": ".dispatch.manager",
+    "PlannedAgent": ".dispatch.model",
     "ProfileSet": ".dispatch.profile",
     "Relaunch": ".dispatch.model",
     "ResultKind": ".dispatch.model",
@@ -86,17 +86,20 @@ _LAZY: Final[dict[str, str]] = {
 if TYPE_CHECKING:  # what mypy and IDEs see for the lazy names; never executed
     from .contract import LaunchContract, parse_env
     from .dispatch.hookspecs import hookimpl
-    from .dispatch.manager import Dispatcher, FireRequest, FireResult, PlannedAgent
-    from .dispatch.model import AgentLaunch, AgentResult, Job, JobAgent, Relaunch, ResultKind
+    from .dispatch.manager import Dispatcher, FireResult
+    from .dispatch.model import AgentLaunch, AgentResult, Job, JobAgent, PlannedAgent, Relaunch, ResultKind
     from .dispatch.profile import ProfileSet, WorkerLaunchProfile, load_profiles
+    from .dispatch.request import FireRequest
     from .dispatch.tmux import TmuxServer
     from .identity import AgentIdentityContract, Mode, ProcessIdentity, Role, entry_key
     from .matrix.lifecycle import new_entry
     from .matrix.model import Entry, Status
     from .matrix.reconcile import Facts, Plan, reconcile
-    from .matrix.store import MatrixStore, now_ms
+    from .matrix.store import MatrixStore
+    from .matrix.tokens import now_ms
+    from .paths import resolve_state_dir
     from .procs import current as current_process
-    from .settings import MatrixSettings, load_settings, resolve_state_dir
+    from .settings import MatrixSettings, load_settings
 
 __all__ = [
     "AdoptionRefused",

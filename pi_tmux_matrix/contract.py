@@ -30,6 +30,7 @@ from .identity import Role, validate_id, validate_task_ref
 
 __all__ = [
     "CONTRACT_ENV",
+    "DEFAULT_SOCKET",
     "ENV_AGENT_DIR",
     "ENV_AGENT_ID",
     "ENV_ALLOWED_PATHS",
@@ -37,6 +38,9 @@ __all__ = [
     "ENV_CLI",
     "ENV_DONE_MARKER",
     "ENV_FORK",
+    "ENV_FORK_RESULT_PATH",
+    "ENV_FORK_RUN_ID",
+    "ENV_FORK_TASK",
     "ENV_HOST_PID",
     "ENV_KEY",
     "ENV_MAILBOX",
@@ -104,6 +108,7 @@ ENV_PI_COMMAND: Final = "PI_MATRIX_PI_COMMAND"
 # How the bridge answers pi's project_trust event (pi >= 0.79): "yes", "no", or unset (pi decides).
 ENV_PROJECT_TRUST: Final = "PI_MATRIX_PROJECT_TRUST"
 ENV_TMUX_SOCKET: Final = "PI_MATRIX_TMUX_SOCKET"
+DEFAULT_SOCKET: Final = "pi-matrix"  # the dispatcher's own tmux server (tmux -L) without the above
 ENV_TMUX: Final = "TMUX"  # set by tmux in every pane: "<socket path>,<server pid>,<session>"
 ENV_TMUX_PANE: Final = "TMUX_PANE"  # set by tmux in every pane: its id, e.g. %3
 # Every PI_MATRIX_* name is the product's: a profile may not set one (it would forge a marker,
@@ -112,7 +117,10 @@ RESERVED_ENV_PREFIX: Final = "PI_MATRIX_"
 
 # A fork run's own names, and what a fork child is always given (seed 003).
 ENV_FORK: Final = "PI_FORK"
-FORK_RUN_ENV: Final = frozenset({"PI_FORK_RESULT_PATH", "PI_FORK_RUN_ID", "PI_FORK_TASK"})
+ENV_FORK_RESULT_PATH: Final = "PI_FORK_RESULT_PATH"
+ENV_FORK_RUN_ID: Final = "PI_FORK_RUN_ID"
+ENV_FORK_TASK: Final = "PI_FORK_TASK"
+FORK_RUN_ENV: Final = frozenset({ENV_FORK_RESULT_PATH, ENV_FORK_RUN_ID, ENV_FORK_TASK})
 FORK_FORCED_ENV: Final = {
     ENV_FORK: "1",
     "PI_OFFLINE": "1",
@@ -129,10 +137,10 @@ NEVER_INHERITED: Final = CONTRACT_ENV | frozenset(
 # A fork child is also not the caller's pane, nor an earlier fork run.
 FORK_NOT_INHERITED: Final = NEVER_INHERITED | FORK_RUN_ENV | frozenset({ENV_TMUX, ENV_TMUX_PANE})
 # Passed explicitly on every tmux launch: a long-lived tmux server keeps the env of its first client.
+# (No test double's knob: the stand-in's reach a pane through the tmux server its test started.)
 PASS_ENV: Final = (
     "PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", ENV_AGENT_DIR,
-    "PI_OFFLINE", "NO_PROXY", "no_proxy", ENV_PI_COMMAND, "STANDIN_STEPS", "STANDIN_STEP_S",
-    "STANDIN_SILENT_BRIDGE",
+    "PI_OFFLINE", "NO_PROXY", "no_proxy", ENV_PI_COMMAND,
 )  # fmt: skip
 
 # Linux caps pid_max at 2^22; anything above cannot be a pid on any Linux machine.

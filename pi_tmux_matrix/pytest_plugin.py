@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from .contract import NEVER_INHERITED
+from .contract import ENV_AGENT_DIR, ENV_STATE_DIR, NEVER_INHERITED
 
 __all__ = ["MatrixSettingsFile", "matrix_settings", "matrix_state_dir", "stand_in_agent", "tmux_server"]
 
@@ -39,8 +39,8 @@ def matrix_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     agent = root / "agent"
     agent.mkdir(parents=True)
     state = root / "state"
-    monkeypatch.setenv("PI_MATRIX_STATE_DIR", str(state))
-    monkeypatch.setenv("PI_CODING_AGENT_DIR", str(agent))
+    monkeypatch.setenv(ENV_STATE_DIR, str(state))
+    monkeypatch.setenv(ENV_AGENT_DIR, str(agent))
     for name in sorted(NEVER_INHERITED):
         monkeypatch.delenv(name, raising=False)
     return state
@@ -65,7 +65,7 @@ class MatrixSettingsFile:
 @pytest.fixture
 def matrix_settings(matrix_state_dir: Path) -> MatrixSettingsFile:
     """The agent dir's settings, at the fastest legal timings to start with."""
-    return MatrixSettingsFile(Path(os.environ["PI_CODING_AGENT_DIR"]) / "settings.json").set(**FAST)
+    return MatrixSettingsFile(Path(os.environ[ENV_AGENT_DIR]) / "settings.json").set(**FAST)
 
 
 @pytest.fixture
@@ -84,6 +84,6 @@ def tmux_server() -> Iterator[Any]:
 
 @pytest.fixture
 def stand_in_agent() -> list[str]:
-    """``[python, -m, pi_tmux_matrix.standin]``: add ``-p`` and a task (``HANG``/``FAIL``/``BLOCKED``
+    """``[python, -m, pi_tmux_matrix.testing.standin]``: add ``-p`` and a task (``HANG``/``FAIL``/``BLOCKED``
     in the task change how it ends)."""
-    return [sys.executable, "-m", "pi_tmux_matrix.standin"]
+    return [sys.executable, "-m", "pi_tmux_matrix.testing.standin"]

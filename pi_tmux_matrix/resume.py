@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from . import pisession, procs
-from .contract import NEVER_INHERITED
+from .contract import DEFAULT_SOCKET, NEVER_INHERITED
 from .errors import Conflict, PiMatrixError, ProfileNotFound, ResumeRefused, TmuxUnavailable
 from .identity import Mode, ProcessIdentity
 from .matrix import lifecycle
@@ -142,7 +142,7 @@ def relaunch(
 ) -> int:
     """Launch the plan (tmux on ``request.socket`` when tmux answers, else a detached host) and
     publish the new pid as ``launching``; returns the new host pid."""
-    from .dispatch.manager import DEFAULT_SOCKET, TMUX_SESSION
+    from .dispatch.backends import TMUX_SESSION
     from .dispatch.model import TMUX
 
     store = MatrixStore(request.state_dir)

@@ -190,7 +190,8 @@ class Race:
             "--session-id", "racer", "--session-file", str(session_file), "--cwd", str(work),
             "--provider", "pi", "--mode", "interactive", "--parent-pid", str(parent.popen.pid),
             "--parent-session", parent.session, "--task-ref", TASK_REF, "--stop-grace", "1",
-            "--", sys.executable, "-m", "pi_tmux_matrix.standin", "--session", str(session_file), "HANG race",
+            "--", sys.executable, "-m", "pi_tmux_matrix.testing.standin", "--session", str(session_file),
+            "HANG race",
         ]  # fmt: skip
         self.reaper.logged(cmd, self.log, cwd=work, env=child_env())
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from pi_tmux_matrix.cli.app import Io
 from pi_tmux_matrix.cli.demo import Demo
 
-STANDIN = [sys.executable, "-m", "pi_tmux_matrix.standin"]
+STANDIN = [sys.executable, "-m", "pi_tmux_matrix.testing.standin"]
 
 
 def test_without_a_provider_the_demo_says_so_before_it_starts(tmp_path: Path) -> None:

@@ -25,17 +25,19 @@ from pi_tmux_matrix.contract import (
     ENV_TASK_REF,
 )
 from pi_tmux_matrix.dispatch.jobs import JobStore
-from pi_tmux_matrix.dispatch.manager import Dispatcher, FireRequest
+from pi_tmux_matrix.dispatch.manager import Dispatcher
 from pi_tmux_matrix.dispatch.model import ResultKind
+from pi_tmux_matrix.dispatch.request import FireRequest
 from pi_tmux_matrix.errors import TmuxUnavailable
 from pi_tmux_matrix.identity import ProcessIdentity, Role
 from pi_tmux_matrix.matrix import lifecycle
 from pi_tmux_matrix.matrix.model import Entry, Status
 from pi_tmux_matrix.matrix.store import MatrixStore
 from pi_tmux_matrix.settings import load_settings
+from pi_tmux_matrix.testing.knobs import plugins_with_knobs
 
 T = TypeVar("T")
-STANDIN = [sys.executable, "-m", "pi_tmux_matrix.standin"]
+STANDIN = [sys.executable, "-m", "pi_tmux_matrix.testing.standin"]
 
 
 def wait_for(
@@ -95,7 +97,11 @@ class Lab:
         return self.master
 
     def dispatcher(self, **env: str) -> Dispatcher:
-        return Dispatcher(self.store, load_settings(self.work, self.env), env=dict(self.env, **env))
+        # The stand-in's knobs (STANDIN_STEP_S above) reach its panes through a test-only plugin:
+        # the panes' tmux server started from this process's environment, not from self.env.
+        merged, settings = dict(self.env, **env), load_settings(self.work, self.env)
+        plugins = plugins_with_knobs(merged, matrix=settings.enabled)
+        return Dispatcher(self.store, settings, env=merged, plugins=plugins)
 
     def fire(self, task: str, **fields: Any) -> Any:
         assert self.master is not None
@@ -734,8 +740,8 @@ def test_two_relaunchers_racing_for_one_dead_worker_start_exactly_one_agent(subl
     import threading
 
     from pi_tmux_matrix.dispatch.model import Relaunch
+    from pi_tmux_matrix.errors import ResumeRefused
     from pi_tmux_matrix.resume import relaunch
-    from pi_tmux_matrix.supervise.relaunch import ResumeRefused
 
     master = sublab.start_master()
     fired = sublab.fire("HANG resumable", backend="subprocess")

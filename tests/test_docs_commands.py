@@ -26,7 +26,7 @@ from pi_tmux_matrix.identity import ProcessIdentity, Role
 from pi_tmux_matrix.matrix.store import MatrixStore
 
 ROOT = Path(__file__).resolve().parent.parent
-STANDIN = [sys.executable, "-m", "pi_tmux_matrix.standin"]
+STANDIN = [sys.executable, "-m", "pi_tmux_matrix.testing.standin"]
 
 
 def documented_commands() -> list[tuple[str, str]]:

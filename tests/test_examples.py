@@ -13,9 +13,10 @@ import pytest
 from conftest import require_tmux
 
 import pi_tmux_matrix
-from pi_tmux_matrix.dispatch.manager import Dispatcher, FireRequest
+from pi_tmux_matrix.dispatch.manager import Dispatcher
 from pi_tmux_matrix.dispatch.plugins import plugin_manager
 from pi_tmux_matrix.dispatch.profile import parse_profile
+from pi_tmux_matrix.dispatch.request import FireRequest
 from pi_tmux_matrix.matrix.store import MatrixStore
 from pi_tmux_matrix.settings import load_settings
 

@@ -19,7 +19,8 @@ from test_dispatch import Lab, lab, sublab, wait_for  # noqa: F401 - lab and sub
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore
-from pi_tmux_matrix.dispatch.manager import Dispatcher, FireRequest
+from pi_tmux_matrix.dispatch.manager import Dispatcher
+from pi_tmux_matrix.dispatch.request import FireRequest
 
 
 def test_8_a_task_starting_with_a_dash_reaches_every_team_member(sublab: Lab) -> None:  # noqa: F811

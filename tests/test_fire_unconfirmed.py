@@ -19,8 +19,9 @@ from test_dispatch import Lab, lab, wait_for  # noqa: F401 - fixtures
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.confirm import CONFIRM_S
 from pi_tmux_matrix.dispatch.jobs import JobStore
-from pi_tmux_matrix.dispatch.manager import FireRequest, FireResult
+from pi_tmux_matrix.dispatch.manager import FireResult
 from pi_tmux_matrix.dispatch.model import ResultKind
+from pi_tmux_matrix.dispatch.request import FireRequest
 from pi_tmux_matrix.matrix.model import Status
 
 # What the seam does in a pane's Python while the gate file exists: hold it (at most a minute),

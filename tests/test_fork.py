@@ -743,18 +743,6 @@ def test_the_snapshot_stops_at_the_last_whole_line_and_secrets_stay_off_the_comm
     assert (folder / "fork.sh").stat().st_mode & 0o077 == 0
 
 
-def test_the_old_runs_module_is_a_deprecated_alias_of_fork() -> None:
-    import importlib
-
-    from pi_tmux_matrix import fork
-
-    sys.modules.pop("pi_tmux_matrix.runs", None)
-    with pytest.warns(DeprecationWarning, match="pi_tmux_matrix.fork"):
-        runs = importlib.import_module("pi_tmux_matrix.runs")
-    assert all(getattr(runs, name) is getattr(fork, name) for name in runs.__all__)
-    assert set(runs.__all__) == set(fork.__all__)
-
-
 def test_the_first_stop_request_is_the_reason() -> None:
     from pi_tmux_matrix.fork import StopRequest
 

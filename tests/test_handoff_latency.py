@@ -45,7 +45,7 @@ def print_profile(lab: Lab) -> None:
     folder.mkdir(exist_ok=True)
     (folder / "standin-print.toml").write_text(
         '[profile]\nname = "standin-print"\nprovider = "pi"\n'
-        'command = ["{python}", "-m", "pi_tmux_matrix.standin"]\nmode = "print"\ndeadline = 120\n'
+        'command = ["{python}", "-m", "pi_tmux_matrix.testing.standin"]\nmode = "print"\ndeadline = 120\n'
     )
 
 

@@ -41,7 +41,7 @@ SETTINGS = {
         "heartbeatMs": int(BEAT_S * 1000),
     }
 }
-STANDIN = (sys.executable, "-m", "pi_tmux_matrix.standin")
+STANDIN = (sys.executable, "-m", "pi_tmux_matrix.testing.standin")
 
 T = TypeVar("T")
 

@@ -23,6 +23,7 @@ catches (``python tests/test_layers.py PATH/pi_tmux_matrix``).
 from __future__ import annotations
 
 import ast
+import importlib
 import re
 import sys
 from collections.abc import Iterator
@@ -32,18 +33,18 @@ PACKAGE = "pi_tmux_matrix"
 ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 
 LAYERS: dict[str, int] = {
-    "errors": 0, "strictjson": 0, "bridge": 0, "_deprecated": 0,
+    "errors": 0, "strictjson": 0, "bridge": 0,
     "identity": 1, "settings": 1, "paths": 1, "procs": 1, "inotify": 1, "gitcmd": 1,
     "matrix": 2, "contract": 2, "programs": 2, "pisession": 2, "piversion": 2, "pitools": 2,
     "projecttrust": 2,
     "supervise": 3, "dispatch": 3,
-    "resume": 4, "fork": 4, "runs": 4, "plugin": 4, "pytest_plugin": 4, "retention": 4,
-    "cli": 5, "testing": 5, "standin": 5, "__main__": 5, "": 5,
+    "resume": 4, "fork": 4, "plugin": 4, "pytest_plugin": 4, "retention": 4,
+    "cli": 5, "testing": 5, "__main__": 5, "": 5,
 }  # fmt: skip
 # Side by side at layer 3: neither may import the other.
 APART = frozenset({("supervise", "dispatch"), ("dispatch", "supervise")})
 # Programs: the only modules that may print, exit, read argv or stdin.
-PROGRAMS = frozenset({"cli", "testing", "standin", "__main__"})
+PROGRAMS = frozenset({"cli", "testing", "__main__"})
 # The pure core: entries and liveness facts in, decisions out; no I/O, no other project modules.
 PURE: dict[str, frozenset[str]] = {
     "matrix.model": frozenset({"errors", "identity"}),
@@ -310,6 +311,33 @@ def test_no_module_is_over_450_lines() -> None:
     """Small rooms: a module past the budget is split by responsibility (docs/architecture.md)."""
     sizes = {name: len(path.read_text().splitlines()) for name, path in modules(ROOT).items()}
     assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}
+
+
+# Issue 32.7: the package was never released, so a module that moved keeps no alias at its old
+# path, and no module re-exports a name that moved out of it.
+GONE_MODULES = (
+    "_deprecated", "runs", "standin", "supervise.lifecycle", "supervise.mailbox",
+)  # fmt: skip
+GONE_NAMES = {
+    "supervise.master": ("calling_master", "owning_master", "require_master"),
+    "supervise.relaunch": ("host_argv", "pi_command", "spawn_detached", "ENV_PI_COMMAND", "ResumeRefused"),
+    "dispatch.manager": (
+        "SCRUB_ENV", "DEFAULT_SOCKET", "TMUX_SESSION", "FireRequest", "marker_instruction", "PlannedAgent",
+        "LIVE", "MAX_DEADLINE_S", "MAX_TASK_BYTES",
+    ),
+    "dispatch.plan": ("FireRequest", "marker_instruction", "MAX_DEADLINE_S", "MAX_TASK_BYTES"),
+    "dispatch.backends": ("DEFAULT_SOCKET",),
+}  # fmt: skip
+
+
+def test_a_moved_module_keeps_no_alias() -> None:
+    assert sorted(set(GONE_MODULES) & set(modules(ROOT))) == []
+
+
+def test_no_module_re_exports_a_name_that_moved_out() -> None:
+    for name, moved in GONE_NAMES.items():
+        module = importlib.import_module(f"{PACKAGE}.{name}")
+        assert set(moved) & set(module.__all__) == set(), name
 
 
 def test_the_checker_sees_an_arrow_up_a_cycle_and_a_print(tmp_path: Path) -> None:

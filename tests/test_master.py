@@ -40,7 +40,7 @@ from pi_tmux_matrix.matrix.model import (
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
 
 SETTINGS = {"processMatrix": {"adoptionGraceMs": 5000, "watcherPollMs": 1000, "heartbeatMs": 1000}}
-STANDIN = [sys.executable, "-m", "pi_tmux_matrix.standin"]
+STANDIN = [sys.executable, "-m", "pi_tmux_matrix.testing.standin"]
 T = TypeVar("T")
 
 

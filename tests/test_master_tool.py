@@ -69,7 +69,7 @@ def mlab(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Lab, FakeLLM, Scrip
         folder.mkdir()
         (folder / "standin-print.toml").write_text(
             '[profile]\nname = "standin-print"\nprovider = "pi"\n'
-            'command = ["{python}", "-m", "pi_tmux_matrix.standin"]\nmode = "print"\ndeadline = 120\n'
+            'command = ["{python}", "-m", "pi_tmux_matrix.testing.standin"]\nmode = "print"\ndeadline = 120\n'
         )
         tmp = tmp_path / "tmp"
         tmp.mkdir()

@@ -85,7 +85,7 @@ def test_an_agent_that_ends_without_its_marker_gets_its_exit_as_the_rounds_resul
     folder.mkdir(exist_ok=True)
     (folder / "standin-print.toml").write_text(
         '[profile]\nname = "standin-print"\nprovider = "pi"\n'
-        'command = ["{python}", "-m", "pi_tmux_matrix.standin"]\nmode = "print"\ndeadline = 120\n'
+        'command = ["{python}", "-m", "pi_tmux_matrix.testing.standin"]\nmode = "print"\ndeadline = 120\n'
     )
     lab.start_master()
     fired = lab.fire("FAIL on purpose", profile="standin-print")
@@ -102,7 +102,7 @@ def test_the_deadline_stops_the_agent_with_the_mailbox_disk_full(sublab: Lab) ->
     only) the agent is still stopped and recorded timed out (review finding on 30.1)."""
     from test_faults_more import _full_disk
 
-    from pi_tmux_matrix.dispatch.manager import FireRequest
+    from pi_tmux_matrix.dispatch.request import FireRequest
 
     sublab.start_master()
     assert sublab.master is not None
@@ -137,7 +137,7 @@ def test_with_the_matrix_off_a_program_that_cannot_start_still_ends_its_round(su
         f'[profile]\nname = "missing"\nprovider = "custom"\ncommand = ["{broken}"]\n'
         'mode = "interactive"\ndeadline = 60\n'
     )
-    from pi_tmux_matrix.dispatch.manager import FireRequest
+    from pi_tmux_matrix.dispatch.request import FireRequest
 
     fired = sublab.dispatcher().fire(
         FireRequest(task="say hi", profile="missing", path=str(sublab.work), backend="subprocess")
@@ -176,7 +176,7 @@ def test_an_idle_job_host_loads_no_converter_no_psutil_no_socket(lab: Lab) -> No
     (seam / "sitecustomize.py").write_text(_DUMP_MODULES.format(folder=str(seam)))
     lab.start_master()
     assert lab.master is not None
-    from pi_tmux_matrix.dispatch.manager import FireRequest
+    from pi_tmux_matrix.dispatch.request import FireRequest
 
     request = FireRequest(
         task="HANG until stopped", path=str(lab.work), socket=lab.socket, profile="stand-in",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-STANDIN = [sys.executable, "-m", "pi_tmux_matrix.standin"]
+STANDIN = [sys.executable, "-m", "pi_tmux_matrix.testing.standin"]
 PINNED = ROOT / ".pi-cli" / "bin" / "pi"  # scripts/install-pi's wrapper (pi on the node it needs)
 
 

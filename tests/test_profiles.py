@@ -23,7 +23,6 @@ from typing import Any
 import attrs
 import pytest
 
-from pi_tmux_matrix import standin
 from pi_tmux_matrix.dispatch.profile import (
     PI_ONLY_FIELDS,
     ProfileSet,
@@ -40,6 +39,7 @@ from pi_tmux_matrix.dispatch.profile import (
 from pi_tmux_matrix.dispatch.providers import AgentCommand, agent_command
 from pi_tmux_matrix.errors import ContractError, ProfileError, ProfileNotFound
 from pi_tmux_matrix.identity import Mode
+from pi_tmux_matrix.testing import standin
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -147,7 +147,7 @@ def test_shipped_profiles_say_what_the_issue_asks(agent_dir: Path) -> None:
     assert profiles.profile("pi-worker").write_paths == ("{worktree}",)
     stand_in = profiles.profile("stand-in")
     assert stand_in.provider == "pi" and stand_in.deadline_s == 600
-    assert stand_in.command == ("{python}", "-m", "pi_tmux_matrix.standin")
+    assert stand_in.command == ("{python}", "-m", "pi_tmux_matrix.testing.standin")
     assert "stand-in" in stand_in.description and "demo" in stand_in.description
     assert [m.profile for m in profiles.team("impl-review").members] == ["pi-worker", "pi-reviewer"]
     assert [m.profile for m in profiles.team("stand-in-pair").members] == ["stand-in", "stand-in"]

@@ -27,6 +27,17 @@ def test_every_public_name_resolves_to_the_object_it_names() -> None:
     assert set(pi_tmux_matrix.__all__) <= set(dir(pi_tmux_matrix))
 
 
+def test_the_lazy_table_names_each_names_home() -> None:
+    """Issue 32.7: the table names the module a class or function is defined in, never a module
+    that re-exports it (those re-exports are gone)."""
+    for name, target in pi_tmux_matrix._LAZY.items():
+        module_name = target.partition(":")[0]
+        value = getattr(pi_tmux_matrix, name)
+        if inspect.isclass(value) or inspect.isfunction(value):
+            home = importlib.import_module(module_name, pi_tmux_matrix.__name__).__name__
+            assert value.__module__ == home, f"{name}: {target} re-exports it from {value.__module__}"
+
+
 def test_every_error_class_is_public() -> None:
     classes = {name for name, value in vars(errors).items() if inspect.isclass(value)}
     classes = {name for name in classes if issubclass(getattr(errors, name), BaseException)}

@@ -262,7 +262,7 @@ def test_a_terminal_handoff_is_delivered_once_and_replayed_after_a_session_switc
         argv = [
             sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", session, "--task-ref", "goal-1",
             "--headless", "--mode", "print",
-            "--", sys.executable, "-m", "pi_tmux_matrix.standin", "-p", "HANG m",
+            "--", sys.executable, "-m", "pi_tmux_matrix.testing.standin", "-p", "HANG m",
         ]  # fmt: skip
         with out.open("wb") as sink:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,

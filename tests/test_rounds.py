@@ -34,11 +34,12 @@ from pi_tmux_matrix.supervise.rounds import ARTIFACT_WAIT_S, Rounds
 
 CUSTOM_STANDIN = (
     '[profile]\nname = "standin-custom"\nprovider = "custom"\n'
-    'command = ["{python}", "-m", "pi_tmux_matrix.standin", "{task}"]\nmode = "interactive"\ndeadline = 120\n'
+    'command = ["{python}", "-m", "pi_tmux_matrix.testing.standin", "{task}"]\nmode = "interactive"\n'
+    "deadline = 120\n"
 )
 CUSTOM_PRINT = (
     '[profile]\nname = "standin-custom-print"\nprovider = "custom"\n'
-    'command = ["{python}", "-m", "pi_tmux_matrix.standin", "-p", "{task}"]\nmode = "interactive"\n'
+    'command = ["{python}", "-m", "pi_tmux_matrix.testing.standin", "-p", "{task}"]\nmode = "interactive"\n'
     "deadline = 120\n"
 )
 

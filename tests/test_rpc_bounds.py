@@ -221,7 +221,7 @@ def standin_host(reaper: Reaper, store: MatrixStore, work: Path, session: str) -
     cmd = [
         sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(store.root), "host",
         "--session-id", session, "--cwd", str(work), "--provider", "pi", "--mode", "rpc",
-        "--", sys.executable, "-m", "pi_tmux_matrix.standin", "--mode", "rpc", "--no-session",
+        "--", sys.executable, "-m", "pi_tmux_matrix.testing.standin", "--mode", "rpc", "--no-session",
     ]  # fmt: skip
     log = work.parent / f"host-{session}.log"
     with open(log, "wb") as output:

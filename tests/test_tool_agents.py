@@ -21,7 +21,7 @@ from pi_tmux_matrix.dispatch.model import ResultKind
 from pi_tmux_matrix.dispatch.request import FireRequest
 from pi_tmux_matrix.errors import ContractError
 
-STANDIN = f"{sys.executable} -m pi_tmux_matrix.standin"
+STANDIN = f"{sys.executable} -m pi_tmux_matrix.testing.standin"
 
 
 def _fire(at: Lab, *words: str, task: str = "say hello") -> subprocess.CompletedProcess[str]:
@@ -71,7 +71,7 @@ def test_ad_hoc_agents_run_without_a_profile_file_in_their_own_folder(sublab: La
     spec.write_text(json.dumps([dict(lead, name="again")]))
     plan = _fire(sublab, "--backend", "subprocess", "--agents-file", str(spec), "--dry-run")
     assert plan.returncode == 0, plan.stderr
-    assert "adhoc.again" in plan.stdout and "pi_tmux_matrix.standin" in plan.stdout
+    assert "adhoc.again" in plan.stdout and "pi_tmux_matrix.testing.standin" in plan.stdout
     from pi_tmux_matrix.dispatch.adhoc import parse_agents
 
     request = FireRequest(

@@ -34,7 +34,7 @@ def _profile(name: str, usage: str | None) -> str:
     env = "" if usage is None else f"env = {{ STANDIN_USAGE = '{usage}' }}\n"
     return (
         f'[profile]\nname = "{name}"\nprovider = "pi"\n'
-        'command = ["{python}", "-m", "pi_tmux_matrix.standin"]\nmode = "interactive"\n'
+        'command = ["{python}", "-m", "pi_tmux_matrix.testing.standin"]\nmode = "interactive"\n'
         f"deadline = 120\n{env}"
     )
 

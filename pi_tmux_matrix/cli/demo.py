@@ -101,16 +101,19 @@ class Demo:
         self.started: list[ProcessIdentity] = []
         self.tmux = shutil.which("tmux") is not None
         self.env = dict(os.environ)
-        from ..contract import NEVER_INHERITED
+        from ..contract import ENV_AGENT_DIR, ENV_STATE_DIR, ENV_TMUX_SOCKET, NEVER_INHERITED
+        from ..testing.standin import ENV_STEP_S, ENV_STEPS
 
         for name in NEVER_INHERITED:  # the demo's processes never inherit this shell's own contract
             self.env.pop(name, None)
         self.env.update(
-            PI_CODING_AGENT_DIR=str(self.agent_dir),
-            PI_MATRIX_STATE_DIR=str(self.state),
-            PI_MATRIX_TMUX_SOCKET=self.socket,
-            STANDIN_STEPS="400",
-            STANDIN_STEP_S="0.25",
+            {
+                ENV_AGENT_DIR: str(self.agent_dir),
+                ENV_STATE_DIR: str(self.state),
+                ENV_TMUX_SOCKET: self.socket,
+                ENV_STEPS: "400",
+                ENV_STEP_S: "0.25",
+            }
         )
 
     # -- output ---------------------------------------------------------------------------------------
@@ -156,7 +159,7 @@ class Demo:
         argv = [
             sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", SESSION, "--task-ref", TASK,
             "--headless", "--mode", "print", "--relaunch", "tmux" if self.tmux else "detached",
-            "--socket", self.socket, "--", sys.executable, "-m", "pi_tmux_matrix.standin", "-p",
+            "--socket", self.socket, "--", sys.executable, "-m", "pi_tmux_matrix.testing.standin", "-p",
             "HANG orchestrating the demo",
         ]  # fmt: skip
         log = open(self.root / "master.log", "ab")  # noqa: SIM115 - handed to the child
@@ -180,7 +183,8 @@ class Demo:
         return entry
 
     def fire(self, master: Entry, lane: str, *, profile: str | None = None, team: str | None = None) -> None:
-        from ..dispatch.manager import Dispatcher, FireRequest
+        from ..dispatch.manager import Dispatcher
+        from ..dispatch.request import FireRequest
 
         task = "HANG " + ("build the parser" if lane == "lane-a" else "write the docs")
         dispatcher = Dispatcher(self.store, load_settings(self.repo, self.env), env=self.env)

@@ -8,6 +8,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .. import procs, strictjson
+from ..contract import DEFAULT_SOCKET, ENV_TMUX_SOCKET
 from ..dispatch import BACKEND_NAMES, TMUX
 from ..dispatch.confirm import CONFIRM_S
 from ..dispatch.ready import READY_S
@@ -28,12 +29,10 @@ if TYPE_CHECKING:
 
 __all__ = ["STOP_WORD", "default_socket", "register", "stop_job"]
 
-ENV_SOCKET = "PI_MATRIX_TMUX_SOCKET"
-
 
 def default_socket() -> str:
     """``$PI_MATRIX_TMUX_SOCKET``, else ``pi-matrix`` (the dispatcher's own tmux server)."""
-    return os.environ.get(ENV_SOCKET) or "pi-matrix"
+    return os.environ.get(ENV_TMUX_SOCKET) or DEFAULT_SOCKET
 
 
 def register(sub: Any, epilog: str) -> None:
@@ -60,7 +59,7 @@ def register(sub: Any, epilog: str) -> None:
     fire.add_argument("--goal-id", metavar="G", help="goal-bound launch: PI_TASK_REF is G")
     fire.add_argument("--path", metavar="DIR", help="the agents' working directory (default: here)")
     fire.add_argument(
-        "--socket", metavar="NAME", help=f"tmux -L socket (default: ${ENV_SOCKET} or pi-matrix)"
+        "--socket", metavar="NAME", help=f"tmux -L socket (default: ${ENV_TMUX_SOCKET} or {DEFAULT_SOCKET})"
     )
     fire.add_argument("--backend", choices=BACKEND_NAMES, default=TMUX, help="tmux panes, or detached")
     fire.add_argument("--deadline", type=float, metavar="SECONDS", help="per agent (default: the profile's)")
@@ -137,7 +136,7 @@ def register(sub: Any, epilog: str) -> None:
     resume.add_argument("--dry-run", action="store_true", help="print argv, env and cwd; start nothing")
     resume.add_argument("--json", action="store_true")
     resume.add_argument(
-        "--socket", metavar="NAME", help=f"tmux -L socket (default: ${ENV_SOCKET} or pi-matrix)"
+        "--socket", metavar="NAME", help=f"tmux -L socket (default: ${ENV_TMUX_SOCKET} or {DEFAULT_SOCKET})"
     )
     resume.add_argument("--backend", choices=BACKEND_NAMES, default=TMUX)
     resume.add_argument(
@@ -167,7 +166,7 @@ def dump_json(io: Io, value: Any) -> None:
 
 
 def cmd_fire(args: argparse.Namespace, io: Io) -> int:
-    from ..dispatch.manager import FireRequest
+    from ..dispatch.request import FireRequest
 
     task = " ".join(args.argv)
     if not args.argv:

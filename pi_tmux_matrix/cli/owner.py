@@ -17,21 +17,14 @@ from ..identity import Mode, Role, parse_key
 from ..matrix import lifecycle
 from ..matrix.mailbox import EventLog, Inbox, encode_message
 from ..matrix.model import Entry, Status
+from ..matrix.owners import calling_master, owning_master, require_master
 from ..matrix.reconcile import reconcile
 from ..matrix.store import MatrixStore, Problem, now_ms
 from ..settings import load_settings
 from ..supervise.bridge_reports import bridge_silent
 from ..supervise.child import reachable
 from ..supervise.claim import stop_stray, stray_agent
-from ..supervise.master import (
-    apply_plan,
-    calling_master,
-    gather_facts,
-    grant,
-    handshake,
-    owning_master,
-    require_master,
-)
+from ..supervise.master import apply_plan, gather_facts, grant, handshake
 from .base import (
     STOP_WORD,
     add_verb,

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from ..contract import ENV_TMUX, ENV_TMUX_PANE, ENV_TMUX_SOCKET
 from ..errors import EXIT_FAILED, EXIT_OK, ContractError
 from ..identity import ProcessIdentity
 from ..matrix.store import MatrixStore
@@ -186,9 +187,9 @@ def cmd_fork(args: argparse.Namespace, io: Io) -> int:
         task=" ".join(args.argv),
         mode=mode,
         flags=tuple(_requested_flags(args)),
-        socket=args.socket or os.environ.get("PI_MATRIX_TMUX_SOCKET") or None,
-        tmux_env=os.environ.get("TMUX") or None,
-        tmux_pane=os.environ.get("TMUX_PANE") or None,
+        socket=args.socket or os.environ.get(ENV_TMUX_SOCKET) or None,
+        tmux_env=os.environ.get(ENV_TMUX) or None,
+        tmux_pane=os.environ.get(ENV_TMUX_PANE) or None,
     )
     store = store_of(args)
     settings = load_settings()

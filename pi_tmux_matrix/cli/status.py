@@ -8,9 +8,10 @@ import argparse
 import os
 from typing import TYPE_CHECKING, Any
 
+from ..contract import DEFAULT_SOCKET, ENV_TMUX_SOCKET
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..identity import validate_id
-from .dispatch import ENV_SOCKET, default_socket, dispatcher_of, dump_json
+from .dispatch import default_socket, dispatcher_of, dump_json
 
 if TYPE_CHECKING:
     from ..dispatch.tmux_status import TmuxStatus
@@ -32,7 +33,7 @@ def register(sub: Any, epilog: str) -> None:
         parser.add_argument(
             "--socket",
             metavar="S",
-            help=f"the dispatcher's tmux -L socket (default: ${ENV_SOCKET} or pi-matrix)",
+            help=f"the dispatcher's tmux -L socket (default: ${ENV_TMUX_SOCKET} or {DEFAULT_SOCKET})",
         )
         parser.add_argument("--json", action="store_true")
         parser.set_defaults(

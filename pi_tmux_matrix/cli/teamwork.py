@@ -8,10 +8,11 @@ import argparse
 import json
 from typing import TYPE_CHECKING, Any
 
+from ..contract import DEFAULT_SOCKET, ENV_TMUX_SOCKET
 from ..errors import EXIT_FAILED, EXIT_OK, ContractError, NoSuch, NotConfirmed, PiMatrixError
 from ..identity import validate_id
 from .base import STOP_WORD, confirmed, printable
-from .dispatch import ENV_SOCKET, default_socket, dispatcher_of, dump_json
+from .dispatch import default_socket, dispatcher_of, dump_json
 from .names import resolve_job
 
 if TYPE_CHECKING:
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
     from .base import Io
 
 __all__ = ["register"]
+
+SOCKET_HELP = f"tmux -L socket (default: ${ENV_TMUX_SOCKET} or {DEFAULT_SOCKET})"
 
 
 def register(sub: Any, epilog: str) -> None:
@@ -40,9 +43,7 @@ def register(sub: Any, epilog: str) -> None:
         usage=f"pi-matrix stop-session NAME [--socket S] [--confirm {STOP_WORD}]", **common,
     )  # fmt: skip
     stop_session.add_argument("name", metavar="NAME", help="the tmux session (a fire's --workspace)")
-    stop_session.add_argument(
-        "--socket", metavar="S", help=f"tmux -L socket (default: ${ENV_SOCKET} or pi-matrix)"
-    )
+    stop_session.add_argument("--socket", metavar="S", help=SOCKET_HELP)
     stop_session.add_argument(
         "--confirm", nargs="?", const=True, metavar="WORD", help=f"{STOP_WORD} to really stop"
     )
@@ -54,7 +55,7 @@ def register(sub: Any, epilog: str) -> None:
         usage="pi-matrix notify SESSION [--socket S] -- TEXT...", **common,
     )  # fmt: skip
     notify.add_argument("session", metavar="SESSION")
-    notify.add_argument("--socket", metavar="S", help=f"tmux -L socket (default: ${ENV_SOCKET} or pi-matrix)")
+    notify.add_argument("--socket", metavar="S", help=SOCKET_HELP)
     notify.set_defaults(handler=cmd_notify, takes_argv=True)
 
     status = sub.add_parser(
@@ -64,7 +65,7 @@ def register(sub: Any, epilog: str) -> None:
     status.add_argument("session", metavar="SESSION")
     status.add_argument("key", metavar="KEY", help="1-64 of A-Z a-z 0-9 _ - (the option is @pi_KEY)")
     status.add_argument("value", nargs="?", metavar="VALUE", help="one printable line; none clears it")
-    status.add_argument("--socket", metavar="S", help=f"tmux -L socket (default: ${ENV_SOCKET} or pi-matrix)")
+    status.add_argument("--socket", metavar="S", help=SOCKET_HELP)
     status.set_defaults(handler=cmd_set_status)
 
     templates = sub.add_parser(
@@ -206,7 +207,7 @@ def _register_workspace(sub: Any, common: dict[str, Any]) -> None:
     ws.add_argument("--path", metavar="DIR", help="the agents' working directory (default: here)")
     ws.add_argument("--lane", metavar="L", help="run in the git worktree of lane L (created or reused)")
     ws.add_argument("--goal-id", metavar="G", help="goal-bound launch: PI_TASK_REF is G")
-    ws.add_argument("--socket", metavar="S", help=f"tmux -L socket (default: ${ENV_SOCKET} or pi-matrix)")
+    ws.add_argument("--socket", metavar="S", help=SOCKET_HELP)
     ws.add_argument(
         "--launch-key", metavar="KEY", help="a stable job id of your own (4-80 of A-Z a-z 0-9 _ . : -)"
     )
@@ -228,7 +229,7 @@ def cmd_workspace(args: argparse.Namespace, io: Io) -> int:
     """``pi-matrix workspace TEMPLATE --name SESSION [-- TASK]``: the origin's ``launch_workspace``
     (``--dry-run``: its ``workspace_plan``). One job records the agents, so ``stop-session`` stops
     them through their hosts; nothing watches them and no deadline runs."""
-    from ..dispatch.manager import FireRequest
+    from ..dispatch.request import FireRequest
 
     if args.force and args.launch_key is None:
         raise ContractError("--force", "given without --launch-key", "force replaces a job named by its key")

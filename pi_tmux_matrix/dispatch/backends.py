@@ -16,7 +16,7 @@ from typing import Final, Protocol
 import attrs
 
 from .. import procs
-from ..contract import NEVER_INHERITED
+from ..contract import DEFAULT_SOCKET, NEVER_INHERITED
 from ..errors import ContractError, DispatchError, PiMatrixError
 from ..identity import ProcessIdentity
 from ..matrix.model import bounded
@@ -28,7 +28,6 @@ from .tmux import DEFAULT_TIMEOUT_S, TmuxServer
 from .tmux_model import AGENT_TAG, JOB_TAG, KEY_TAG, Pane
 
 __all__ = [
-    "DEFAULT_SOCKET",
     "TMUX_SESSION",
     "Backend",
     "Started",
@@ -39,8 +38,7 @@ __all__ = [
     "start_fenced",
 ]
 
-DEFAULT_SOCKET: Final = "pi-matrix"
-TMUX_SESSION: Final = "pi-matrix"
+TMUX_SESSION: Final = "pi-matrix"  # the tmux session a fired agent's window opens in
 
 log = logging.getLogger(__name__)
 

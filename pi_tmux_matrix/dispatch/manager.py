@@ -9,9 +9,9 @@ command *is* its host: ``pi-matrix host … -- <agent argv>`` started by ``tmux 
 -- argv`` (never typed into a shell). Liveness is judged by process identity, never by tmux:
 an unreachable tmux server is reported as such and proves nothing about the agents.
 
-The names other modules import from here stay here: ``DEFAULT_SOCKET`` and ``TMUX_SESSION`` (from
-backends), ``FireRequest`` and ``marker_instruction`` (from plan), ``PlannedAgent`` (from model),
-and the deprecated ``SCRUB_ENV``.
+Names that live in the rooms are imported from the rooms (``FireRequest`` from
+:mod:`~pi_tmux_matrix.dispatch.request`, ``PlannedAgent`` from :mod:`~pi_tmux_matrix.dispatch.model`);
+the package's face re-exports the public ones.
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 import attrs
 import pluggy
 
 from .. import pisession, procs
-from ..contract import NEVER_INHERITED
 from ..errors import (
     AgentNotFound,
     ContractError,
@@ -41,16 +40,16 @@ from ..matrix.model import Entry
 from ..matrix.store import MatrixStore, RecordStore, now_ms
 from ..matrix.tickets import LaunchTickets
 from ..settings import MatrixSettings
-from .backends import DEFAULT_SOCKET, TMUX_SESSION, Backend, backends
+from .backends import Backend, backends
 from .confirm import check_programs, confirm_starts, record_failures, settle_starts
 from .hostless import settle
 from .jobs import JobStore, new_nonce, result_now
 from .launching import Beside, launch_one
 from .model import MAX_ROUND, TMUX, AgentLaunch, AgentResult, Job, JobAgent, PlannedAgent, ResultKind
-from .plan import LIVE, MAX_DEADLINE_S, MAX_TASK_BYTES, FireRequest, Planner, marker_instruction
+from .plan import Planner
 from .plugins import plugin_manager
 from .reconcile_tmux import PaneCache, reconcile, tmux_states, untracked
-from .request import workspace_field
+from .request import FireRequest, marker_instruction, workspace_field
 from .stops import stop_agents
 from .tmux import TmuxServer
 from .views import JobView, ListedJob, PaneInfo, TmuxState, UntrackedPane, job_view
@@ -59,25 +58,13 @@ if TYPE_CHECKING:
     from .profile import ProfileSet, WorkerLaunchProfile
 
 __all__ = [
-    "DEFAULT_SOCKET",
-    "LIVE",
-    "MAX_DEADLINE_S",
-    "MAX_TASK_BYTES",
-    "SCRUB_ENV",
-    "TMUX_SESSION",
     "Dispatcher",
-    "FireRequest",
     "FireResult",
-    "PlannedAgent",
-    "marker_instruction",
     "session_file_for",
     "write_session_header",
 ]
 
 log = logging.getLogger(__name__)
-
-# Deprecated name: contract.NEVER_INHERITED is the one home of this list.
-SCRUB_ENV: Final = tuple(sorted(NEVER_INHERITED))
 
 
 @attrs.frozen

@@ -40,8 +40,6 @@ from .backends import Backend, backend_named
 from .jobs import JobStore, new_job_id, new_nonce
 from .model import OPEN, SPLIT, AgentLaunch, Job, JobAgent, PlannedAgent
 from .request import (
-    MAX_DEADLINE_S,
-    MAX_TASK_BYTES,
     FireRequest,
     agent_id_of,
     check_task,
@@ -59,7 +57,7 @@ from .variables import Variables, variables_instruction
 if TYPE_CHECKING:
     from .profile import ProfileSet, WorkerLaunchProfile
 
-__all__ = ["LIVE", "MAX_DEADLINE_S", "MAX_TASK_BYTES", "FireRequest", "Planner", "marker_instruction"]
+__all__ = ["LIVE", "Planner"]
 
 LIVE: Final = frozenset(
     {Status.LAUNCHING, Status.RUNNING, Status.WINDING_DOWN, Status.ADOPTED, Status.RESUMABLE}

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Final
 
 import attrs
 
+from ..contract import DEFAULT_SOCKET
 from ..errors import ContractError
 from ..identity import ID_MAX, ID_PATTERN, validate_id
 from . import TMUX
-from .backends import DEFAULT_SOCKET
 from .model import MAX_ROUND
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from typing import Final
 import attrs
 
 from .. import pisession, procs
-from ..contract import ENV_ALLOWED_PATHS, ENV_FORK
+from ..contract import ENV_ALLOWED_PATHS, ENV_FORK, ENV_KEY
 from ..dispatch.tmux import Pane, TmuxServer
 from ..errors import ContractError, DispatchError, PiMatrixError
 from ..identity import ProcessIdentity
@@ -234,6 +234,6 @@ def start_fork(
         pi_argv=pi_argv,
         flags=flags,
         server=server,
-        parent_key=source.get("PI_MATRIX_KEY") or None,
+        parent_key=source.get(ENV_KEY) or None,
     )
     return _start_in_pane(runs, server, request, run, env=source, settings=settings, on_started=on_started)

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Final
 
 from .. import procs
+from ..contract import DEFAULT_SOCKET, ENV_TMUX_PANE
+from ..dispatch.backends import TMUX_SESSION
 from ..dispatch.tmux import Pane, TmuxServer
 from ..errors import ContractError, DispatchError, TmuxUnavailable
 from ..identity import ProcessIdentity
@@ -39,12 +41,12 @@ def fork_server(request: ForkRequest) -> TmuxServer:
     pane must be there) or, outside tmux, the ``--socket`` one."""
     if request.tmux_env and request.tmux_pane:
         if _PANE_ID.fullmatch(request.tmux_pane) is None:
-            raise ContractError("TMUX_PANE", f"{request.tmux_pane!r} is not a tmux pane id", "unset it")
+            raise ContractError(ENV_TMUX_PANE, f"{request.tmux_pane!r} is not a tmux pane id", "unset it")
         server = TmuxServer.of_client(request.tmux_env)
         if server.pane(request.tmux_pane) is None:
             raise _stale_pane(request.tmux_pane, server.socket_path or server.socket)
         return server
-    return TmuxServer(request.socket or "pi-matrix", scrub_env=sorted(NOT_INHERITED))
+    return TmuxServer(request.socket or DEFAULT_SOCKET, scrub_env=sorted(NOT_INHERITED))
 
 
 def grid_slot(server: TmuxServer, caller: str) -> tuple[str, bool]:
@@ -78,14 +80,14 @@ def open_pane(server: TmuxServer, request: ForkRequest, run: ForkRun, script: Pa
         target, vertical = grid_slot(server, request.tmux_pane)
         return server.split(target, argv, vertical=vertical, cwd=run.cwd, env={}, tags=tags)
     return server.launch(
-        argv, session="pi-matrix", window_name=f"fork-{run.id[-6:]}", cwd=run.cwd, env={}, tags=tags
+        argv, session=TMUX_SESSION, window_name=f"fork-{run.id[-6:]}", cwd=run.cwd, env={}, tags=tags
     )
 
 
 def _server(run: ForkRun) -> TmuxServer:
     if run.socket_path:
         return TmuxServer(run.socket or "client", socket_path=run.socket_path)
-    return TmuxServer(run.socket or "pi-matrix")
+    return TmuxServer(run.socket or DEFAULT_SOCKET)
 
 
 def _run_pane(run: ForkRun) -> tuple[TmuxServer | None, Pane | None]:

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Final
 
 from .. import procs
-from ..contract import FORK_FORCED_ENV, FORK_NOT_INHERITED
+from ..contract import (
+    ENV_FORK_RESULT_PATH,
+    ENV_FORK_RUN_ID,
+    ENV_FORK_TASK,
+    ENV_HOST_PID,
+    FORK_FORCED_ENV,
+    FORK_NOT_INHERITED,
+)
 from ..matrix.model import bounded
 from ..settings import ForkSettings
 
@@ -224,9 +231,9 @@ def fork_script(
         parent_env,
         overrides,
         {
-            "PI_FORK_RESULT_PATH": str(folder / "result.json"),
-            "PI_FORK_RUN_ID": run_id,
-            "PI_FORK_TASK": bounded(task, 2000),
+            ENV_FORK_RESULT_PATH: str(folder / "result.json"),
+            ENV_FORK_RUN_ID: run_id,
+            ENV_FORK_TASK: bounded(task, 2000),
         },
     )
     return launch_script(run_id, argv, str(folder / "exit.code"), env=env, go_file=str(folder / "go"))
@@ -245,7 +252,7 @@ def parent_argv_from_host(env: Mapping[str, str]) -> list[str] | None:
 
     pi rewrites its own process title, so its flags are read from the host that started it:
     the one ``PI_MATRIX_HOST_PID`` names, trusted only if it is one of the caller's ancestors."""
-    raw = env.get("PI_MATRIX_HOST_PID", "")
+    raw = env.get(ENV_HOST_PID, "")
     if not raw.isdigit():
         return None
     for ancestor in procs.ancestors():

@@ -18,17 +18,16 @@ from typing import IO, Final, Protocol
 import attrs
 
 from .. import procs
-from ..errors import AdoptionRefused, Conflict, NotFound, PiMatrixError
+from ..errors import AdoptionRefused, Conflict, NotFound, PiMatrixError, ResumeRefused
 from ..identity import ProcessIdentity, Role
 from ..matrix import lifecycle
 from ..matrix.mailbox import EventLog, Inbox
 from ..matrix.model import Entry, Handoff, Status
-from ..matrix.owners import calling_master, owning_master, require_master
 from ..matrix.reconcile import ActionKind, Facts, Plan, reconcile
 from ..matrix.store import MatrixStore, now_ms
 from .decisions import Decision, await_acceptance, launching_note, told_one_shot
 from .rehost import needs_rehost, rehost
-from .relaunch import Relauncher, ResumeRefused
+from .relaunch import Relauncher
 
 __all__ = [
     "ActivationReport",
@@ -37,16 +36,13 @@ __all__ = [
     "Prompter",
     "TtyPrompter",
     "apply_plan",
-    "calling_master",
     "gather_facts",
     "gave_up_on_parent",
     "grant",
     "handshake",
     "is_exact",
     "one_shot",
-    "owning_master",
     "recorded_goal",
-    "require_master",
 ]
 
 log = logging.getLogger(__name__)

@@ -14,21 +14,12 @@ import os
 from typing import Final, Protocol
 
 from .. import pisession
-from ..contract import (
-    ENV_PI_COMMAND,
-)
 from ..errors import ResumeRefused
 from ..identity import ProcessIdentity
 from ..matrix.model import Entry, ResumablePayload, Status, bounded
-from ..programs import host_argv, pi_command, spawn_detached
 
 __all__ = [
-    "ENV_PI_COMMAND",
     "Relauncher",
-    "ResumeRefused",
-    "host_argv",
-    "pi_command",
-    "spawn_detached",
     "transcript_lost",
     "wake_prompt",
 ]

@@ -1,6 +1,6 @@
 """The bundled stand-in agent: behaves enough like ``pi`` to demo and test without an LLM.
 
-``python -m pi_tmux_matrix.standin [-p | --mode rpc] [--session FILE] [TASK...]``
+``python -m pi_tmux_matrix.testing.standin [-p | --mode rpc] [--session FILE] [TASK...]``
 
 It takes a task, prints progress, writes a pi-like JSONL session file (header line, then
 messages), and ends its turn with a ``DONE`` marker (``BLOCKED`` if the task says so). Like pi:
@@ -44,12 +44,31 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
-__all__ = ["main"]
+from ..contract import (
+    ENV_AGENT_DIR,
+    ENV_BLOCKED_MARKER,
+    ENV_DONE_MARKER,
+    ENV_FORK,
+    ENV_FORK_RESULT_PATH,
+    ENV_FORK_RUN_ID,
+    ENV_KEY,
+    ENV_MAILBOX,
+    ENV_STATE_DIR,
+    ENV_USAGE_FILE,
+)
 
-ENV_DONE_MARKER = "PI_MATRIX_DONE_MARKER"
-ENV_BLOCKED_MARKER = "PI_MATRIX_BLOCKED_MARKER"
+__all__ = ["ENV_SILENT_BRIDGE", "ENV_STEPS", "ENV_STEP_S", "ENV_USAGE", "KNOBS", "main"]
+
+# The stand-in's own knobs (a test double's: no product code reads them, none is in PASS_ENV; a
+# launched stand-in gets them from the environment its launcher or its tmux server started with,
+# or from a dispatcher given testing.knobs.StandInKnobs).
+ENV_STEPS: Final = "STANDIN_STEPS"
+ENV_STEP_S: Final = "STANDIN_STEP_S"
+ENV_SILENT_BRIDGE: Final = "STANDIN_SILENT_BRIDGE"
+ENV_USAGE: Final = "STANDIN_USAGE"  # set by a profile's env (per agent)
+KNOBS: Final = (ENV_STEPS, ENV_STEP_S, ENV_SILENT_BRIDGE)  # set by a test's env (per dispatcher)
 # A follow-up round's markers, as the dispatcher appends them to the prompt's last line.
 # (The code alone: a marker spelled out in a prompt could be wrapped onto a line of its own by a
 # narrow pane and read by the watcher as the agent's answer.)
@@ -86,7 +105,7 @@ class Session:
 
 
 def _default_session_path() -> Path:
-    agent_dir = Path(os.environ.get("PI_CODING_AGENT_DIR") or Path.home() / ".pi" / "agent")
+    agent_dir = Path(os.environ.get(ENV_AGENT_DIR) or Path.home() / ".pi" / "agent")
     stamp = time.strftime("%Y-%m-%dT%H-%M-%S")
     return agent_dir / "sessions" / "stand-in" / f"{stamp}_{uuid.uuid4().hex[:12]}.jsonl"
 
@@ -95,8 +114,8 @@ class Agent:
     def __init__(self, session: Session, emit_rpc: bool) -> None:
         self.session = session
         self.emit_rpc = emit_rpc
-        self.steps = int(os.environ.get("STANDIN_STEPS", "3"))
-        self.step_s = float(os.environ.get("STANDIN_STEP_S", "0.2"))
+        self.steps = int(os.environ.get(ENV_STEPS, "3"))
+        self.step_s = float(os.environ.get(ENV_STEP_S, "0.2"))
         self.aborted = False
         self.stopping = False
         # Called while a turn runs: pi takes steering messages mid-turn, so does the stand-in.
@@ -104,7 +123,7 @@ class Agent:
         self.done_marker = os.environ.get(ENV_DONE_MARKER) or None
         self.blocked_marker = os.environ.get(ENV_BLOCKED_MARKER) or None
         self.last_reply: str | None = None
-        self.usage_file = os.environ.get("PI_MATRIX_USAGE_FILE") or None
+        self.usage_file = os.environ.get(ENV_USAGE_FILE) or None
 
     def out(self, text: str) -> None:
         if not self.emit_rpc:
@@ -176,7 +195,7 @@ class Agent:
 
     def _claim_usage(self) -> None:
         """``STANDIN_USAGE``, written as is to the round's claim file before the marker shows."""
-        claim = os.environ.get("STANDIN_USAGE")
+        claim = os.environ.get(ENV_USAGE)
         if claim is None or self.usage_file is None:
             return
         target = Path(self.usage_file)
@@ -234,7 +253,7 @@ def _interactive(agent: Agent, first: str | None) -> int:
         agent.stopping = True
 
     signal.signal(signal.SIGTERM, graceful)
-    mailbox = os.environ.get("PI_MATRIX_MAILBOX")
+    mailbox = os.environ.get(ENV_MAILBOX)
     state = {"offset": 0}
     if mailbox and os.path.exists(mailbox):
         state["offset"] = os.path.getsize(mailbox)  # notices from before we started are not for us
@@ -342,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     session = Session(path)
     bridged = any(Path(e).name == "bridge.ts" for e in args.extension)
     # STANDIN_SILENT_BRIDGE=1: like a pi whose bridge failed to load (it never reports in).
-    if bridged and not os.environ.get("STANDIN_SILENT_BRIDGE"):
+    if bridged and not os.environ.get(ENV_SILENT_BRIDGE):
         _report_like_the_bridge(session)
     agent = Agent(session, emit_rpc=mode == "rpc")
     task = " ".join(args.message) or None
@@ -364,14 +383,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fork_child() -> bool:
-    return os.environ.get("PI_FORK") == "1" and bool(os.environ.get("PI_FORK_RESULT_PATH"))
+    return os.environ.get(ENV_FORK) == "1" and bool(os.environ.get(ENV_FORK_RESULT_PATH))
 
 
 def _write_fork_result(agent: Agent, session: Session, code: int) -> None:
     """The bridge's fork ``result.json``: the last reply, a stop reason, a small usage."""
     reply = agent.last_reply or ""
     result = {
-        "runId": os.environ.get("PI_FORK_RUN_ID"),
+        "runId": os.environ.get(ENV_FORK_RUN_ID),
         "at": int(time.time() * 1000),
         "text": reply,
         "stopReason": "stop" if code in (0, 2) else "error",
@@ -381,7 +400,7 @@ def _write_fork_result(agent: Agent, session: Session, code: int) -> None:
         "sessionId": session.id,
         "sessionFile": str(session.path) if session.path else None,
     }
-    target = Path(os.environ["PI_FORK_RESULT_PATH"])
+    target = Path(os.environ[ENV_FORK_RESULT_PATH])
     tmp = target.with_name(f".{target.name}.tmp")
     with contextlib.suppress(OSError):
         tmp.write_text(json.dumps(result))
@@ -391,7 +410,7 @@ def _write_fork_result(agent: Agent, session: Session, code: int) -> None:
 def _report_like_the_bridge(session: Session) -> None:
     """With the pi bridge asked for (``-e …/bridge.ts``), report the session identity to the host
     the way the bridge does, so a stand-in agent looks like bridged pi to its host."""
-    key, state = os.environ.get("PI_MATRIX_KEY", ""), os.environ.get("PI_MATRIX_STATE_DIR", "")
+    key, state = os.environ.get(ENV_KEY, ""), os.environ.get(ENV_STATE_DIR, "")
     if not key or not state:
         return
     folder = Path(state) / "mailbox" / key
