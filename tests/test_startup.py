@@ -72,8 +72,8 @@ def test_version_and_ls_load_only_what_they_need(tmp_path: Path) -> None:
 
 
 def test_listing_real_entries_needs_no_cattrs(tmp_path: Path) -> None:
-    """Entries are read by the fast decoder; the converter (and cattrs) is built on first use,
-    which a listing of valid entries never makes."""
+    """Entries are read by the plain pass (plaincodec); the converter (and cattrs) is built on
+    first use, which a listing of valid entries never makes."""
     from helpers import make_entry
 
     from pi_tmux_matrix.matrix.store import MatrixStore

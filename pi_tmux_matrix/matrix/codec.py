@@ -3,11 +3,12 @@
 On disk everything is camelCase (pi's convention) with a ``schemaVersion``; in Python it is
 snake_case. Primitives are structured strictly: ``"12"`` is not a pid and ``true`` is not 1.
 
-The converter is built on first use (:func:`conv`), and cattrs imported with it: listing reads
-entries through :mod:`.fastcodec`, so ``ls``/``tree``/``show`` need no cattrs at all (~10 ms of
-every such command's start-up); :func:`structure` and :func:`unstructure` go through
-:mod:`.plaincodec` first, so a host, which reads its job and writes its entry and results all its
-life, never builds it either (~1.5 MiB of each host, issue 30.3).
+The converter is built on first use (:func:`conv`), and cattrs imported with it. :func:`structure`
+and :func:`unstructure` go through :mod:`.plaincodec` first (the one fast path, issue 32): so
+``ls``/``tree``/``show``, which read every entry, need no cattrs at all (~10 ms of every such
+command's start-up), and a host, which reads its job and writes its entry and results all its
+life, never builds it either (~1.5 MiB of each host, issue 30.3). The converter reads what the
+plain pass is unsure of, and words every refusal.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import attrs
 from .. import strictjson
 from ..identity import Mode, Role
 from . import plaincodec
-from .model import OUTCOME_ALIASES, SCHEMA_VERSION, DirectiveKind, Entry, ExitKind, Outcome, Status, to_camel
+from .model import ENUM_ALIASES, SCHEMA_VERSION, DirectiveKind, Entry, ExitKind, Outcome, Status, to_camel
 
 if TYPE_CHECKING:
     import cattrs
@@ -35,6 +36,8 @@ __all__ = [
     "encode_entry",
     "entry_document",
     "register_enum",
+    "structure",
+    "structure_strictly",
     "to_camel",
     "unstructure",
     "unstructure_entry",
@@ -107,11 +110,10 @@ def _make_converter(*, detailed: bool) -> cattrs.Converter:
     for kind, label in ((int, "an integer"), (str, "a string"), (bool, "true or false")):
         conv.register_structure_hook(kind, _strict(kind, label))
         # Optional primitives in one call instead of cattrs' generic optional -> inner hop:
-        # an entry has ~20 of them and this is the hot path of every listing.
+        # an entry has ~20 of them (the converter reads what the plain pass is unsure of).
         conv.register_structure_hook_func(_exactly(Optional[kind]), _strict_optional(kind, label))  # noqa: UP045
-    for enum in (Role, Mode, Status, DirectiveKind, ExitKind):
-        conv.register_structure_hook(enum, _enum_hook(enum))
-    conv.register_structure_hook(Outcome, _enum_hook(Outcome, OUTCOME_ALIASES))
+    for enum in (Role, Mode, Status, DirectiveKind, ExitKind, Outcome):
+        conv.register_structure_hook(enum, _enum_hook(enum, ENUM_ALIASES.get(enum)))
 
     # Homogeneous tuples come from JSON arrays only: cattrs would happily iterate a string
     # into characters or a mapping into its keys.
@@ -160,7 +162,7 @@ def _converters() -> list[cattrs.Converter]:
         made = [_make_converter(detailed=False), _make_converter(detailed=True)]
         for made_one in made:
             for enum in _enums:
-                made_one.register_structure_hook(enum, _enum_hook(enum))
+                made_one.register_structure_hook(enum, _enum_hook(enum, ENUM_ALIASES.get(enum)))
         _built.extend(made)
     return _built
 
@@ -181,7 +183,7 @@ def register_enum(enum: type[Enum]) -> None:
     """Structure a str-valued Enum of a higher layer strictly (its value, never coerced)."""
     _enums.append(enum)
     for made in _built:
-        made.register_structure_hook(enum, _enum_hook(enum))
+        made.register_structure_hook(enum, _enum_hook(enum, ENUM_ALIASES.get(enum)))
 
 
 def _describe(exc: BaseException, _type: Any = None) -> str:
@@ -219,7 +221,12 @@ def structure(data: Any, cls: type[T]) -> T:
     try:
         return plaincodec.structure(data, cls)  # no cattrs for a valid record (a host's reads)
     except plaincodec.Unsure:
-        pass
+        return structure_strictly(data, cls)
+
+
+def structure_strictly(data: Any, cls: type[T]) -> T:
+    """:func:`structure` by the converter alone: the reference the plain pass is held to (its
+    refusals are the words users read; tests/test_plaincodec.py compares the two)."""
     try:
         return conv().structure(data, cls)
     except Exception as exc:  # noqa: BLE001 - hostile input can fail in any structuring step
@@ -277,8 +284,9 @@ def entry_document(data: bytes, expected_key: str) -> dict[str, Any]:
 def decode_entry(data: bytes, expected_key: str) -> tuple[Entry, dict[str, Any]]:
     """Parse strictly and check the key; returns the entry and its raw camelCase mapping.
 
-    The reference loader: every field through the converter's strict hooks.
-    :func:`.fastcodec.read_entry` is the same contract in one hand-written pass.
+    Every reader's path (the store's listings and gets): the fields go through the plain pass
+    (:mod:`.plaincodec`), and only what it is unsure of through the converter, whose refusal is
+    the :class:`DecodeError`. ``entry_document`` + :func:`structure_strictly` is the reference.
     """
     raw = entry_document(data, expected_key)
     return structure(raw, Entry), raw

@@ -20,10 +20,10 @@ from ..errors import IllegalTransition, InvalidId
 from ..identity import AgentIdentityContract, ProcessIdentity, Role, validate_task_ref
 
 __all__ = [
+    "ENUM_ALIASES",
     "LEGAL_TRANSITIONS",
     "MAX_HANDOFFS",
     "MAX_TEXT",
-    "OUTCOME_ALIASES",
     "SCHEMA_VERSION",
     "Directive",
     "DirectiveKind",
@@ -114,8 +114,9 @@ class Outcome(str, Enum):
         return cls.FAILED
 
 
-# Handoffs stored before outcomes were widened said ``crashed`` (an ExitKind): read as ``failed``.
-OUTCOME_ALIASES: Final = {"crashed": Outcome.FAILED}
+# Old spellings of enum values, read (by both decoders: the converter and the plain pass) and
+# never written. Handoffs stored before outcomes were widened said ``crashed`` (an ExitKind).
+ENUM_ALIASES: Final[dict[type[Enum], dict[str, Enum]]] = {Outcome: {"crashed": Outcome.FAILED}}
 
 
 _Validator = Callable[[Any, Any, Any], None]

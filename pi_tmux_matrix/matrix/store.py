@@ -32,8 +32,7 @@ from ..errors import (
     StoreError,
 )
 from ..identity import parse_key
-from .codec import MAX_ENTRY_BYTES, DecodeError, encode_entry
-from .fastcodec import read_entry
+from .codec import MAX_ENTRY_BYTES, DecodeError, decode_entry, encode_entry
 from .fsio import (
     DIR_FLAGS,
     durable_unlink,
@@ -130,7 +129,7 @@ class MatrixStore(StateDir):
         path = f"{self.root}{os.sep}{name}"  # a plain string: pathlib costs ~8 us per entry
         data = read_bounded(root_fd, name, path, MAX_ENTRY_BYTES)
         try:
-            return read_entry(data, key)  # decode_entry's contract, in one pass (fastcodec)
+            return decode_entry(data, key)
         except DecodeError as exc:
             raise CorruptEntry(path, exc.reason, newer=exc.newer) from None
 
@@ -148,7 +147,7 @@ class MatrixStore(StateDir):
         if known is not None and known[0] == data:
             return known[1]
         try:
-            return read_entry(data, key)[0]
+            return decode_entry(data, key)[0]
         except DecodeError as exc:
             raise CorruptEntry(path, exc.reason, newer=exc.newer) from None
 
