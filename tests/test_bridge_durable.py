@@ -91,9 +91,19 @@ def test_inbox_post_fsyncs_the_message_then_its_folder(
         seen.append(["fsync", os.readlink(f"/proc/self/fd/{fd}")])
         fsync(fd)
 
-    def observed_replace(source: str | Path, target: str | Path) -> None:
-        seen.append(["rename", str(source), str(target)])
-        replace(source, target)
+    def observed_replace(
+        source: str | Path,
+        target: str | Path,
+        *,
+        src_dir_fd: int | None = None,
+        dst_dir_fd: int | None = None,
+    ) -> None:
+        # fsio's durable write renames within an open folder: the names are that folder's.
+        def where(name: str | Path, fd: int | None) -> str:
+            return str(name) if fd is None else os.path.join(os.readlink(f"/proc/self/fd/{fd}"), name)
+
+        seen.append(["rename", where(source, src_dir_fd), where(target, dst_dir_fd)])
+        replace(source, target, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
 
     monkeypatch.setattr(os, "fsync", observed_fsync)
     monkeypatch.setattr(os, "replace", observed_replace)

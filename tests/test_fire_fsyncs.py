@@ -92,3 +92,27 @@ def test_a_launching_entry_the_disk_refuses_fails_the_fire_after_its_job_recorde
     assert agent.host is not None and agent.pane_id is not None, job
     lab.started.append(agent.host)
     assert job.id in str(failed.value) and agent.agent_id in str(failed.value)
+
+
+def test_a_fire_reads_the_state_dir_whole_once_under_its_cap_lock(
+    lab: Lab,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fire's parent check and its task ref read the master's own entry by its key; only the
+    cap check (under the fire lock) lists every entry. Each listing reads every file: at 100
+    agents a fire read the state dir three times (issue 30.4). Other agents' entries are there."""
+    lab.start_master()
+    pythonpath = _seam(lab, HOLD)
+    _fire(lab, "HANG first", pythonpath)
+    listings: list[int] = []
+    real_list = MatrixStore.list
+
+    def counted(self: MatrixStore) -> object:
+        listings.append(1)
+        return real_list(self)
+
+    monkeypatch.setattr(MatrixStore, "list", counted)
+    _fire(lab, "HANG counted", pythonpath)
+    monkeypatch.undo()
+    (lab.tmp / "gate").unlink()
+    assert len(listings) == 1, listings

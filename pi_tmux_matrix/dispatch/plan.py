@@ -32,7 +32,7 @@ from ..contract import (
 from ..errors import ContractError, DispatchError, LaneError
 from ..identity import AgentIdentityContract, Mode, ProcessIdentity, Role, validate_id, validate_task_ref
 from ..matrix.model import Entry, Status, bounded
-from ..matrix.owners import owning_master, require_master
+from ..matrix.owners import master_entry, owning_master, require_master
 from ..matrix.store import MatrixStore, now_ms
 from ..programs import host_argv, pi_command
 from ..settings import MatrixSettings, agent_dir
@@ -199,7 +199,7 @@ class Planner:
         worktree = self._worktree(folder, lane, dry_run=dry_run)
         return attrs.evolve(place, cwd=worktree or folder, worktree=worktree, lane=lane)
 
-    def _task_ref(self, request: FireRequest, parent: ProcessIdentity) -> str | None:
+    def _task_ref(self, request: FireRequest, parent: ProcessIdentity, session: str) -> str | None:
         """The goal id given, else (matrix on) the calling master's own task ref, else none.
 
         Never made up: exact recovery compares task refs, so a ref the master never had (the
@@ -208,10 +208,11 @@ class Planner:
             return validate_task_ref(request.goal_id, "--goal-id")
         if not self.settings.enabled:
             return None
-        entries = self.store.list().entries
-        master = next(
-            (e for e in entries if e.pid == parent.pid and e.proc_start == parent.start_ticks), None
-        )
+        # The parent's entry by its key (one file); a listing only when that is not it.
+        master = master_entry(self.store, parent, session)
+        if master is None:
+            same = (parent.pid, parent.start_ticks)
+            master = next((e for e in self.store.list().entries if (e.pid, e.proc_start) == same), None)
         return master.task_ref if master is not None else None
 
     # -- room ----------------------------------------------------------------------------------------
@@ -267,7 +268,7 @@ class Planner:
         worktree = self._worktree(cwd, lane, dry_run=request.dry_run)
         job_id = job_id_of(request) or new_job_id()
         place = _JobPlace(
-            job_id=job_id, task=task, task_ref=self._task_ref(request, parent),
+            job_id=job_id, task=task, task_ref=self._task_ref(request, parent, parent_session),
             cwd=worktree or cwd, folder=cwd, worktree=worktree, lane=lane, parent=parent,
             parent_session=parent_session,
             backend=backend.name, socket=backend.socket(request.socket),

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .. import procs
-from ..errors import ContractError, NoMaster
-from ..identity import ProcessIdentity, Role, validate_id
+from ..errors import ContractError, NoMaster, PiMatrixError
+from ..identity import ProcessIdentity, Role, entry_key, validate_id
 from .model import Entry, Status
 from .store import MatrixStore
 
-__all__ = ["calling_master", "masters_of", "owning_master", "require_master"]
+__all__ = ["calling_master", "master_entry", "masters_of", "owning_master", "require_master"]
 
 
 def calling_master(store: MatrixStore) -> tuple[ProcessIdentity, str] | None:
@@ -49,7 +49,7 @@ def owning_master(
     if master is None:
         raise ContractError("--parent-pid", f"no live process {parent_pid}", "name the live master process")
     session = validate_id(parent_session, "--parent-session")
-    sessions = sorted(e.identity.session_id for e in masters_of(store.list().entries, master))
+    sessions = _sessions_of(store, master, session)
     if not sessions and registered:
         # A worker counts a parent that is no running master lost at its first looks (seed 000's
         # declaredParentIsAlive): it would wind down as soon as it started.
@@ -76,6 +76,25 @@ def masters_of(entries: Iterable[Entry], process: ProcessIdentity) -> list[Entry
         if e.role is Role.MASTER and e.status is Status.RUNNING
         and (e.pid, e.proc_start) == (process.pid, process.start_ticks)
     ]  # fmt: skip
+
+
+def master_entry(store: MatrixStore, process: ProcessIdentity, session: str) -> Entry | None:
+    """The running master entry of ``process`` under ``session``'s key, read alone (one file,
+    where a listing reads every entry: a fire at 100 agents read the state dir three times);
+    None if that key is not this process's running master, or cannot be read."""
+    try:
+        found = store.find(entry_key(Role.MASTER, session))
+    except PiMatrixError:
+        return None  # a corrupt or unsafe file: the listing decides, as it always did
+    return found if found is not None and masters_of([found], process) else None
+
+
+def _sessions_of(store: MatrixStore, master: ProcessIdentity, session: str) -> list[str]:
+    """The sessions ``master`` runs as: the one named, read by its key, when it is; else every
+    one (a listing), so a wrong session is still told which are right."""
+    if master_entry(store, master, session) is not None:
+        return [session]
+    return sorted(e.identity.session_id for e in masters_of(store.list().entries, master))
 
 
 def require_master(

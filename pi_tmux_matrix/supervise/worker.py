@@ -25,10 +25,10 @@ import attrs
 
 from .. import procs
 from ..errors import PiMatrixError
-from ..identity import ProcessIdentity, Role, entry_key
+from ..identity import ProcessIdentity, Role
 from ..matrix import lifecycle
 from ..matrix.model import DirectiveKind, Entry, ExitKind, Status
-from ..matrix.owners import masters_of
+from ..matrix.owners import master_entry, masters_of
 from ..matrix.store import now_ms
 from .child import AgentChild
 from .record import OwnRecord
@@ -244,13 +244,12 @@ class WorkerSide:
         """The parent's master entry, read by its key: one file, where a hundred workers' polls
         each reading the whole state dir cost the fleet most of its idle CPU (issue 30.9). The
         whole listing only when that key is not the parent's (a session switch re-keyed it)."""
-        store = self.record.store
         own = self.record.entry
         if own is not None and own.parent_session_id:
-            found = store.find(entry_key(Role.MASTER, own.parent_session_id))
-            if found is not None and masters_of([found], parent):
+            found = master_entry(self.record.store, parent, own.parent_session_id)
+            if found is not None:
                 return [found]
-        return list(store.list().entries)
+        return list(self.record.store.list().entries)
 
     def check(self) -> None:
         """The pidfd woke us: the parent may be gone."""
