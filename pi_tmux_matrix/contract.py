@@ -35,6 +35,7 @@ __all__ = [
     "ENV_AGENT_ID",
     "ENV_ALLOWED_PATHS",
     "ENV_BLOCKED_MARKER",
+    "ENV_BRIDGE_DEBUG",
     "ENV_CLI",
     "ENV_DONE_MARKER",
     "ENV_FORK",
@@ -105,6 +106,8 @@ ENV_USAGE_FILE: Final = "PI_MATRIX_USAGE_FILE"
 ENV_STATE_DIR: Final = _settings.ENV_STATE_DIR
 ENV_AGENT_DIR: Final = _settings.ENV_AGENT_DIR
 ENV_PI_COMMAND: Final = "PI_MATRIX_PI_COMMAND"
+# A file the pi bridge appends its debug lines to (what it caught and went on without); unset: none.
+ENV_BRIDGE_DEBUG: Final = "PI_MATRIX_BRIDGE_DEBUG"
 # How the bridge answers pi's project_trust event (pi >= 0.79): "yes", "no", or unset (pi decides).
 ENV_PROJECT_TRUST: Final = "PI_MATRIX_PROJECT_TRUST"
 ENV_TMUX_SOCKET: Final = "PI_MATRIX_TMUX_SOCKET"
@@ -140,7 +143,7 @@ FORK_NOT_INHERITED: Final = NEVER_INHERITED | FORK_RUN_ENV | frozenset({ENV_TMUX
 # (No test double's knob: the stand-in's reach a pane through the tmux server its test started.)
 PASS_ENV: Final = (
     "PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", ENV_AGENT_DIR,
-    "PI_OFFLINE", "NO_PROXY", "no_proxy", ENV_PI_COMMAND,
+    "PI_OFFLINE", "NO_PROXY", "no_proxy", ENV_PI_COMMAND, ENV_BRIDGE_DEBUG,
 )  # fmt: skip
 
 # Linux caps pid_max at 2^22; anything above cannot be a pid on any Linux machine.

@@ -17,15 +17,16 @@
 // dependency beyond node and pi's own extension API.
 import * as fs from "node:fs";
 import * as path from "node:path";
-import { KEY, MAILBOX, STATE, answersOf, durableWrite, lastAssistant, post, readStateFile, textOf, underHost } from "./common.ts";
+import { KEY, MAILBOX, STATE, answersOf, debug, durableWrite, lastAssistant, post, readStateFile, textOf, underHost } from "./common.ts";
 import { Delivery, type Item, type Mode } from "./delivery.ts";
 import { UsageClaim } from "./usage.ts";
 import { installEnvelope } from "./envelope.ts";
+import type { ExtensionAPI, ExtensionContext } from "./pi-api.d.ts";
 import { installFork } from "./fork.ts";
 import { forkResultDelivery, installForkTool } from "./forktool.ts";
 import { handoffDelivery, installMaster } from "./master.ts";
 
-export default function (pi: any) {
+export default function (pi: ExtensionAPI) {
   // A fork child (PI_FORK=1) writes its result.json and exits after its one run, host or not.
   installFork(pi);
   // The envelope: a worker's under its host; a fork child's (private roots only) without one.
@@ -39,7 +40,7 @@ export default function (pi: any) {
     pi.on("project_trust", async () => ({ trusted: trust, remember: false }));
   }
   if (!underHost()) return;
-  let ctxRef: any = null;
+  let ctxRef: ExtensionContext | null = null;
   let offset = 0;
   let runs = 0;
   let timer: ReturnType<typeof setInterval> | null = null;
@@ -50,7 +51,8 @@ export default function (pi: any) {
   const delivery = new Delivery(() => {
     try {
       return Boolean(ctxRef && ctxRef.isIdle());
-    } catch {
+    } catch (error) {
+      debug("bridge: ctx.isIdle (a stale ctx: taken as busy)", error);
       return false;
     }
   });
@@ -93,7 +95,8 @@ export default function (pi: any) {
         // The host's id for the notice; a host without ids: the notice's place in the file.
         delivery.add(userMessage(kind, text, String(notice.id || `${kind}@${at}`)));
       }
-    } catch {
+    } catch (error) {
+      debug("bridge: delivering a notice", error);
       // A notice that cannot be delivered now is not retried: the host recorded it.
     }
   }
@@ -105,7 +108,8 @@ export default function (pi: any) {
       // A FIFO, a symlink or a device where the notices file should be is never read (a FIFO
       // would block pi itself): no notices until it is a regular file again.
       read = readStateFile(MAILBOX, 1 << 20, offset);
-    } catch {
+    } catch (error) {
+      debug("bridge: reading the notices file", error);
       return;
     }
     if (read === null || read.size <= offset) return;
@@ -117,7 +121,8 @@ export default function (pi: any) {
     for (const line of chunk.slice(0, end).split("\n")) {
       try {
         deliver(JSON.parse(line), at);
-      } catch {
+      } catch (error) {
+        debug("bridge: a notices line skipped", error);
         // a torn or foreign line: skipped
       }
       at += Buffer.byteLength(line) + 1;
@@ -146,7 +151,8 @@ export default function (pi: any) {
         });
       });
       watcher.on("error", unfollow);
-    } catch {
+    } catch (error) {
+      debug("bridge: no watch of the notices folder (the poll delivers)", error);
       watcher = null; // no inotify here (or no folder yet): the poll delivers
     }
   }
@@ -156,19 +162,21 @@ export default function (pi: any) {
     watcher = null;
   }
 
-  pi.on("session_start", async (_event: any, ctx: any) => {
+  pi.on("session_start", async (_event, ctx) => {
     ctxRef = ctx;
     // Made now, not at the first run's end: a job's watcher takes it as the sign that this worker
     // claims its usage through the bridge (and waits a moment for the claim at a marker).
     try {
       fs.mkdirSync(path.join(STATE, "artifacts", KEY), { recursive: true, mode: 0o700 });
-    } catch {
+    } catch (error) {
+      debug("bridge: making the artifacts folder", error);
       // the watcher then does not wait: the result is written without the claim
     }
     // Notices already there belong to before this session started: only new ones are delivered.
     try {
       offset = MAILBOX ? fs.statSync(MAILBOX).size : 0;
-    } catch {
+    } catch (error) {
+      debug("bridge: the notices file's size at session_start", error);
       offset = 0;
     }
     const sm = ctx.sessionManager;
@@ -181,7 +189,7 @@ export default function (pi: any) {
   });
 
   // What pi's conversation took: the acknowledgement of a delivered notice or handoff.
-  pi.on("message_end", async (event: any) => {
+  pi.on("message_end", async (event) => {
     delivery.seen(event && event.message);
   });
   pi.on("session_before_compact", async () => {
@@ -191,7 +199,7 @@ export default function (pi: any) {
     delivery.setCompacting(false);
   });
 
-  pi.on("agent_end", async (event: any, ctx: any) => {
+  pi.on("agent_end", async (event, ctx) => {
     runs += 1;
     const last = lastAssistant(event);
     // A run that failed leaves pi's follow-up queue in place for its next run.
@@ -216,7 +224,8 @@ export default function (pi: any) {
       const file = path.join(dir, `run-${String(runs).padStart(4, "0")}.json`);
       durableWrite(file, JSON.stringify(artifact));
       post("result", JSON.stringify({ path: file, run: runs, stopReason: artifact.stopReason }));
-    } catch {
+    } catch (error) {
+      debug("bridge: writing the run's artifact", error);
       // no artifact: the job's watcher still sees the marker or the exit
     }
   });
@@ -234,7 +243,8 @@ export default function (pi: any) {
     try {
       if (ctxRef) ctxRef.shutdown();
       else process.exit(0);
-    } catch {
+    } catch (error) {
+      debug("bridge: SIGTERM's shutdown", error);
       process.exit(0);
     }
   });

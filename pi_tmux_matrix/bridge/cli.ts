@@ -1,7 +1,7 @@
 // Running this same pi-matrix from inside pi (the master's tmux_agent_manager, the fork tool):
 // always an argv list (never a shell string), with --state-dir of this session's host.
 import { type ChildProcess, spawn, spawnSync } from "node:child_process";
-import { STATE, env } from "./common.ts";
+import { STATE, debug, env } from "./common.ts";
 
 const CLI_TIMEOUT_MS = 120_000;
 const MAX_OUTPUT = 16 * 1024 * 1024;
@@ -12,7 +12,8 @@ function cliPrefix(): string[] {
   try {
     const value = JSON.parse(env.PI_MATRIX_CLI || "");
     if (Array.isArray(value) && value.length > 0 && value.every((v) => typeof v === "string" && v)) return value;
-  } catch {
+  } catch (error) {
+    debug("cli: PI_MATRIX_CLI (the installed pi-matrix instead)", error);
     // fall through to the installed command
   }
   return ["pi-matrix"];
@@ -61,7 +62,8 @@ export function runCliAsync(
     const onAbort = () => {
       try {
         child.kill("SIGINT");
-      } catch {
+      } catch (error) {
+        debug("cli: SIGINT to a command", error);
         // already gone
       }
     };

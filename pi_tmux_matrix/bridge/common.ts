@@ -7,7 +7,35 @@ export const env = process.env;
 export const KEY = env.PI_MATRIX_KEY || "";
 export const STATE = env.PI_MATRIX_STATE_DIR || "";
 export const MAILBOX = env.PI_MATRIX_MAILBOX || "";
+/** A file the bridge appends its debug lines to (docs/bridge.md); unset: no debug lines. */
+const DEBUG_FILE = env.PI_MATRIX_BRIDGE_DEBUG || "";
 const KEY_PATTERN = /^(master|worker)-[A-Za-z0-9][A-Za-z0-9._-]{0,127}$/;
+
+/** The bridge's debug line: what it caught and went on without (`where`, and the error's message),
+ * appended to the file PI_MATRIX_BRIDGE_DEBUG names; nothing at all when that is unset. Never on
+ * stdout or stderr, which are pi's terminal. Every `catch` in the bridge that does not rethrow
+ * calls this (tests/test_bridge_node.py checks it): nothing is swallowed unseen. */
+export function debug(where: string, error?: unknown): void {
+  if (DEBUG_FILE === "") return;
+  const why = error === undefined ? "" : `: ${error instanceof Error ? error.message : String(error)}`;
+  const line = `${new Date().toISOString()} pid ${process.pid} ${KEY || "-"} ${where}${why}`;
+  try {
+    fs.appendFileSync(DEBUG_FILE, `${line.replace(/[\r\n]+/g, " ")}\n`, { mode: 0o600 });
+  } catch {
+    // bridge-debug-sink: the debug file itself failed, and there is nowhere else to say so
+  }
+}
+
+/** The bridge's one truncation: ``text`` whole when it has at most ``limit`` characters, else its
+ * start and then ``mark`` (given the whole text's length), ``limit`` characters in all. */
+export function truncate(text: string, limit: number, mark: (length: number) => string = () => "..."): string {
+  if (text.length <= limit) return text;
+  const tail = mark(text.length);
+  return text.slice(0, Math.max(0, limit - tail.length)) + tail;
+}
+
+/** The mark of a long text cut for the model: how long it was. */
+export const TRUNCATED = (length: number): string => `\n…[truncated: ${length} characters]`;
 
 /** True when a pi-matrix host supervises this pi (its key and state dir are in the env). */
 export function underHost(): boolean {
@@ -57,8 +85,8 @@ export function durableWrite(file: string, body: string): void {
     if (!renamed) {
       try {
         fs.unlinkSync(tmp);
-      } catch {
-        // nothing left to remove
+      } catch (error) {
+        debug("durableWrite: removing the temp file", error); // nothing left to remove
       }
     }
   }
@@ -104,8 +132,9 @@ export function post(kind: string, text: string): void {
     const now = Date.now();
     const name = `${String(now).padStart(15, "0")}-${Math.random().toString(16).slice(2, 10)}.json`;
     durableWrite(path.join(dir, name), JSON.stringify({ kind, text, at: now, sender: "bridge" }));
-  } catch {
+  } catch (error) {
     // The host notices a silent bridge; a failed report must never take the session down.
+    debug(`post: a ${kind} report`, error);
   }
 }
 

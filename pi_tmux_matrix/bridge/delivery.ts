@@ -17,6 +17,8 @@
 //     hands events to extensions on a promise chain that can lag its agent loop, and a follow-up
 //     queued between the loop's last look at its queue and its end would wait for the next run.
 
+import { debug } from "./common.ts";
+
 /** Sent again when pi stayed idle this long without taking it. */
 export const RESEND_MS = 3000;
 
@@ -41,8 +43,13 @@ export class Delivery {
   private idleSince: number | null = null;
   private compacting = false;
   private closed = false;
+  // A plain field, not a parameter property: node's type stripping (tests/bridge/) takes only
+  // TypeScript that can be erased (tsconfig.json's erasableSyntaxOnly).
+  private readonly isIdle: () => boolean;
 
-  constructor(private readonly isIdle: () => boolean) {}
+  constructor(isIdle: () => boolean) {
+    this.isIdle = isIdle;
+  }
 
   /** True when the id is waiting, or sent and not yet seen in the conversation. */
   has(id: string): boolean {
@@ -63,7 +70,8 @@ export class Delivery {
     setTimeout(() => {
       try {
         done.item.taken();
-      } catch {
+      } catch (error) {
+        debug("delivery: an acknowledgement", error);
         // a lost acknowledgement: the host posts the message again and it is acknowledged then
       }
       this.pump();
@@ -91,7 +99,8 @@ export class Delivery {
     if (this.closed) return;
     try {
       this.pumpNow();
-    } catch {
+    } catch (error) {
+      debug("delivery: pump", error);
       // pi refused or its ctx went stale: what was not sent stays queued
     }
   }
@@ -108,7 +117,8 @@ export class Delivery {
       const mode: Mode = this.isIdle() ? "idle" : item.kind === "steer" ? "steer" : "followUp";
       try {
         item.send(mode);
-      } catch {
+      } catch (error) {
+        debug("delivery: pi refused a message (it stays first in line)", error);
         return; // pi refused it now: it stays first in line for the next pump
       }
       this.queue.shift();

@@ -15,7 +15,8 @@
 import * as fs from "node:fs";
 import * as os from "node:os";
 import * as path from "node:path";
-import { KEY, STATE, env, post, role } from "./common.ts";
+import { KEY, STATE, debug, env, post, role, truncate } from "./common.ts";
+import type { ExtensionAPI, ExtensionContext } from "./pi-api.d.ts";
 
 const ENV_ALLOWED = "PI_WORKER_ALLOWED_PATHS";
 const MAX_BYTES = 64 * 1024; // the same limits as contract.parse_allowed_paths
@@ -39,7 +40,7 @@ export type Envelope = {
 };
 
 function shown(text: string): string {
-  return text.length <= MAX_SHOWN ? text : `${text.slice(0, MAX_SHOWN - 3)}...`;
+  return truncate(text, MAX_SHOWN);
 }
 
 /** Parse PI_WORKER_ALLOWED_PATHS like contract.parse_allowed_paths: whole or not at all. */
@@ -88,7 +89,8 @@ export function walk(absolute: string): { real: string; made: string[] } {
     let stat: fs.Stats | null;
     try {
       stat = fs.lstatSync(next);
-    } catch {
+    } catch (error) {
+      debug("envelope: walk (a missing component)", error);
       stat = null; // nothing there yet: the write's mkdir -p makes it a folder (unless it is the file)
     }
     if (stat !== null && stat.isSymbolicLink()) {
@@ -157,7 +159,8 @@ function readTarget(raw: string, cwd: string): string {
     try {
       fs.accessSync(p, fs.constants.F_OK);
       return true;
-    } catch {
+    } catch (error) {
+      debug("envelope: readTarget (no such file)", error);
       return false;
     }
   };
@@ -248,7 +251,8 @@ function hardLinked(tool: string, real: string, where: string): string | undefin
     const stat = fs.lstatSync(real);
     if (!stat.isFile()) return undefined;
     links = stat.nlink;
-  } catch {
+  } catch (error) {
+    debug("envelope: hardLinked (a new file)", error);
     return undefined; // a new file: it gets a fresh inode of its own
   }
   if (links <= 1) return undefined;
@@ -296,7 +300,8 @@ function exists(p: string): boolean {
   try {
     fs.lstatSync(p);
     return true;
-  } catch {
+  } catch (error) {
+    debug("envelope: exists (no)", error);
     return false;
   }
 }
@@ -336,17 +341,20 @@ function entryOf(name: string, searched: string, file: boolean): string | null {
   let stat: fs.Stats;
   try {
     stat = fs.lstatSync(full);
-  } catch {
+  } catch (error) {
+    debug("envelope: a search line's entry", error);
     return null; // half of a name split by a newline, or a file gone since: not attributable
   }
   if (file && stat.isDirectory()) return null;
   try {
     return physical(full); // a symlink into a private root is judged where it leads
-  } catch {
+  } catch (error) {
+    debug("envelope: a search line's entry (a symlink loop)", error);
     // A symlink loop: the search did not follow it, so the entry is where it stands.
     try {
       return path.join(physical(path.dirname(full)), path.basename(full));
-    } catch {
+    } catch (error) {
+      debug("envelope: a search line's entry's folder", error);
       return null;
     }
   }
@@ -373,7 +381,8 @@ export function withoutHidden(tool: string, text: string, searched: string, hidd
     if (found === undefined) {
       try {
         found = fs.readdirSync(folder).some((name) => LINE_BREAK.test(name));
-      } catch {
+      } catch (error) {
+        debug("envelope: listing a private folder (taken as holding a line break)", error);
         found = true; // cannot look: take the worst
       }
       listed.set(folder, found);
@@ -469,7 +478,7 @@ export function filterSearch(tool: string, event: any, searched: string, hidden:
 }
 
 function sentence(text: string, limit = 400): string {
-  return text.length <= limit ? text : `${text.slice(0, limit - 4)}...`;
+  return truncate(text, limit);
 }
 
 /** The appended system prompt: who the worker is, its scope, its lane, no spawning; bounded. */
@@ -496,7 +505,7 @@ export function workerPrompt(envelope: Envelope, cwd: string): string {
   ].join("\n");
 }
 
-export function installEnvelope(pi: any): void {
+export function installEnvelope(pi: ExtensionAPI): void {
   // A fork child is not a worker (no host, full scope: a confined worker may not fork at all),
   // but it gets the same private roots and never-writable folders.
   const forkChild = env.PI_FORK === "1" && Boolean(env.PI_FORK_RESULT_PATH);
@@ -505,19 +514,20 @@ export function installEnvelope(pi: any): void {
   let refused: string | null = null;
   let cwd = process.cwd();
 
-  function sessionCwd(ctx: any): string {
+  function sessionCwd(ctx: ExtensionContext | null): string {
     const fromCtx = ctx && typeof ctx.cwd === "string" && ctx.cwd ? ctx.cwd : null;
     let fromHeader: string | null = null;
     try {
       const header = ctx && ctx.sessionManager && ctx.sessionManager.getHeader && ctx.sessionManager.getHeader();
       fromHeader = header && typeof header.cwd === "string" ? header.cwd : null;
-    } catch {
+    } catch (error) {
+      debug("envelope: the session header's cwd", error);
       fromHeader = null;
     }
     return fromCtx || fromHeader || process.cwd();
   }
 
-  function compile(ctx: any): void {
+  function compile(ctx: ExtensionContext | null): void {
     cwd = sessionCwd(ctx);
     try {
       envelope = compileEnvelope(cwd);
@@ -528,7 +538,7 @@ export function installEnvelope(pi: any): void {
     }
   }
 
-  pi.on("session_start", async (_event: any, ctx: any) => {
+  pi.on("session_start", async (_event, ctx) => {
     compile(ctx);
     if (refused !== null) {
       // Never a session without its envelope: no input reaches the model, every tool is blocked,
@@ -540,12 +550,14 @@ export function installEnvelope(pi: any): void {
       });
       try {
         pi.setActiveTools([]);
-      } catch {
+      } catch (error) {
+        debug("envelope: clearing the tools of a refused session", error);
         // the tool_call block below still holds
       }
       try {
         ctx.shutdown();
-      } catch {
+      } catch (error) {
+        debug("envelope: shutting a refused session down", error);
         process.exit(1);
       }
       return;
@@ -555,14 +567,15 @@ export function installEnvelope(pi: any): void {
       const active: string[] = pi.getActiveTools();
       const kept = active.filter((name) => !AGENT_LAUNCHING_TOOLS.includes(name));
       if (kept.length !== active.length) pi.setActiveTools(kept);
-    } catch {
+    } catch (error) {
+      debug("envelope: the tool ceiling", error);
       // the tool_call block below still holds
     }
   });
 
   pi.on("input", async () => (refused !== null ? { action: "handled" } : undefined));
 
-  pi.on("before_agent_start", async (event: any) => {
+  pi.on("before_agent_start", async (event) => {
     if (envelope === null || forkChild) return undefined; // a fork has its own system prompt
     return { systemPrompt: `${event.systemPrompt || ""}\n\n${workerPrompt(envelope, cwd)}` };
   });
@@ -572,7 +585,7 @@ export function installEnvelope(pi: any): void {
     return { block: true, reason };
   }
 
-  pi.on("tool_result", async (event: any, ctx: any) => {
+  pi.on("tool_result", async (event, ctx) => {
     const tool = String((event && event.toolName) || "");
     if (envelope === null || !RECURSIVE.has(tool)) return undefined;
     const input = (event && event.input) || {};
@@ -582,7 +595,8 @@ export function installEnvelope(pi: any): void {
     try {
       searched = physical(resolveLikePi(raw, sessionCwd(ctx)));
       hidden = hiddenFrom(envelope, searched);
-    } catch {
+    } catch (error) {
+      debug("envelope: a search's folder (its call was blocked)", error);
       return undefined; // the call itself was blocked (judge walks the same path)
     }
     if (hidden.length === 0) return undefined;
@@ -594,7 +608,7 @@ export function installEnvelope(pi: any): void {
     return changed;
   });
 
-  pi.on("tool_call", async (event: any, ctx: any) => {
+  pi.on("tool_call", async (event, ctx) => {
     const tool = String((event && event.toolName) || "");
     if (envelope === null && refused === null) compile(ctx); // a call before session_start: fail safe
     if (refused !== null || envelope === null) return block(tool, null, refused || "pi-matrix envelope: not compiled");
@@ -617,7 +631,8 @@ export function installEnvelope(pi: any): void {
     let own: string | null = null;
     try {
       own = ctx.sessionManager.getSessionFile() || null;
-    } catch {
+    } catch (error) {
+      debug("envelope: this session's file", error);
       own = null;
     }
     const here = sessionCwd(ctx);

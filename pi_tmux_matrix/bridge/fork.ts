@@ -4,7 +4,9 @@
 // agent run this writes the run's result (final assistant text, stop reason, usage, model) to
 // PI_FORK_RESULT_PATH and shuts pi down cleanly. The launch script prints the exit marker after
 // pi exits, so the parent learns the end even if this file is never written.
-import { durableWrite, env, lastAssistant, textOf } from "./common.ts";
+import { debug, durableWrite, env, lastAssistant, textOf } from "./common.ts";
+import type { ExtensionAPI } from "./pi-api.d.ts";
+import { addUsage, emptyUsage } from "./usage.ts";
 
 const FORK_CHILD_SYSTEM_PROMPT = [
   "You are a fork: a copy of an earlier session, started to do one task and report back.",
@@ -12,22 +14,12 @@ const FORK_CHILD_SYSTEM_PROMPT = [
   "Do not start other agents or forks.",
 ].join("\n");
 
-/** The usage of the whole run: agent_end carries only this run's new messages, and every
- * assistant message (each tool-call round) was paid for, not only the last. */
-function runUsage(event: any): any {
-  const messages: any[] = (event && event.messages) || [];
-  const keys = ["input", "output", "cacheRead", "cacheWrite", "totalTokens"];
-  let seen = false;
-  const total: any = { input: 0, output: 0, cacheRead: 0, cacheWrite: 0, totalTokens: 0, cost: { total: 0 } };
-  for (const m of messages) {
-    const usage = m && m.role === "assistant" ? m.usage : null;
-    if (!usage || typeof usage !== "object") continue;
-    seen = true;
-    for (const key of keys) if (typeof usage[key] === "number") total[key] += usage[key];
-    const cost = usage.cost && typeof usage.cost === "object" ? usage.cost.total : usage.cost;
-    if (typeof cost === "number") total.cost.total += cost;
-  }
-  return seen ? total : null;
+/** The usage of the whole run (usage.ts's one sum): agent_end carries only this run's new
+ * messages, and every assistant message (each tool-call round) was paid for, not only the last. */
+function runUsage(event: any): object | null {
+  const sum = emptyUsage();
+  if (!addUsage(sum, (event && event.messages) || [])) return null;
+  return { ...sum.counts, cost: { total: sum.costs.total } };
 }
 
 const MAX_ACTIVITY = 20; // lines: the run's last tool calls
@@ -50,16 +42,16 @@ function runActivity(event: any): string[] {
   return lines.slice(-MAX_ACTIVITY);
 }
 
-export function installFork(pi: any): void {
+export function installFork(pi: ExtensionAPI): void {
   const resultPath = env.PI_FORK_RESULT_PATH || "";
   if (env.PI_FORK !== "1" || !resultPath) return;
   let done = false;
 
-  pi.on("before_agent_start", async (event: any) => {
+  pi.on("before_agent_start", async (event) => {
     return { systemPrompt: `${event.systemPrompt || ""}\n\n${FORK_CHILD_SYSTEM_PROMPT}` };
   });
 
-  pi.on("agent_end", async (event: any, ctx: any) => {
+  pi.on("agent_end", async (event, ctx) => {
     if (done) return;
     done = true;
     const last = lastAssistant(event);
@@ -78,14 +70,16 @@ export function installFork(pi: any): void {
     };
     try {
       durableWrite(resultPath, JSON.stringify(result));
-    } catch {
+    } catch (error) {
+      debug("fork: writing result.json", error);
       // No artifact: the parent builds a failure result from the exit marker.
     }
     // Let pi finish writing the session file, then leave through its shutdown hooks.
     setTimeout(() => {
       try {
         ctx.shutdown();
-      } catch {
+      } catch (error) {
+        debug("fork: shutting down after the run", error);
         process.exit(0);
       }
     }, 300);

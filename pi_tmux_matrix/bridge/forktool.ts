@@ -19,8 +19,9 @@ import type { ChildProcess } from "node:child_process";
 import { Text } from "@mariozechner/pi-tui";
 import { Type } from "typebox";
 import { cliError, runCli, runCliAsync } from "./cli.ts";
-import { env, post } from "./common.ts";
+import { TRUNCATED, debug, env, post, truncate } from "./common.ts";
 import type { Delivery, Mode } from "./delivery.ts";
+import type { ExtensionAPI, ExtensionContext, ToolResult } from "./pi-api.d.ts";
 
 export const FORK_TOOL = "fork";
 export const FORK_RESULT_TYPE = "pi-matrix-fork-result"; // the custom message of a background result
@@ -95,7 +96,8 @@ function parseRun(out: string): any {
   try {
     const run = JSON.parse(out);
     return run && typeof run === "object" ? run : null;
-  } catch {
+  } catch (error) {
+    debug("forktool: the CLI's run record", error);
     return null;
   }
 }
@@ -118,29 +120,30 @@ function detailsOf(run: any, mode: "wait" | "background"): Details {
 }
 
 /** The fork_result ids already in a session's conversation (a previous pi of it took them). */
-function deliveredIn(ctx: any): Set<string> {
+function deliveredIn(ctx: ExtensionContext | null): Set<string> {
   const ids = new Set<string>();
   try {
     for (const entry of ctx?.sessionManager?.getEntries?.() || []) {
       const id = entry?.type === "custom_message" && entry.customType === FORK_RESULT_TYPE && entry.details?.runId;
       if (typeof id === "string") ids.add(id);
     }
-  } catch {
+  } catch (error) {
+    debug("forktool: the fork results in the session", error);
     // an unreadable session: nothing is known to be there
   }
   return ids;
 }
 
-export function installForkTool(pi: any, delivery: Delivery): void {
+export function installForkTool(pi: ExtensionAPI, delivery: Delivery): void {
   if (env.PI_FORK === "1") return; // forks do not fork (seed 003)
-  let ctxRef: any = null;
+  let ctxRef: ExtensionContext | null = null;
   let footer = true;
   let configured = false; // the footer shows only once "pi-fork".costFooter is known
   let forked = false; // this pi started a fork: its shutdown stops the running ones
   let delivered = new Set<string>();
   const waiters = new Set<ChildProcess>();
 
-  function updateFooter(ctx: any): void {
+  function updateFooter(ctx: ExtensionContext | null): void {
     try {
       if (!ctx?.hasUI || !ctx.ui?.setStatus || !configured) return;
       if (!footer) {
@@ -149,24 +152,26 @@ export function installForkTool(pi: any, delivery: Delivery): void {
       }
       const { cost, forks } = forkCost(ctx.sessionManager.getBranch());
       ctx.ui.setStatus(STATUS_KEY, forks > 0 ? formatCost(cost) : undefined);
-    } catch {
+    } catch (error) {
+      debug("forktool: the footer", error);
       // a stale ctx (shutting down): no footer
     }
   }
 
   /** "pi-fork".costFooter, from the one settings reader (`pi-matrix runs --fork-settings`). */
-  async function loadConfig(ctx: any): Promise<void> {
+  async function loadConfig(ctx: ExtensionContext | null): Promise<void> {
     const shown = await runCliAsync(["runs", "--fork-settings", "--json"], ctx?.cwd);
     try {
       if (shown.code === 0) footer = JSON.parse(shown.out).costFooter !== false;
-    } catch {
+    } catch (error) {
+      debug("forktool: pi-fork settings (the default: footer on)", error);
       // unreadable: the default (on)
     }
     configured = true;
     updateFooter(ctxRef);
   }
 
-  async function execute(_id: string, params: any, signal: AbortSignal | undefined, _update: any, ctx: any): Promise<any> {
+  async function execute(_id: string, params: any, signal: AbortSignal | undefined, _update: unknown, ctx: ExtensionContext | null): Promise<ToolResult<Details>> {
     ctxRef = ctx || ctxRef;
     const task = typeof params.task === "string" ? params.task : "";
     if (task.trim() === "") throw new Error('fork: needs "task", the one task the fork does and reports on');
@@ -193,7 +198,7 @@ export function installForkTool(pi: any, delivery: Delivery): void {
     }
     // The whole answer (the run record keeps only an excerpt in `text`).
     const whole = String(typeof run.answer === "string" ? run.answer : run.text || "");
-    const answer = whole.length <= MAX_TEXT ? whole : `${whole.slice(0, MAX_TEXT)}\n…[truncated: ${whole.length} characters]`;
+    const answer = truncate(whole, MAX_TEXT, TRUNCATED);
     const body = run.status === "completed" ? answer : `Fork ${run.id} ${run.status}: ${run.error || "no answer"}${answer ? `\n${answer}` : ""}`;
     return { content: [{ type: "text", text: body }], details };
   }
@@ -241,7 +246,8 @@ export function installForkTool(pi: any, delivery: Delivery): void {
     let result: any;
     try {
       result = JSON.parse(String(notice.message || ""));
-    } catch {
+    } catch (error) {
+      debug("forktool: a fork_result notice", error);
       return;
     }
     const runId = String(result?.runId || "");
@@ -270,32 +276,34 @@ export function installForkTool(pi: any, delivery: Delivery): void {
   }
   forkResultDelivery.deliver = deliverResult;
 
-  pi.on("session_start", async (_event: any, ctx: any) => {
+  pi.on("session_start", async (_event, ctx) => {
     ctxRef = ctx;
     delivered = deliveredIn(ctx);
     updateFooter(ctx);
     setTimeout(() => {
-      loadConfig(ctx).catch(() => undefined);
+      loadConfig(ctx).catch((error) => debug("forktool: loading pi-fork settings", error));
     }, 0);
   });
-  pi.on("turn_end", async (_event: any, ctx: any) => updateFooter(ctx || ctxRef));
-  pi.on("session_tree", async (_event: any, ctx: any) => updateFooter(ctx || ctxRef));
-  pi.on("message_end", async (event: any, ctx: any) => {
+  pi.on("turn_end", async (_event, ctx) => updateFooter(ctx || ctxRef));
+  pi.on("session_tree", async (_event, ctx) => updateFooter(ctx || ctxRef));
+  pi.on("message_end", async (event, ctx) => {
     // A delivered background result changes the sum without a turn of its own ending first.
     if (event?.message?.customType === FORK_RESULT_TYPE) setTimeout(() => updateFooter(ctx || ctxRef), 0);
   });
 
-  pi.on("session_shutdown", async (event: any, ctx: any) => {
+  pi.on("session_shutdown", async (event, ctx) => {
     try {
       ctx?.ui?.setStatus?.(STATUS_KEY, undefined);
-    } catch {
+    } catch (error) {
+      debug("forktool: clearing the footer", error);
       // the UI is gone already
     }
     if (event?.reason === "reload") return; // the same session goes on
     for (const waiter of waiters) {
       try {
         waiter.kill("SIGTERM"); // its waiter fails the fork: "Parent session shut down. …"
-      } catch {
+      } catch (error) {
+        debug("forktool: SIGTERM to a fork's waiter", error);
         // gone already
       }
     }
@@ -303,7 +311,8 @@ export function installForkTool(pi: any, delivery: Delivery): void {
     let file = "";
     try {
       file = String(ctx?.sessionManager?.getSessionFile?.() || "");
-    } catch {
+    } catch (error) {
+      debug("forktool: the session file at shutdown", error);
       file = "";
     }
     if (file) runCli(["runs", "--abort", "--parent-session", file], ctx?.cwd);

@@ -19,8 +19,9 @@
 //     without a UI (print, rpc) they are only reported.
 import { Type } from "typebox";
 import { type Cli, cliError, runCli, runCliAsync } from "./cli.ts";
-import { env, post, role } from "./common.ts";
+import { TRUNCATED, debug, env, post, role, truncate } from "./common.ts";
 import type { Delivery, Mode } from "./delivery.ts";
+import type { ExtensionAPI, ExtensionContext, ToolResult } from "./pi-api.d.ts";
 import { toolWords } from "./toolwords.ts";
 
 const MAX_RESULT = 6000; // characters of CLI output returned to the model
@@ -50,18 +51,19 @@ const ACTIONS = [
 ] as const;
 
 function bounded(text: string, limit: number = MAX_RESULT): string {
-  return text.length <= limit ? text : `${text.slice(0, limit - 40)}\n…[truncated: ${text.length} characters]`;
+  return truncate(text, limit, TRUNCATED);
 }
 
 function compact(out: string): string {
   try {
     return JSON.stringify(JSON.parse(out));
-  } catch {
+  } catch (error) {
+    debug("master: the CLI's output is not JSON (shown as it is)", error);
     return out.trim();
   }
 }
 
-function text(value: string): any {
+function text(value: string): ToolResult {
   return { content: [{ type: "text", text: bounded(value) }], details: {} };
 }
 
@@ -206,23 +208,24 @@ function setupHelp(cwd?: string): { available: boolean; text: string } {
 }
 
 /** The handoff ids already in a session's conversation (a previous pi of it took them). */
-function handoffsIn(ctx: any): Set<string> {
+function handoffsIn(ctx: ExtensionContext | null): Set<string> {
   const ids = new Set<string>();
   try {
     for (const entry of ctx?.sessionManager?.getEntries?.() || []) {
       const id = entry?.type === "custom_message" && entry.customType === HANDOFF_TYPE && entry.details?.id;
       if (typeof id === "string") ids.add(id);
     }
-  } catch {
+  } catch (error) {
+    debug("master: the handoffs in the session", error);
     // an unreadable session: nothing is known to be there
   }
   return ids;
 }
 
-export function installMaster(pi: any, delivery: Delivery): void {
+export function installMaster(pi: ExtensionAPI, delivery: Delivery): void {
   if (role() !== "master") return;
   const hostPid = env.PI_MATRIX_HOST_PID || "";
-  let ctxRef: any = null;
+  let ctxRef: ExtensionContext | null = null;
   let taken = new Set<string>(); // handoff ids pi's conversation has
 
   function sessionId(): string {
@@ -236,7 +239,7 @@ export function installMaster(pi: any, delivery: Delivery): void {
     return compact(result.out);
   }
 
-  async function execute(id: string, params: any, signal: any, update: any, ctx: any): Promise<any> {
+  async function execute(id: string, params: any, signal: AbortSignal | undefined, update: unknown, ctx: ExtensionContext | null): Promise<ToolResult> {
     try {
       return await act(id, params, signal, update, ctx);
     } catch (error: any) {
@@ -244,7 +247,7 @@ export function installMaster(pi: any, delivery: Delivery): void {
     }
   }
 
-  async function act(_id: string, params: any, _signal: any, _update: any, ctx: any): Promise<any> {
+  async function act(_id: string, params: any, _signal: AbortSignal | undefined, _update: unknown, ctx: ExtensionContext | null): Promise<ToolResult> {
     ctxRef = ctx || ctxRef;
     const action = String(params.action || "");
     const cwd = ctx?.cwd;
@@ -428,7 +431,7 @@ export function installMaster(pi: any, delivery: Delivery): void {
   // The origin's /tmux-agents: is tmux here, and how to use it (or get it).
   pi.registerCommand("tmux-agents", {
     description: "Check tmux availability and show managed-agent guidance (pi-matrix setup-help)",
-    handler: async (_args: string, ctx: any) => {
+    handler: async (_args: string, ctx: ExtensionContext) => {
       try {
         const help = setupHelp(ctx?.cwd);
         ctx.ui.notify(help.text, help.available ? "info" : "warning");
@@ -438,16 +441,16 @@ export function installMaster(pi: any, delivery: Delivery): void {
     },
   });
 
-  pi.on("session_start", async (_event: any, ctx: any) => {
+  pi.on("session_start", async (_event, ctx) => {
     ctxRef = ctx;
     taken = handoffsIn(ctx);
     // Not awaited: the questions need pi's UI running, which starts after session_start.
     setTimeout(() => {
-      askAboutOrphans(ctx).catch(() => undefined);
+      askAboutOrphans(ctx).catch((error) => debug("master: asking about orphans", error));
     }, 300);
   });
 
-  async function askAboutOrphans(ctx: any): Promise<void> {
+  async function askAboutOrphans(ctx: ExtensionContext): Promise<void> {
     // Not blocking pi: a handoff the host posts as pi reports ready goes in (and is acknowledged)
     // while the scan runs (issue 29.6), not half a second later.
     const scan = await runCliAsync(["scan", "--json"], ctx?.cwd);
@@ -455,7 +458,8 @@ export function installMaster(pi: any, delivery: Delivery): void {
     let rows: any[] = [];
     try {
       rows = JSON.parse(scan.out);
-    } catch {
+    } catch (error) {
+      debug("master: the orphan scan's output", error);
       return;
     }
     const mine = sessionId();
@@ -498,7 +502,8 @@ export function installMaster(pi: any, delivery: Delivery): void {
     let handoff: any;
     try {
       handoff = JSON.parse(String(notice.message || ""));
-    } catch {
+    } catch (error) {
+      debug("master: a handoff notice", error);
       return;
     }
     const id = String(handoff?.id || "");
