@@ -306,6 +306,7 @@ class MatrixStore(StateDir):
         *,
         expected: str | None = None,
         registration: str | None = None,
+        sync_dir: bool = True,
     ) -> Entry:
         """Re-read under the lock, apply ``change``, write the result under a fresh token.
 
@@ -314,7 +315,8 @@ class MatrixStore(StateDir):
         generation (the owner's own writes: a directive written by a master in between is
         seen by ``change``, a newer registration is a :class:`Conflict`). ``change`` may return
         None to write nothing (the current entry is returned). A corrupt entry is never
-        overwritten: :class:`CorruptEntry` is raised.
+        overwritten: :class:`CorruptEntry` is raised. ``sync_dir=False``: whole, not made durable
+        (see :func:`.fsio.durable_write`), for a write a crash makes moot (a heartbeat).
         """
         with self.locked(key) as root_fd:
             current = self._read_locked(root_fd, key)
@@ -332,7 +334,7 @@ class MatrixStore(StateDir):
             if changed.key != key:
                 raise StoreError(f"{key}: an update may not change the key (to {changed.key})")
             stamped = self._stamp(changed, register=False)
-            self._write(root_fd, key, stamped, exclusive=False)
+            self._write(root_fd, key, stamped, exclusive=False, sync_dir=sync_dir)
             return stamped
 
     def replace(self, key: str, expected: str, entry: Entry) -> Entry:

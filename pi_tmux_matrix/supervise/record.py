@@ -71,13 +71,14 @@ class OwnRecord:
         self.superseded = False
         return self.entry
 
-    def write(self, change: Callable[[Entry], Entry | None]) -> Entry | None:
-        """Apply ``change`` to our entry; None (and no more writes) once a newer process owns it."""
+    def write(self, change: Callable[[Entry], Entry | None], *, durable: bool = True) -> Entry | None:
+        """Apply ``change`` to our entry; None (and no more writes) once a newer process owns it.
+        ``durable=False``: whole but not made durable (a heartbeat: see the host's beat)."""
         if self.superseded:
             return None
         before = self.entry.status if self.entry is not None else None
         try:
-            entry = self.store.update(self.key, change, registration=self.registration)
+            entry = self.store.update(self.key, change, registration=self.registration, sync_dir=durable)
         except Conflict as exc:
             self._supersede(exc.found, warn=True)
             return None

@@ -1,13 +1,20 @@
-"""A worker host's poll of its parent reads the parent's master entry by its key, not the whole
-state dir (issue 30.9): with a hundred agents each host's listing every ``watcherPollMs`` was most
-of the fleet's idle CPU. The whole listing stays the way to find a master whose key changed (a
-session switch re-keys it under the same process).
+"""What an idle host does at each of its timers, kept small (issue 30.9: a hundred idle hosts at
+default settings within 1 % of a core).
 
-A real registered, heartbeating parent process; the store's ``list`` is counted (our own seam).
+A worker host's poll of its parent reads the parent's master entry by its key, not the whole
+state dir: with a hundred agents each host's listing every ``watcherPollMs`` was most of the
+fleet's idle CPU. The whole listing stays the way to find a master whose key changed (a session
+switch re-keys it under the same process). A heartbeat fsyncs its entry's file but not the state
+dir (half a beat's fsyncs).
+
+A real registered, heartbeating parent process; the store's ``list`` and ``os.fsync`` are
+observed (our own seams).
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from typing import Any, cast
 
 import attrs
@@ -113,3 +120,27 @@ def test_a_parent_that_is_no_registered_master_is_still_lost(reaper: Reaper, sto
     store.delete("master-boss", store.get("master-boss").generation)
     # Confirmed on a second look (a session switch closes the old entry just before the new).
     assert [side.look(), side.look()] == [ParentState.ALIVE, ParentState.UNREGISTERED]
+
+
+def test_a_heartbeat_fsyncs_its_entry_file_and_not_the_state_dir(
+    reaper: Reaper, store: CountingStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash leaves the beat or the version before it, whole; a durable write still fsyncs both."""
+    parent = _parent(reaper, store, "boss")
+    side = _side(store, parent, "boss")
+    seen: list[tuple[str, bool]] = []
+    real = os.fsync
+
+    def observed(fd: int) -> None:
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        seen.append((name, stat.S_ISDIR(os.fstat(fd).st_mode)))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", observed)
+    side.record.write(lambda e: lifecycle.heartbeat(e, now_ms()), durable=False)
+    assert seen == [(".worker-w1.json.tmp", False)], seen
+    seen.clear()
+    side.record.write(lambda e: lifecycle.heartbeat(e, now_ms()))
+    assert seen == [(".worker-w1.json.tmp", False), ("state", True)], seen
+    entry = store.get("worker-w1")
+    assert entry.heartbeat_at is not None
