@@ -23,7 +23,7 @@ from test_dispatch import Lab, lab, wait_for  # noqa: F401 - lab is a fixture
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore, new_nonce
-from pi_tmux_matrix.dispatch.model import SUBPROCESS, Job, JobAgent
+from pi_tmux_matrix.dispatch.model import SUBPROCESS, TMUX, Job, JobAgent
 from pi_tmux_matrix.fork.model import ForkRun, RunMode, RunStatus
 from pi_tmux_matrix.fork.store import RunStore
 from pi_tmux_matrix.matrix.mailbox import AgentNotices, EventLog, Inbox
@@ -341,3 +341,44 @@ def test_a_lock_file_removed_under_contention_never_lets_two_writers_hold_it(
     assert all(popen.returncode == 0 for popen in contenders)
     assert sum(rounds for rounds, _ in counts) > 100, counts  # they really contended
     assert [clashes for _, clashes in counts] == [0] * len(counts), counts
+
+
+def test_a_pane_pipe_a_killed_host_left_goes_with_its_job_and_a_fifo_elsewhere_stays(
+    store: MatrixStore, tmp_path: Path
+) -> None:
+    """pipes/ holds the FIFO a tmux agent's host reads its pane from, removed by the host at its
+    end; one a killed host left goes with its job once the job is over and past the window, or,
+    of no job, by its own time. A FIFO anywhere else is still never removed (issue 30.5)."""
+    then = now_ms() - OLD_MS
+    agent = JobAgent(
+        agent_id="a1", key="worker-piped1", session_id="piped1", profile="stand-in", provider="pi",
+        mode="interactive", cwd=str(tmp_path), backend=TMUX, nonce=new_nonce(), round=1, deadline_at=then,
+        deadline_s=1.0,
+    )  # fmt: skip
+    job = Job(
+        id="job-20261001-000000-p1p1p1", created_at=then, parent_pid=1, parent_session_id="boss", task="t",
+        profile="stand-in", team=None, agents=(agent,), backend=TMUX, stopped_at=then,
+    )  # fmt: skip
+    JobStore(store).create(job)
+    pipes = store.side_dir("pipes")
+    left = pipes / f"{job.id}.a1.fifo"
+    loose = pipes / "job-20261002-000000-gone00.a1.fifo"
+    young = pipes / "job-20261203-000000-young0.a1.fifo"
+    for fifo in (left, loose, young):
+        os.mkfifo(fifo, 0o600)
+    age(loose, OLD_MS)
+    elsewhere = store.side_dir("logs") / "planted.fifo"
+    os.mkfifo(elsewhere, 0o600)
+    age(elsewhere, OLD_MS)
+
+    shown = cli(store.root, "gc", "--json")
+    assert shown.returncode == 2, shown.stderr
+    paths = {item["path"] for item in json.loads(shown.stdout)["remove"]}
+    assert {f"pipes/{left.name}", f"pipes/{loose.name}", f"jobs/{job.id}.json"} <= paths, sorted(paths)
+    assert f"pipes/{young.name}" not in paths
+    done = cli(store.root, "gc", "--confirm", "yes-gc", "--json")
+    assert done.returncode == 0, done.stderr
+    assert not left.exists() and not loose.exists()
+    assert young.exists() and elsewhere.exists()
+    kept = {item["path"]: item["reason"] for item in json.loads(done.stdout)["kept"]}
+    assert "not a regular file" in kept.get("logs/planted.fifo", ""), kept

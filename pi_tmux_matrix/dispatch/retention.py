@@ -23,6 +23,7 @@ import attrs
 
 from .. import procs
 from ..errors import CorruptEntry
+from ..matrix.layout import PIPES
 from ..matrix.records import RecordStore
 from ..matrix.retention import (
     DAY_MS,
@@ -42,13 +43,14 @@ from .usage import CLAIM_SUFFIX
 
 __all__ = ["dispatch_history", "job_names"]
 
-_FOLDERS: Final = ("results", "variables", "logs")  # what a job owns beside its record
+# What a job owns beside its record (pipes/: a FIFO a killed host left, ``<job>.<agent>.fifo``).
+_FOLDERS: Final = ("results", "variables", "logs", PIPES)
 _RECORD_FOLDERS: Final = frozenset({"results", "variables"})
 _ARCHIVES: Final = ("archived-jobs", "archived-results")
 _WHAT: Final = {
     "results": "a result or usage claim of no job", "variables": "variables of no job",
     "archived-jobs": "a job archived by fire --force",
-    "archived-results": "a result archived by fire --force",
+    "archived-results": "a result archived by fire --force", PIPES: "a pane pipe of no job",
 }  # fmt: skip
 
 

@@ -38,6 +38,7 @@ import attrs
 
 from ..errors import PiMatrixError, TmuxUnavailable
 from ..matrix.fsio import open_fifo
+from ..matrix.layout import PIPES
 from ..matrix.mailbox import EventLog
 from ..matrix.store import MatrixStore
 from .jobs import JobStore
@@ -116,7 +117,7 @@ class RoundWatch:
             return
         from .tmux import TmuxServer
 
-        path = self.store.side_dir("pipes") / f"{self.job_id}.{self.agent_id}.fifo"
+        path = self.store.side_dir(PIPES) / f"{self.job_id}.{self.agent_id}.fifo"
         try:
             self._fifo = open_fifo(path)
             self._fifo_path = path

@@ -139,10 +139,11 @@ def durable_unlink(dir_fd: int, name: str) -> None:
     _fsync(dir_fd)
 
 
-def remove_regular(dir_fd: int, name: str) -> int | None:
-    """Unlink ``name`` in ``dir_fd`` if it is a regular file; returns its size (0 if it was
-    already gone), or None when it is anything else (a symlink, a FIFO, a folder): that is left
-    where it is, for the caller to report, never followed or removed.
+def remove_regular(dir_fd: int, name: str, *, fifo: bool = False) -> int | None:
+    """Unlink ``name`` in ``dir_fd`` if it is a regular file (or, with ``fifo``, a FIFO: in
+    ``pipes/``, where the hosts make theirs); returns its size (0 if it was already gone), or
+    None when it is anything else (a symlink, a FIFO, a folder): that is left where it is, for
+    the caller to report, never followed or removed.
 
     Not fsynced: this removes what is no longer needed (history past its window, an ended
     entry's mailbox), and a removal a crash undoes is simply done again by the next sweep.
@@ -151,7 +152,7 @@ def remove_regular(dir_fd: int, name: str) -> int | None:
         info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
     except FileNotFoundError:
         return 0
-    if not stat.S_ISREG(info.st_mode):
+    if not (stat.S_ISREG(info.st_mode) or (fifo and stat.S_ISFIFO(info.st_mode))):
         return None
     try:
         os.unlink(name, dir_fd=dir_fd)

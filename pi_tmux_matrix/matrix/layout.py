@@ -14,8 +14,8 @@ from typing import Final
 from .fsio import opened_dir
 
 __all__ = [
-    "LOCKS", "MAILBOX", "QUARANTINE", "RESERVED_DIRS", "SUFFIX", "TMP_SUFFIX", "inbox_name", "lists_nothing",
-    "notices_name",
+    "LOCKS", "MAILBOX", "PIPES", "QUARANTINE", "RESERVED_DIRS", "SUFFIX", "TMP_SUFFIX", "inbox_name",
+    "lists_nothing", "notices_name",
 ]  # fmt: skip
 
 SUFFIX: Final = ".json"
@@ -23,6 +23,7 @@ TMP_SUFFIX: Final = ".json.tmp"
 LOCKS: Final = "locks"
 QUARANTINE: Final = "quarantine"
 MAILBOX: Final = "mailbox"
+PIPES: Final = "pipes"  # the FIFOs a tmux agent's host reads its pane from (one per job agent)
 # Sub-directories the matrix itself keeps beside the entries; never reported as foreign.
 RESERVED_DIRS: Final = frozenset(
     {
@@ -39,7 +40,7 @@ RESERVED_DIRS: Final = frozenset(
         "archived-jobs",
         "archived-results",
         "variables",
-        "pipes",
+        PIPES,
     }
 )
 

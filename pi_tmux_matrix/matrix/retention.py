@@ -39,7 +39,7 @@ from .. import strictjson
 from ..errors import CorruptEntry, LockUnavailable, PiMatrixError
 from ..identity import ID_PATTERN
 from .fsio import DIR_FLAGS, durable_write, opened_dir, read_bounded, remove_folder, remove_regular
-from .layout import LOCKS, MAILBOX, QUARANTINE, RESERVED_DIRS, SUFFIX, notices_name
+from .layout import LOCKS, MAILBOX, PIPES, QUARANTINE, RESERVED_DIRS, SUFFIX, notices_name
 from .records import RecordStore
 from .statedir import is_key
 from .store import MatrixStore
@@ -222,7 +222,9 @@ def remove_path(root_fd: int, rel: str, cutoff_ms: int | None) -> Removal:
             return Removal((attrs.evolve(item, size=freed),), kept)
         if cutoff_ms is not None and _ms(info) > cutoff_ms:
             return Removal(kept=(attrs.evolve(item, reason="written since the survey"),))
-        size = remove_regular(fd, name)
+        # pipes/ holds the FIFOs the hosts read their panes from: one left by a killed host
+        # goes with its job (or past the window); a FIFO anywhere else is never removed.
+        size = remove_regular(fd, name, fifo=folder == PIPES)
     finally:
         os.close(fd)
     if size is None:
