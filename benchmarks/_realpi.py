@@ -1,5 +1,6 @@
-"""The real-pi rows of benchmarks/bench_handoff.py (issue 29.9): a worker's answer to the
-handoff in the master's pi conversation, with the real pi CLI on both ends.
+"""The real-pi rows of benchmarks/bench_handoff.py: a worker's answer to the handoff in the
+master's pi conversation, with the real pi CLI on both ends
+(docs/decisions.md#the-rounds-answer-is-the-one-that-holds-the-marker).
 
 A real interactive ``pi-matrix master -- pi`` runs in a private tmux server (``tmux -L``, never
 the user's); a real interactive ``pi-worker`` is fired through the dispatcher with that master
@@ -12,7 +13,7 @@ The model holds the worker's first request until the benchmark releases it: that
 Two cases, each in a lab of its own (state dir, agent dir, tmux server, model):
 fresh, the master stays up; re-adopted, the master's host and its pi are killed (SIGKILL) while
 the worker thinks, a new master starts on the same session file and re-adopts the worker, and
-only then is the worker's answer released (issue 29.7: ~10 s before commit 624b2f4).
+only then is the worker's answer released (~10 s before commit 624b2f4).
 
 Settings are the defaults (a 30 s heartbeat), as a user gets them.
 """
@@ -47,7 +48,7 @@ from pi_tmux_matrix.settings import load_settings
 
 T = TypeVar("T")
 
-GOAL_MS = 2000.0  # issue 29.7: a round in the master's conversation within 2 s of its answer
+GOAL_MS = 2000.0  # a round in the master's conversation within 2 s of its answer
 SESSION = "bench"
 MASTER_KEY = f"master-{SESSION}"
 HANDOFF_TAG = "[pi-matrix handoff]"
@@ -400,7 +401,7 @@ def run(repo: Path, root: Path, repeats: int, enabled: bool) -> dict[str, Any]:
 
 def rows(real: dict[str, Any], durable_ms: float) -> list[dict[str, Any]]:
     """Table rows: fresh against the durable write timed in the same run, re-adopted against the
-    fresh case of the same run (issue 29.7: as fast as a fresh worker); p50 and max each."""
+    fresh case of the same run (as fast as a fresh worker); p50 and max each."""
     by_case = {case: sorted(r["ms"] for r in real["runs"] if r["case"] == case) for case in CASES}
     fresh = by_case["fresh"]
     out = []

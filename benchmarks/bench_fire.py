@@ -8,16 +8,18 @@ call until every agent is up (its host registered in the matrix and its agent pr
 
 * ours: ``Dispatcher.fire`` once per agent — profile, parent, cap and lane checks, the job
   record, the tmux window, the pane tags, the published ``launching`` entry (the agent's host
-  watches its rounds itself: no watcher process, issue 30.1);
-* ours again with ``confirm_s=5`` (``fire --confirm-start``, the default before issue 30 point
-  4): each fire waits until its agent's host has started it, so twenty fires one after another
-  wait twenty host start-ups; by default a fire waits on no start (a failed start still reaches
-  the job and ``show``, dispatch/confirm.py);
+  watches its rounds itself, no watcher process:
+  docs/decisions.md#the-agents-host-watches-its-own-rounds);
+* ours again with ``confirm_s=5`` (``fire --confirm-start``, the default before fires stopped
+  waiting for starts: docs/decisions.md#fires-do-not-wait-for-starts): each fire waits until its
+  agent's host has started it, so twenty fires one after another wait twenty host start-ups; by
+  default a fire waits on no start (a failed start still reaches the job and ``show``,
+  dispatch/confirm.py);
 * baseline: ``tmux -L <socket> new-window -d -e K=V … -- <the same argv>`` per agent, nothing else.
 
-Prints the ratios (issue 21's goals: until all are up <= 1.2, the launch calls alone <= 2) and
-writes benchmarks/results/bench_fire.json. Everything started
-is stopped by identity and the private tmux servers are killed at the end.
+Prints the ratios (the goals: until all are up <= 1.2, the launch calls alone <= 2;
+docs/decisions.md#fires-do-not-wait-for-starts) and writes benchmarks/results/bench_fire.json.
+Everything started is stopped by identity and the private tmux servers are killed at the end.
 """
 
 from __future__ import annotations

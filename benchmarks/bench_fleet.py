@@ -1,5 +1,5 @@
-"""A fleet of N stand-in agents in tmux under one master (issue 30.10), each figure against a
-baseline measured in the same run.
+"""A fleet of N stand-in agents in tmux under one master, each figure against a baseline measured
+in the same run (docs/decisions.md#a-host-loads-only-what-it-uses).
 
     python benchmarks/bench_fleet.py [--quick] [--agents N]
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
-"""Handoff delivery benchmark (issue 19): N workers finishing at once, every handoff delivered
-once, and how long each took from being written to being acknowledged.
+"""Handoff delivery benchmark: N workers finishing at once, every handoff delivered once, and how
+long each took from being written to being acknowledged
+(docs/decisions.md#handoffs-are-pushed-not-polled).
 
     python benchmarks/bench_handoff.py [--quick] [--counts 1,10,50] [--repeats 3] [--no-real-pi]
 
@@ -14,7 +15,7 @@ master's host marks it delivered (``delivered_at``) once the stand-in took it. F
 p95 and max of ``delivered_at - created_at`` over the N handoffs, against one durable write
 (temp + fsync + rename + directory fsync) timed in the same run. Goal: p95 <= 1 s at N = 50.
 
-Then the real-pi rows (issue 29.9, benchmarks/_realpi.py): a real interactive ``pi-matrix master
+Then the real-pi rows (benchmarks/_realpi.py): a real interactive ``pi-matrix master
 -- pi`` and a real interactive ``pi-worker`` fired through the dispatcher, in a private tmux
 server, against a fake model on 127.0.0.1. Figure: the worker's answer (the fake model releases
 its reply) -> the handoff in the master's pi conversation (the master's first request to the
@@ -22,8 +23,10 @@ model holding ``[pi-matrix handoff]`` and the worker's key); p50 and max over ``
 (default 3, 1 with --quick) of each case: fresh (the master that fired it is up) and re-adopted
 (the master and its pi killed -9 while the worker thinks, a new master on the same session file
 re-adopts it, then it answers). Fresh is put against the durable write, re-adopted against fresh
-(both timed in the same run). Goal: < 2 s (issue 29.7). The pi is ``$PI_MATRIX_PI_BIN``, else
-``.pi-cli/bin/pi`` (``bash scripts/install-pi``); without it the rows say skipped and why.
+(both timed in the same run). Goal: < 2 s
+(docs/decisions.md#the-rounds-answer-is-the-one-that-holds-the-marker). The pi is
+``$PI_MATRIX_PI_BIN``, else ``.pi-cli/bin/pi`` (``bash scripts/install-pi``); without it the rows
+say skipped and why.
 
 Prints one table and writes it to benchmarks/results/bench_handoff.json.
 """

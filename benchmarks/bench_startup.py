@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Start-up and whole-process listing benchmark (issue 21): what a person feels when typing a verb.
+"""Start-up and whole-process listing benchmark: what a person feels when typing a verb
+(docs/decisions.md#a-verb-loads-only-what-it-uses).
 
     python benchmarks/bench_startup.py [--quick]
 

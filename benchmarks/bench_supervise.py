@@ -6,7 +6,7 @@
 1. Parent death -> ``winding_down`` latency: a real ``pi-matrix host`` watches a real parent;
    the parent is SIGKILLed and the host's own event timestamp of the ``winding_down`` write is
    compared with the kill time. p50/p99 over >= 20 trials, and p99 / ``watcherPollMs`` (the
-   cadence a polling watcher would need; the seed's TS origin polls every 25 s). Goal: p99 <=
+   cadence a polling watcher would need; the TypeScript origin polls every 25 s). Goal: p99 <=
    100 ms.
 2. Host RSS vs its child's RSS (the child: the bundled stand-in agent, a small Python program).
 3. Total CPU of N idle watching hosts over a window opened once each has made its first

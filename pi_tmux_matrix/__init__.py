@@ -42,7 +42,7 @@ from .errors import (
 
 # Loaded on first access (PEP 562): ``pi-matrix`` imports this package on every start, and each
 # verb imports only what it uses (the dispatcher pulls in pluggy, subprocess and the TOML profile
-# loader; the store attrs and cattrs; issue 21). The one place to
+# loader; the store attrs and cattrs: docs/decisions.md#a-verb-loads-only-what-it-uses). The one place to
 # update when a module moves: public name -> "module" (relative to this package), or
 # "module:attribute" when the public name differs from the attribute. Mirror it in the
 # TYPE_CHECKING block below (tests/test_public_api.py checks that the two agree).

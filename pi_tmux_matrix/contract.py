@@ -1,4 +1,5 @@
-"""The env + CLI flag contract of seed 000, parsed and rendered.
+"""The env + CLI flag contract between a launcher and its agent, parsed and rendered
+(docs/decisions.md#one-contract-between-launcher-and-agent).
 
 A launcher (``fire_task``, the resume launcher) renders a :class:`LaunchContract` into env vars;
 the agent host parses it back from env and flags (flags win). The rules at this boundary:
@@ -84,7 +85,8 @@ ENV_WORKTREE_LANE: Final = "PI_WORKTREE_LANE"
 # The parent's kernel start time (clock ticks) beside its pid: a pid alone may name whoever got it
 # next, so a host whose parent pid is now held by another process knows its parent is gone.
 ENV_PARENT_START: Final = "PI_PARENT_START"
-# The seed's contract: authority the launcher grants per launch, never taken from a profile.
+# The contract: authority the launcher grants per launch, never taken from a profile
+# (docs/decisions.md#one-contract-between-launcher-and-agent).
 CONTRACT_ENV: Final = frozenset(
     {
         ENV_PARENT_PID, ENV_PARENT_START, ENV_PARENT_SESSION, ENV_AGENT_ID, ENV_TASK_REF, ENV_ALLOWED_PATHS,
@@ -118,7 +120,8 @@ ENV_TMUX_PANE: Final = "TMUX_PANE"  # set by tmux in every pane: its id, e.g. %3
 # a mailbox or a host).
 RESERVED_ENV_PREFIX: Final = "PI_MATRIX_"
 
-# A fork run's own names, and what a fork child is always given (seed 003).
+# A fork run's own names, and what a fork child is always given
+# (docs/decisions.md#a-fork-inherits-its-parents-pi-not-its-authority).
 ENV_FORK: Final = "PI_FORK"
 ENV_FORK_RESULT_PATH: Final = "PI_FORK_RESULT_PATH"
 ENV_FORK_RUN_ID: Final = "PI_FORK_RUN_ID"

@@ -1,4 +1,5 @@
-"""The one door to git: every git command pi-matrix runs goes through :func:`run` (issue 28).
+"""The one door to git: every git command pi-matrix runs goes through :func:`run`
+(docs/decisions.md#git-is-never-trusted-in-a-lane).
 
 A repository's config is code: ``core.fsmonitor``, hooks, ``core.sshCommand``, filter drivers and
 more are commands git runs with the user's rights. pi-matrix runs git in folders a confined worker

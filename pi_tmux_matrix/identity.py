@@ -213,5 +213,6 @@ class AgentIdentityContract:
 
     @property
     def resume_complete(self) -> bool:
-        """Enough durable context to relaunch this exact session (seed 000: 'complete')."""
+        """Enough durable context to relaunch this exact session: 'complete'
+        (docs/decisions.md#exact-orphans-are-recovered-without-asking)."""
         return self.is_pi and self.session_file is not None and self.cwd is not None

@@ -2,10 +2,10 @@
 
 The kernel counts instances per user (``fs.inotify.max_user_instances``, 128 by default) and
 watches per user (``max_user_watches``). A fleet of 100 agents under one master ran out of
-instances when every host and every watcher made its own (issue 30), so a process makes at most
+instances when every host and every watcher made its own, so a process makes at most
 one (:class:`Watches`), holds every watch it needs on it (``inotify_add_watch`` on the same fd),
 and hands each event to the handler of the watch it is about. An agent's host is the only process
-of an agent that holds one; one-shot verbs hold none.
+of an agent that holds one; one-shot verbs hold none (docs/decisions.md#one-inotify-instance-per-host).
 
 When the kernel refuses (EMFILE: the instances are spent; ENOSPC: the watches are; ENOMEM), or
 there is no inotify here, the caller polls instead: :meth:`Watches.add` returns None and tells the
@@ -47,7 +47,7 @@ Handler = Callable[[set[str]], None]
 def _libc() -> ctypes.CDLL | None:
     # The interpreter's own symbols (libc among them), as procs does for prctl: not
     # ctypes.util.find_library, which imports tempfile and runs ldconfig in every process that
-    # loads this module (every host, issue 30.10).
+    # loads this module (every host: docs/decisions.md#a-host-loads-only-what-it-uses).
     try:
         lib = ctypes.CDLL(None, use_errno=True)
     except OSError:

@@ -151,7 +151,8 @@ def write_header(session_file: str, session_id: str, cwd: str, *, sync: bool = T
     """Create a pi session file holding only its header (pi appends to exactly that file and
     keeps the header's id), unless it exists; True if it was created. The folder is the agent
     dir's, made 0700. ``sync=False``: not fsynced yet, the caller does it (:func:`sync_header`)
-    before it tells anyone the agent started (a fire: beside its tmux call, issue 30.4)."""
+    before it tells anyone the agent started (a fire: beside its tmux call,
+    docs/decisions.md#a-fire-fsyncs-only-what-a-crash-needs)."""
     path = Path(session_file)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + ".000Z"

@@ -1,8 +1,9 @@
 """The matrix as the dispatcher's default plugin.
 
-On every launch it injects the seed's env contract (``PI_PARENT_PID``, ``PI_PARENT_SESSION``,
+On every launch it injects the env contract (``PI_PARENT_PID``, ``PI_PARENT_SESSION``,
 ``PI_ORCHESTRATION_AGENT_ID``, ``PI_TASK_REF``, ``PI_WORKER_ALLOWED_PATHS`` and, on a lane,
-``PI_WORKTREE_LANE``) from the compiled, immutable launch; and it provides the exact-session
+``PI_WORKTREE_LANE``) from the compiled, immutable launch
+(docs/decisions.md#one-contract-between-launcher-and-agent); and it provides the exact-session
 relaunch of a dead worker. With ``processMatrix.enabled: false`` it is simply not registered.
 """
 

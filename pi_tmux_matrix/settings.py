@@ -1,8 +1,8 @@
 """``processMatrix`` and ``pi-fork`` settings, the agent dir and the state dir.
 
-``pi-fork`` is seed 003's fork configuration (``extensions``, ``environment``, ``costFooter``,
-``defaultModel``, ``defaultThinking``), read from the same two files; ``processMatrix.forkEnvironment``
-is kept as an alias of ``pi-fork.environment``.
+``pi-fork`` configures fork runs (docs/decisions.md#a-fork-inherits-its-parents-pi-not-its-authority):
+``extensions``, ``environment``, ``costFooter``, ``defaultModel`` and ``defaultThinking``, read from
+the same two files; ``processMatrix.forkEnvironment`` is kept as an alias of ``pi-fork.environment``.
 
 Settings never crash anything: an out-of-bounds number is clamped, a wrong type or an
 unreadable file falls back to the default, and each of those says so once as a warning.
@@ -45,24 +45,27 @@ log = logging.getLogger(__name__)
 SETTINGS_MAX_BYTES: Final = 1024 * 1024
 EVENTS_MAX_BYTES: Final = 4 * 1024 * 1024  # eventsMaxBytes' default
 
-# camelCase key -> (default, low, high); bounds from seed 000.
+# camelCase key -> (default, low, high) (docs/decisions.md#settings-never-crash-anything).
 BOUNDS: Final[dict[str, tuple[int, int, int]]] = {
     "heartbeatMs": (30_000, 1_000, 600_000),
     "adoptionGraceMs": (300_000, 5_000, 3_600_000),
     "watcherPollMs": (25_000, 1_000, 600_000),
-    # The dispatcher's cap of live agents per working directory (issue 4), not a time.
+    # The dispatcher's cap of live agents per working directory, not a time
+    # (docs/decisions.md#the-caps-count-what-runs).
     "maxConcurrentAgents": (3, 1, 256),
-    # Running fork runs per working directory (seed 003's MAX_CONCURRENT_FORKS).
+    # Running fork runs per working directory (docs/decisions.md#the-caps-count-what-runs).
     "maxConcurrentForks": (3, 1, 64),
-    # Each agent's events file (issue 28): past this many bytes it is rotated to ``.jsonl.1``
-    # (one old generation kept, so an agent's events take at most twice this on disk).
+    # Each agent's events file: past this many bytes it is rotated to ``.jsonl.1`` (one old
+    # generation kept, so an agent's events take at most twice this on disk;
+    # docs/decisions.md#an-agents-events-file-is-bounded).
     "eventsMaxBytes": (EVENTS_MAX_BYTES, 64 * 1024, 1024 * 1024 * 1024),
     # How long history (jobs, results, logs, events, launches, fork runs) outlives what it is
-    # about before a sweep removes it (issue 30; the origin keeps closed records 30 days).
+    # about before a sweep removes it (the origin keeps closed records 30 days;
+    # docs/decisions.md#the-state-dir-is-bounded).
     "historyRetentionDays": (30, 1, 3650),
 }
-# Not whole numbers: the on/off switch, and variables set in every fork child (seed 003's
-# pi-fork.environment; the forced PI_FORK/PI_OFFLINE/... always win over them).
+# Not whole numbers: the on/off switch, and variables set in every fork child (pi-fork.environment;
+# the forced PI_FORK/PI_OFFLINE/... win: docs/decisions.md#a-fork-inherits-its-parents-pi-not-its-authority).
 DEFAULTS: Final[dict[str, Any]] = {
     "enabled": True,
     "forkEnvironment": {},
@@ -80,7 +83,8 @@ PROJECT_TRUST_CHOICES: Final = ("pi", "trust", "never")
 
 @attrs.frozen(kw_only=True)
 class ForkSettings:
-    """Seed 003's ``pi-fork`` settings in force, and where each came from."""
+    """The ``pi-fork`` settings in force, and where each came from
+    (docs/decisions.md#a-fork-inherits-its-parents-pi-not-its-authority)."""
 
     extensions: tuple[str, ...] = ()  # loaded in every fork child, after the inherited ones
     environment: Mapping[str, str] = attrs.field(factory=dict)  # set in every fork child

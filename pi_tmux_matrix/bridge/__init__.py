@@ -11,6 +11,6 @@ def bridge_path() -> Path:
     """The installed ``bridge.ts`` (a real file: pi loads it by path).
 
     Beside this module, not through ``importlib.resources``: every host asks for it, and that
-    import costs each of them ~2 MiB (issue 30.10), for a path a zipped install could not give
-    pi anyway."""
+    import costs each of them ~2 MiB (docs/decisions.md#a-host-loads-only-what-it-uses), for a
+    path a zipped install could not give pi anyway."""
     return Path(__file__).with_name("bridge.ts")

@@ -135,7 +135,8 @@ export default function (pi: ExtensionAPI) {
   }
 
   /** Follow the notices file by inotify: a handoff or prompt is read as it is appended, not at
-   * the next poll (issue 19: a result reaches an idle master in <= 1 s). The folder is watched,
+   * the next poll (a result reaches an idle master in <= 1 s:
+   * docs/decisions.md#handoffs-are-pushed-not-polled). The folder is watched,
    * not the file: the file may not exist yet. Every event of one burst makes one tick, in a fresh
    * macrotask like the timer's (see delivery.ts). Without a watch the poll alone delivers. */
   function follow(): void {

@@ -1,6 +1,6 @@
-// Delivery into pi's conversation (issue 19): every message the host passes on (an owner's
-// prompt or steer, a worker's handoff) reaches the conversation once, in arrival order, and is
-// acknowledged only after pi's conversation has it.
+// Delivery into pi's conversation (docs/decisions.md#a-message-reaches-pis-conversation-once):
+// every message the host passes on (an owner's prompt or steer, a worker's handoff) reaches the
+// conversation once, in arrival order, and is acknowledged only after pi's conversation has it.
 //
 //   * Busy pi: the message goes through pi's own queue (follow-up, or steer for a steer); any
 //     number may be queued at once, pi drains them in order.

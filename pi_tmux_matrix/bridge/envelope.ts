@@ -1,7 +1,8 @@
-// The worker's envelope on stock pi: allowed paths, private roots and the tool ceiling (issue 7).
+// The worker's envelope on stock pi: allowed paths, private roots and the tool ceiling
+// (docs/decisions.md#a-workers-envelope-is-enforced-from-outside-pi).
 //
-// Seed 000: PI_WORKER_ALLOWED_PATHS is "compiled once into a worker session's structural
-// filesystem envelope"; `[]` keeps full-machine scope; process tools stay a host-trust boundary.
+// PI_WORKER_ALLOWED_PATHS is "compiled once into a worker session's structural filesystem
+// envelope"; `[]` keeps full-machine scope; process tools stay a host-trust boundary.
 // Stock pi has no envelope of its own, so the bridge enforces it from the outside: every call of a
 // structural tool (read, write, edit, grep, find, ls) is checked in `tool_call`, before it runs,
 // and blocked with a reason the model reads as the tool's result. `bash` is NOT covered: it runs
@@ -112,14 +113,15 @@ export function physical(absolute: string): string {
   return walk(absolute).real;
 }
 
-/** What no worker may write whatever its allowed paths: code and prompts pi or git would load
- * with full rights in the next session (any `.pi` folder: extensions, SYSTEM.md, settings, prompts,
- * skills), and pi's agent dir whole; and any `.git` entry (issue 28). A `.git` *file* is a pointer
+/** What no worker may write whatever its allowed paths: code and prompts pi or git would load with
+ * full rights in the next session (any `.pi` folder: extensions, SYSTEM.md, settings, prompts,
+ * skills), and pi's agent dir whole; and any `.git` entry
+ * (docs/decisions.md#git-is-never-trusted-in-a-lane). A `.git` *file* is a pointer
  * (`gitdir: <folder>`): git takes its config (`core.fsmonitor`, hooks, filters) from wherever it
- * points, so writing the file is as bad as writing `.git/config`. Every path git reads as a
- * repository's config, hooks or gitdir pointer is reached through a `.git` entry (a bare-shaped
- * folder is refused by the product's git itself: `safe.bareRepository=explicit`, gitcmd.py). The
- * name is compared case-insensitively: on a case-insensitive filesystem `.GIT` is `.git`. */
+ * points, so writing the file is as bad as writing `.git/config`. Every path git reads as a repository's
+ * config, hooks or gitdir pointer is reached through a `.git` entry (a bare-shaped folder is
+ * refused by the product's git itself: `safe.bareRepository=explicit`, gitcmd.py). The name is
+ * compared case-insensitively: on a case-insensitive filesystem `.GIT` is `.git`. */
 function writePrivate(real: string, agent: string): string | undefined {
   const parts = real.split("/");
   if (agent !== "" && inside(real, agent)) return `pi's agent dir (${shown(agent)})`;
@@ -240,11 +242,12 @@ export function judge(
   return READ_ONLY.has(tool) ? undefined : hardLinked(tool, real, where);
 }
 
-/** Issue 28.9: the envelope judges paths, not inodes. pi's write and edit open the path and
- * truncate it in place (fs.writeFile), so a hard link already present in an allowed path would
- * carry the write to every other name of that file, wherever it is. A worker's tools cannot make
- * a hard link (only `bash`, the host-trust boundary, can), so refusing a write to a regular file
- * with more than one link closes the write side; a read through one still reaches its content. */
+/** The envelope judges paths, not inodes (docs/decisions.md#the-envelope-judges-paths-not-inodes).
+ * pi's write and edit open the path and truncate it in place (fs.writeFile), so a hard link
+ * already present in an allowed path would carry the write to every other name of that file,
+ * wherever it is. A worker's tools cannot make a hard link (only `bash`, the host-trust boundary,
+ * can), so refusing a write to a regular file with more than one link closes the write side; a
+ * read through one still reaches its content. */
 function hardLinked(tool: string, real: string, where: string): string | undefined {
   let links: number;
   try {
@@ -362,7 +365,8 @@ function entryOf(name: string, searched: string, file: boolean): string | null {
 
 /** A grep or find result with every line from inside ``hidden`` removed, or ``withheld`` (why)
  * when some line cannot be attributed to exactly one existing entry of the searched tree: then
- * nothing of the result may reach the model (issue 28.5: fail closed). */
+ * nothing of the result may reach the model (fail closed:
+ * docs/decisions.md#search-results-are-attributed-or-withheld). */
 export function withoutHidden(tool: string, text: string, searched: string, hidden: string[]): Filtered {
   if (NOTHING.has(text)) return { text, removed: 0 };
   const broken = (why: string): Filtered => ({ text: "", removed: 0, withheld: why });

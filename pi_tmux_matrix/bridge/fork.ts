@@ -86,7 +86,8 @@ export function installFork(pi: ExtensionAPI): void {
   });
 
   pi.on("session_shutdown", async () => {
-    // A fork that ends before its run finished has failed: the safety net of seed 003.
+    // A fork that ends before its run finished has failed: the safety net
+    // (docs/decisions.md#a-forks-end-is-always-recorded).
     if (!done) setTimeout(() => process.exit(1), 50);
   });
 

@@ -1,4 +1,5 @@
-// The `fork` tool (seed 003, issue 23): a pi session the product starts forks itself.
+// The `fork` tool: a pi session the product starts forks itself
+// (docs/decisions.md#a-fork-runs-from-a-snapshot-beside-its-caller).
 //
 //   * Registered in every non-fork session under a host (a fork child, PI_FORK=1, never gets it;
 //     a worker's envelope takes it away again: agent-launching tools are never a worker's).
@@ -9,7 +10,8 @@
 //     finisher sends the result to this session's host, which posts it as a "fork_result"
 //     notice: injected once as a custom message (delivery.ts, as handoffs are), acknowledged to
 //     the host once pi's conversation has it (the host then marks the run delivered, and posts a
-//     result again until it is), and never again if the session already holds it.
+//     result again until it is), and never again if the session already holds it
+//     (docs/decisions.md#background-fork-results-are-delivered-once).
 //   * The `forks +$…` footer: the cost of every fork result on the session's branch (the tool's
 //     results and the delivered background results), on session_start, turn_end and
 //     session_tree; off with "pi-fork": {"costFooter": false}; cleared on shutdown.
@@ -80,7 +82,8 @@ function usageLine(details: Details | undefined): string {
   return parts.join(" · ");
 }
 
-/** The fork flags of a call: the seed's model and thinking overrides. */
+/** The fork flags of a call: its own model and thinking, which win over the settings and the
+ * parent's (docs/decisions.md#a-fork-inherits-its-parents-pi-not-its-authority). */
 function flagsOf(params: any): string[] {
   const flags: string[] = [];
   for (const name of ["model", "thinking"] as const) {
@@ -135,7 +138,7 @@ function deliveredIn(ctx: ExtensionContext | null): Set<string> {
 }
 
 export function installForkTool(pi: ExtensionAPI, delivery: Delivery): void {
-  if (env.PI_FORK === "1") return; // forks do not fork (seed 003)
+  if (env.PI_FORK === "1") return; // forks do not fork (docs/decisions.md#forks-do-not-fork)
   let ctxRef: ExtensionContext | null = null;
   let footer = true;
   let configured = false; // the footer shows only once "pi-fork".costFooter is known

@@ -1,4 +1,5 @@
-// Master mode (issue 8): the master's own pi drives the dispatcher.
+// Master mode: the master's own pi drives the dispatcher
+// (docs/decisions.md#the-masters-pi-drives-the-dispatcher-through-the-cli).
 //
 //   * the `tmux_agent_manager` tool: each action runs the pi-matrix CLI with an argv list and
 //     --json (never a shell string) and returns a bounded summary; a CLI error comes back as a
@@ -14,9 +15,10 @@
 //     session (a restart after pi took it, before the host heard) is acknowledged, not injected
 //     again. A handoff addressed to another session (after /new, /resume, /fork) is left for
 //     that session;
-//   * at session start in interactive pi, the foreign orphans of seed 000 are asked about in pi's
-//     own UI (resume / adopt / clean up / leave) and the answer is carried out through the CLI;
-//     without a UI (print, rpc) they are only reported.
+//   * at session start in interactive pi, the foreign orphans are asked about in pi's own UI
+//     (resume / adopt / clean up / leave) and the answer is carried out through the CLI; without
+//     a UI (print, rpc) they are only reported
+//     (docs/decisions.md#exact-orphans-are-recovered-without-asking).
 import { Type } from "typebox";
 import { type Cli, cliError, runCli, runCliAsync } from "./cli.ts";
 import { TRUNCATED, debug, env, post, role, truncate } from "./common.ts";
@@ -452,7 +454,8 @@ export function installMaster(pi: ExtensionAPI, delivery: Delivery): void {
 
   async function askAboutOrphans(ctx: ExtensionContext): Promise<void> {
     // Not blocking pi: a handoff the host posts as pi reports ready goes in (and is acknowledged)
-    // while the scan runs (issue 29.6), not half a second later.
+    // while the scan runs, not half a second later
+    // (docs/decisions.md#handoffs-go-in-when-pi-is-ready).
     const scan = await runCliAsync(["scan", "--json"], ctx?.cwd);
     if (scan.code !== 0) return;
     let rows: any[] = [];

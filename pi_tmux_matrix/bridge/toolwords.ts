@@ -1,4 +1,5 @@
-// The tmux_agent_manager tool's words for the CLI's (issue 22): a CLI error the tool hands the
+// The tmux_agent_manager tool's words for the CLI's
+// (docs/decisions.md#the-tool-keeps-the-origins-words): a CLI error the tool hands the
 // model names the tool's parameter and a fix the tool can carry out (launchKey, force: true,
 // workspaceName, stop_session with confirm …), never a flag or a verb the model cannot pass. The
 // CLI's own messages keep naming its flags; this is the one place the two namings meet.

@@ -19,8 +19,8 @@ __all__ = ["Io", "build_parser", "main", "run"]
 
 # The verb modules in their --help order (the supervision verbs: host, master, the owner's verbs,
 # tree), and which one registers each verb: a command imports only its own module, so ``ls`` does
-# not pay for the dispatcher, the host or the renderer (issue 21). tests/test_cli.py holds the map
-# equal to the whole parser.
+# not pay for the dispatcher, the host or the renderer (docs/decisions.md#a-verb-loads-only-what-it-uses).
+# tests/test_cli.py holds the map equal to the whole parser.
 MODULES: Final = (
     "entries", "host", "master", "owner", "gc", "tree", "dispatch", "teamwork", "lanes", "status", "runs",
     "demo", "doctor", "completion", "top_screen",

@@ -114,7 +114,8 @@ def sweep_history(store: MatrixStore) -> Report | None:
 
 def settle_and_sweep(store: MatrixStore) -> Report | None:
     """A master's housekeeping after its activation's reconcile: the job rounds whose host and
-    agent both ended unseen get their result (issue 30.6: the master notices too), then the
+    agent both ended unseen get their result (the master notices too:
+    docs/decisions.md#a-hostless-round-stays-open-until-its-agent-ends), then the
     sweep. Never raising: a record it cannot write is the next reader's to write."""
     from ..dispatch.hostless import settle_all
 

@@ -234,7 +234,8 @@ def cmd_host(args: argparse.Namespace, io: Io) -> int:
     if identity.is_pi and identity.session_file is not None:
         # As a fire does (and a master): a new session file gets its header with this host's
         # session id before pi starts, so pi keeps that id. Else pi writes its own, and its
-        # first identity report would close this entry as a session switch (issue 32.13).
+        # first identity report would close this entry as a session switch
+        # (docs/decisions.md#a-session-file-gets-its-header-before-pi-starts).
         from ..pisession import write_header
 
         write_header(identity.session_file, session_id, identity.cwd or os.getcwd())
@@ -292,7 +293,8 @@ def _rehost(args: argparse.Namespace, io: Io) -> int:
 
 
 def abort_forks(host: AgentHost) -> None:
-    """The agent's session shut down: its running fork runs are stopped and failed (seed 003)."""
+    """The agent's session shut down: its running fork runs are stopped and failed
+    (docs/decisions.md#a-fork-stops-with-its-parent-session)."""
     if not fork_records(host.store):
         return  # nothing to stop, and no fork package to import (~30 ms of CPU at every agent's end)
     from ..fork.wait import abort_runs
@@ -346,7 +348,7 @@ class ForkResults:
         accepted = host.reports.fork_results_accepted - self.marked
         if not accepted and _no_runs(host.store):
             # No fork run recorded here (most hosts): nothing to tell or mark, and the fork
-            # modules stay unloaded (~4 MiB of each host, issue 30.10).
+            # modules stay unloaded (~4 MiB of each host: docs/decisions.md#a-host-loads-only-what-it-uses).
             return
         from ..fork.deliver import due, mark_delivered, runs_stamp, undelivered
         from ..matrix.store import now_ms

@@ -1,4 +1,5 @@
-"""A host's job rounds, wired at the program's edge (issue 30.1: one process per agent).
+"""A host's job rounds, wired at the program's edge (one process per agent:
+docs/decisions.md#the-agents-host-watches-its-own-rounds).
 
 The host (``supervise/``) knows nothing of jobs; the dispatcher's round thread
 (:mod:`..dispatch.roundwatch`) knows nothing of the host's loop. Here the two meet, through the

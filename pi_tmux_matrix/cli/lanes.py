@@ -1,6 +1,6 @@
 """``pi-matrix lanes``: the lanes (git worktrees under ``.worktrees/``) of a repository, which
 agent uses each, and ``prune``: the worktrees no live agent uses removed, their branches with
-them when merged (issue 20).
+them when merged (docs/decisions.md#a-lane-is-removed-only-when-merged-and-on-your-word).
 
 Nothing is removed without the word (``--confirm yes-prune``, or y/N on a terminal): alone it is
 a preview (exit 2). A lane a live agent runs in, or with uncommitted work, is never removed; an

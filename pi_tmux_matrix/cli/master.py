@@ -44,8 +44,8 @@ if TYPE_CHECKING:
 __all__ = ["HANDOFF_REPOST_S", "cmd_master", "handoff_message", "register"]
 
 HANDOFF_REPOST_S: Final = 15.0  # a handoff notice pi has not taken by then is posted again
-# Threads that mark pi's taken handoffs delivered: their durable writes overlap (one journal
-# commit serves several fsyncs) and none of them holds back the next posting (issue 19).
+# Threads that mark pi's taken handoffs delivered: their durable writes overlap (one journal commit
+# serves several fsyncs), none holding back the next (docs/decisions.md#handoffs-are-pushed-not-polled).
 ACK_THREADS: Final = 4
 # --takeover: how long the old host gets to stop its agent (its own stop sequence: the request,
 # then SIGTERM and SIGKILL a stop grace apart), and the grace of the stop by identity after that.
@@ -331,8 +331,8 @@ class _MasterSession:
         EntryFeed(str(self.store.root), host.key, host.record.watches, self._deliver)
 
     def on_wake(self, host: AgentHost) -> None:
-        # pi took some handoffs (its bridge's report just came in): acknowledge them now. The
-        # bridge's first report (pi is ready, issue 29.6): what was held for it is posted now.
+        # pi took some handoffs (its bridge's report came in): acknowledge them now. At the first
+        # report (pi is ready) what was held is posted (docs/decisions.md#handoffs-go-in-when-pi-is-ready).
         keys: set[str] | None = {k for h, k in self.awaiting.items() if h in host.reports.handoffs_accepted}
         if host.reports.seen and not self.ready:
             self.ready, keys = True, None

@@ -170,7 +170,8 @@ def cmd_reconcile(args: argparse.Namespace, io: Io) -> int:
 
 
 def _settled_rounds(store: MatrixStore) -> list[dict[str, Any]]:
-    """Job rounds whose host and agent ended unseen get their result (issue 30.6)."""
+    """Job rounds whose host and agent ended unseen get their result
+    (docs/decisions.md#a-hostless-round-stays-open-until-its-agent-ends)."""
     from ..dispatch.hostless import settle_all
 
     return [

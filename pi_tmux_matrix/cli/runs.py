@@ -1,4 +1,5 @@
-"""Fork runs: ``pi-matrix fork`` and ``pi-matrix runs`` (seed 003)."""
+"""Fork runs: ``pi-matrix fork`` and ``pi-matrix runs``
+(docs/decisions.md#a-fork-runs-from-a-snapshot-beside-its-caller)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""``status``, ``setup-help`` and ``guard`` (issue 22: the origin's actions of those names): tmux
-detection with a matrix summary, what to do next, and whether the tmux route is open. Diagnostic
-only: none of them starts a tmux server or changes anything."""
+"""``status``, ``setup-help`` and ``guard`` (the origin's actions of those names:
+docs/decisions.md#the-tool-keeps-the-origins-words): tmux detection with a matrix summary, what
+to do next, and whether the tmux route is open. Diagnostic only: none of them starts a tmux
+server or changes anything."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The job verbs a person uses beside ``fire`` (issue 22's parity with the origin's tool): a job's
-variables (``var``), the team templates (``templates``), a template's agents as the panes of a
-fresh tmux session (``workspace``) and a whole tmux session's stop (``stop-session``)."""
+"""The job verbs a person uses beside ``fire``, the origin's tool's actions as verbs
+(docs/decisions.md#the-tool-keeps-the-origins-words): a job's variables (``var``), the team
+templates (``templates``), a template's agents as the panes of a fresh tmux session
+(``workspace``) and a whole tmux session's stop (``stop-session``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """A fire's starts confirmed: the agent's program is found before a pane is made; whether each
-host then started its agent is settled later, never by the fire waiting on it (issue 30 point 4).
+host then started its agent is settled later, never by the fire waiting on it
+(docs/decisions.md#fires-do-not-wait-for-starts).
 
 Twenty single fires one after another used to wait twenty host start-ups; now a fire returns once
 its launch calls are done (window, tags, job record, ``launching`` entry), and a failed start

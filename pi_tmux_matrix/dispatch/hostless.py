@@ -1,13 +1,15 @@
-"""A job agent whose host is gone: what its round is, and who ends it (issue 30.6).
+"""A job agent whose host is gone: what its round is, and who ends it
+(docs/decisions.md#a-hostless-round-stays-open-until-its-agent-ends).
 
-Since the host watches its own rounds (issue 30.1), a host killed -9 writes nothing: its round
-stays open. That is the truth while its agent runs on unsupervised (``ls`` says so too), and the
-job view says ``working (unsupervised: host gone)``, never ``finished``. Once that agent ends with
-no host, nobody is left to see it end but a reader: a reconcile (``pi-matrix reconcile``,
-``jobs``, ``job ID``) writes the round's ``exited`` result, how it ended if the entry knows it. A
-result is an exclusive create (:meth:`~.jobs.JobStore.put_result`), so of two readers who notice
-at once exactly one writes it. An exact master that rehosts the agent first gives the round a new
-host, which watches it again and ends it by the agent's marker.
+Since the host watches its own rounds (docs/decisions.md#the-agents-host-watches-its-own-rounds),
+a host killed -9 writes nothing: its round stays open. That is the truth while its agent runs on
+unsupervised (``ls`` says so too), and the job view says ``working (unsupervised: host gone)``,
+never ``finished``. Once that agent ends with no host, nobody is left to see it end but a reader:
+a reconcile (``pi-matrix reconcile``, ``jobs``, ``job ID``) writes the round's ``exited`` result,
+how it ended if the entry knows it. A result is an exclusive create
+(:meth:`~.jobs.JobStore.put_result`), so of two readers who notice at once exactly one writes it.
+An exact master that rehosts the agent first gives the round a new host, which watches it again
+and ends it by the agent's marker.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ log = logging.getLogger(__name__)
 UNSUPERVISED = "unsupervised: host gone"
 # The words of a round whose agent ended while no host watched it, when nothing recorded how.
 ENDED_UNSUPERVISED = "agent ended while unsupervised (its host was gone; how it ended is unknown)"
-# The matrix is off (no entry): nothing can see the agent of a dead host, as before issue 30.6.
+# No entry (the matrix is off), or the host died before its agent started: nothing is known of an
+# agent, so the round says only that its host ended.
 HOST_ENDED = "the host ended without recording an exit"
 
 

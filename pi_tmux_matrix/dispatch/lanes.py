@@ -11,7 +11,7 @@ prompt, no ``GIT_DIR``-style variable of the caller, and hardened against reposi
 execution (no fsmonitor, hooks, transports...). A lane's worktree is written by a worker, so before
 git runs in one its ``.git`` pointer is checked to lead back to the repository's own worktree record
 (:func:`pi_tmux_matrix.gitcmd.check_linked_worktree`): git never reads config or hooks the worker
-chose (issue 28).
+chose (docs/decisions.md#git-is-never-trusted-in-a-lane).
 """
 
 from __future__ import annotations
@@ -131,10 +131,11 @@ def _repo(path: str | Path) -> _Repo:
 
 
 def _trusted_discovery(top: str, gitdir: str, common: str) -> None:
-    """Refuse a repository git found through a pointer a worker could have planted (issue 28): a
-    linked worktree's ``.git`` must lead to the common dir's own record of it, a git dir must not
-    lie inside the working tree it serves (other than as ``<top>/.git``), and a repository inside
-    a lane's worktree is the lane's writer's, not the user's."""
+    """Refuse a repository git found through a pointer a worker could have planted
+    (docs/decisions.md#git-is-never-trusted-in-a-lane): a linked worktree's ``.git`` must lead to
+    the common dir's own record of it, a git dir must not lie inside the working tree it serves
+    (other than as ``<top>/.git``), and a repository inside a lane's worktree is the lane's
+    writer's, not the user's."""
     if gitdir != common:
         check_linked_worktree(top, common)
     if _inside(common, top) and common != os.path.join(top, ".git"):

@@ -1,6 +1,6 @@
-"""One fire's launch calls (issue 30.4): each agent's session header, its host, its ``launching``
-entry; the writes the fire owes before it returns but that none of its later steps waits for
-are run on threads beside those steps (:class:`Beside`).
+"""One fire's launch calls (docs/decisions.md#a-fire-fsyncs-only-what-a-crash-needs): each agent's
+session header, its host, its ``launching`` entry; the writes the fire owes before it returns but
+that none of its later steps waits for are run on threads beside those steps (:class:`Beside`).
 
 A fire's time is mostly waiting: on its tmux call and on its fsyncs, each a journal commit that
 costs milliseconds while other hosts start and write beside it. So a session header's fsync
@@ -87,7 +87,8 @@ def _sync_header(session_file: str) -> None:
 
 
 def publish_launching(store: MatrixStore, launch: AgentLaunch, host: ProcessIdentity) -> None:
-    """The launcher publishes the host's pid before the host registers (seed 000)."""
+    """The launcher publishes the host's pid before the host registers
+    (docs/decisions.md#the-launcher-publishes-the-pid-before-the-host-registers)."""
     identity = AgentIdentityContract(
         agent_id=launch.agent_id, session_id=launch.session_id, session_file=launch.session_file,
         cwd=launch.cwd, worktree=launch.worktree, lane=launch.lane, profile=launch.profile.name,
@@ -98,12 +99,13 @@ def publish_launching(store: MatrixStore, launch: AgentLaunch, host: ProcessIden
         parent_session_id=launch.parent_session, task_ref=launch.task_ref, task_summary=launch.task,
         status=Status.LAUNCHING,
     )  # fmt: skip
-    # Not made durable (no fsync of the state dir, issue 30.4), and safe so: the host it names
+    # Not made durable (no fsync of the state dir:
+    # docs/decisions.md#a-fire-fsyncs-only-what-a-crash-needs), and safe so: the host it names
     # already runs, and what gates its agent is the host's own durable ticket and registration
-    # (which replaces this record), never this one. A crash that undoes it (an OS crash: an
-    # fsync guards against nothing else) ended that host too; the job record, durable when the
-    # fire returns, still names the host, which then reads as dead with no entry, and its round
-    # is settled so (dispatch/hostless.py). Its bytes are fsynced before it gets its name: a
-    # record a crash keeps is whole.
+    # (which replaces this record), never this one. A crash that undoes it (an OS crash: an fsync
+    # guards against nothing else) ended that host too; the job record, durable when the fire
+    # returns, still names the host, which then reads as dead with no entry, and its round is
+    # settled so (dispatch/hostless.py). Its bytes are fsynced before it gets its name: a record a
+    # crash keeps is whole.
     with contextlib.suppress(EntryExists):  # the host registered first: its registration is the record
         store.create(entry, sync_dir=False)

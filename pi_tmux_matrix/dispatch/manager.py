@@ -167,10 +167,10 @@ class Dispatcher:
             self._check_launch_key(request, job, archive=True)
             # Written whole (its bytes fsynced before it gets its name) and visible before any
             # host starts (each reads it), but its folder is fsynced once, by the update below
-            # (always run, same folder), not twice (issue 30.4: each fsync is a journal commit a
-            # series of fires waits for in turn). Until then only its hosts know of it; a crash
-            # that undoes it (an OS crash: fsync guards nothing else) ends those hosts too, and
-            # the fire that made it never returned.
+            # (always run, same folder), not twice (each fsync is a journal commit a series of
+            # fires waits for in turn). Until then only its hosts know of it; a crash that undoes
+            # it (an OS crash: fsync guards nothing else) ends those hosts too, and the fire that
+            # made it never returned (docs/decisions.md#a-fire-fsyncs-only-what-a-crash-needs).
             self.jobs.create(job, sync_dir=False)
             launched: list[JobAgent] = []
             beside = Beside()  # what the launches owe and nothing waits for (dispatch/launching.py)
@@ -193,10 +193,10 @@ class Dispatcher:
             if unwritten:
                 what, error = unwritten[0]
                 raise DispatchError(f"fire: job {job.id}: {what}: {error}; {_running(launched)}") from error
-        # The start is not waited for unless asked (issue 30 point 4): a series of fires must not
-        # wait on each host's start in turn. A failed start still reaches the job and the entry:
-        # the host records it (its round thread writes the result), or ``jobs``/``job`` settles a
-        # host that never got that far (confirm.settle_starts).
+        # The start is not waited for unless asked (docs/decisions.md#fires-do-not-wait-for-starts):
+        # a series of fires must not wait on each host's start in turn. A failed start still reaches
+        # the job and the entry: the host records it (its round thread writes the result), or
+        # ``jobs``/``job`` settles a host that never got that far (confirm.settle_starts).
         waited = self.settings.enabled and request.confirm_s > 0
         failed = confirm_starts(self.store, job.agents, request.confirm_s) if waited else []
         if self.settings.enabled:
@@ -276,7 +276,8 @@ class Dispatcher:
 
     def settled_view(self, job: Job, *, tmux_state: Mapping[str, TmuxState] | None = None) -> JobView:
         """:meth:`view` for a reader that may end rounds (``job ID``): after the starts that never
-        happened, a round whose host and agent both ended unseen gets its result (issue 30.6)."""
+        happened, a round whose host and agent both ended unseen gets its result
+        (docs/decisions.md#a-hostless-round-stays-open-until-its-agent-ends)."""
         view = self.view(job, tmux_state=tmux_state)
         if settle(self.jobs, self.store if self.settings.enabled else None, job):
             view = self.view(job, tmux_state=tmux_state)

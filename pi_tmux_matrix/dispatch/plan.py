@@ -70,7 +70,9 @@ class _JobPlace:
 
     job_id: str
     task: str
-    task_ref: str | None  # only from a goal (seed 000): none is recorded as none, never minted
+    # Only from a goal: none is recorded as none, never minted
+    # (docs/decisions.md#a-task-ref-comes-only-from-a-goal).
+    task_ref: str | None
     cwd: str  # the agents' cwd: the lane's worktree, else the request's folder
     folder: str  # the request's folder (where an ad-hoc agent's own lane is made)
     worktree: str | None
@@ -374,7 +376,8 @@ class Planner:
                 self.store.root, identity=identity, task_summary=task_summary, task_ref=launch.task_ref,
                 lane=launch.lane, rpc_prompt=command.rpc_prompt, agent_argv=agent_argv,
                 ticket=launch.ticket if self.settings.enabled else None,
-                # A job's marker rounds are watched by the agent's own host (issue 30.1).
+                # A job's marker rounds are watched by the agent's own host
+                # (docs/decisions.md#the-agents-host-watches-its-own-rounds).
                 job=(launch.job_id, launch.agent_id) if launch.watched else None,
             )
         )  # fmt: skip

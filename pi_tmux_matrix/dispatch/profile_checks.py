@@ -80,8 +80,9 @@ MAX_ENV_VALUE_CHARS: Final = 32_768
 ENV_KEY_PATTERN: Final = re.compile(r"[A-Z_][A-Z0-9_]*")
 # Tool names are joined with ',' into one --tools value, so a name may not hold one.
 TOOL_PATTERN: Final = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
-# Tools that start other agents (the master's tmux_agent_manager, seed 003's fork, pi's subagent
-# example): never in a worker's ceiling. The bridge's envelope.ts keeps the same list.
+# Tools that start other agents (the master's tmux_agent_manager, the fork tool, pi's subagent
+# example): never in a worker's ceiling (docs/decisions.md#a-workers-tools-are-a-ceiling). The
+# bridge's envelope.ts keeps the same list.
 AGENT_LAUNCHING_TOOLS: Final = frozenset({"tmux_agent_manager", "fork", "subagent"})
 # pi's own tools: `allToolNames` in dist/core/tools/index.js of every supported pi (0.73.1 has the
 # first seven; 1.x adds `powershell`). tests/test_profiles.py holds this list against the
@@ -222,8 +223,9 @@ def check_model(check: Checker, model: object) -> None:
 def check_tools(
     check: Checker, tools: object, provider: str = "pi", extension_tools: tuple[str, ...] = ()
 ) -> None:
-    """``tools``, the ceiling: names only, none that launches agents, and on pi (issue 28.7) only
-    pi's built-in tools and those the profile's extensions provide (``extension_tools``)."""
+    """``tools``, the ceiling: names only, none that launches agents, and on pi only pi's
+    built-in tools and those the profile's extensions provide (``extension_tools``;
+    docs/decisions.md#a-workers-tools-are-a-ceiling)."""
     for index, tool in enumerate(_tool_names(check, tools, "tools")):
         if provider == "pi" and tool not in PI_BUILTIN_TOOLS and tool not in extension_tools:
             raise check.fail(

@@ -130,8 +130,9 @@ def _pi(
         argv += ["--thinking", profile.thinking]
     if profile.tools is not None:
         argv += ["--tools", ",".join(profile.tools)] if profile.tools else ["--no-tools"]
-    # No discovered extensions: a worker could have planted one in the project's .pi/ (seed 002:
-    # agent hosts load only what they name). The bridge and the profile's own come with -e.
+    # No discovered extensions: a worker could have planted one in the project's .pi/
+    # (docs/decisions.md#workers-load-only-the-code-they-name). The bridge and the profile's own
+    # come with -e.
     argv.append("--no-extensions")
     # Nor is the project trusted (pi >= 0.79 asks "Trust project folder?" before it loads
     # .pi/settings.json, skills, prompts, SYSTEM.md, mcp.json or extensions, and an unanswered

@@ -158,7 +158,8 @@ def reconcile(
         # result says so, and its launching entry is closed (first: the next rule would write a
         # vaguer result and leave the entry for a master to relaunch).
         settled = entries is not None and settle_starts(entries, jobs, current, view.unsettled())
-        # A round whose host and agent both ended unseen gets its result now (issue 30.6).
+        # A round whose host and agent both ended unseen gets its result now
+        # (docs/decisions.md#a-hostless-round-stays-open-until-its-agent-ends).
         if settle(jobs, entries, current) or settled:
             view = job_view(current, jobs.results_of(current), entries=entries, tmux_state=states)
         if _orphaned(view, states):

@@ -76,8 +76,9 @@ class FireRequest:
     # is optional (without one they start idle).
     watched: bool = True
     # How long fire waits for every host to report its agent started (or failed to). 0, the
-    # default: not at all (issue 30 point 4: a series of fires must not wait on each start in
-    # turn); a failed start still reaches the job and ``show`` (dispatch/confirm.py says how).
+    # default: not at all (a series of fires must not wait on each start in turn:
+    # docs/decisions.md#fires-do-not-wait-for-starts); a failed start still reaches the job and
+    # ``show`` (dispatch/confirm.py says how).
     # Bounded when asked, so a slow machine costs a warning in the record, never a hang.
     confirm_s: float = 0.0
 

@@ -1,4 +1,5 @@
-"""A job agent's marker rounds, watched from inside its own host (issue 30.1).
+"""A job agent's marker rounds, watched from inside its own host
+(docs/decisions.md#the-agents-host-watches-its-own-rounds).
 
 One process per agent: the completion watcher used to be a second interpreter per agent (a
 ``pi-matrix watch`` started by ``pipe-pane`` or detached, ~26 MiB each, one more inotify
@@ -121,7 +122,8 @@ class RoundWatch:
         try:
             self._fifo = open_fifo(path)
             self._fifo_path = path
-            # A ``sh`` and a ``cat`` per pane (~0.23 MiB together): no interpreter, as issue 30.1 asks.
+            # A ``sh`` and a ``cat`` per pane (~0.23 MiB together): no interpreter
+            # (docs/decisions.md#the-agents-host-watches-its-own-rounds).
             TmuxServer(self.socket).pipe_pane(self.pane, ["sh", "-c", 'exec cat >"$1"', "sh", str(path)])
             self._piped = True
         except (OSError, TmuxUnavailable, PiMatrixError) as exc:
@@ -177,7 +179,8 @@ class RoundWatch:
 
         def plugins(cwd: str) -> Callable[[], pluggy.PluginManager]:
             # Loaded at the first result, once: loading reads every installed package's metadata
-            # (~1 MiB of each host, issue 30.10), and an idle agent's host never needs them.
+            # (~1 MiB of each host: docs/decisions.md#a-host-loads-only-what-it-uses), and an idle
+            # agent's host never needs them.
             def load() -> pluggy.PluginManager:
                 if not loaded:
                     loaded.append(_plugins(cwd))

@@ -305,7 +305,7 @@ def listening(path: str) -> bool:
     missing or nobody accepts on it (the server is gone), True for a server that is there but hung
     (its kernel backlog still takes the connection). Runs no tmux: a connect only."""
     # Imported here: a host imports this module for its pane's pipe and never asks this; socket
-    # (with array) would be ~0.2 MiB of each host (issue 30.3).
+    # (with array) would be ~0.2 MiB of each host (docs/decisions.md#a-host-loads-only-what-it-uses).
     import socket
 
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -99,8 +99,9 @@ class AgentView(_Subscriptable):
     results: tuple[AgentResult, ...]  # every round's, oldest first
     ready_at: int | None = None  # the entry's readyAt: when its pi bridge reported in
     readiness: str | None = None  # the entry's: "ready", "loading", None (ended, or no bridge)
-    # The round is open, its host is dead and its agent runs on (issue 30.6): "unsupervised: host
-    # gone"; None otherwise. Never finished: its result comes when the agent ends (hostless.py).
+    # The round is open, its host is dead and its agent runs on: "unsupervised: host gone"; None
+    # otherwise. Never finished: its result comes when the agent ends (hostless.py,
+    # docs/decisions.md#a-hostless-round-stays-open-until-its-agent-ends).
     unsupervised: str | None = None
 
     def to_json(self) -> dict[str, object]:

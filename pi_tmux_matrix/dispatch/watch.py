@@ -1,13 +1,14 @@
 """One agent's completion watcher for one marker round: event-driven.
 
-It runs inside the agent's own host (issue 30.1: one process per agent), in the host's round
-thread (:mod:`.roundwatch`), one :class:`Watcher` per round. tmux backend: tmux ``pipe-pane``
-feeds the pane's output into a FIFO the host reads (no capture-pane polling; one capture of
-the history at each round's start catches what the agent printed before). Subprocess backend:
-the host's log file is read every :data:`FOLLOW_POLL_S` (no inotify: the kernel's 128
-instances per user are the hosts', one per agent, issue 30.2). The host tells the round it
-ended (its agent ended and its exit is recorded) through a pipe, and the round keeps a timer
-for the deadline; it writes exactly one result for its round, for whichever comes first:
+It runs inside the agent's own host (one process per agent:
+docs/decisions.md#the-agents-host-watches-its-own-rounds), in the host's round thread
+(:mod:`.roundwatch`), one :class:`Watcher` per round. tmux backend: tmux ``pipe-pane`` feeds the
+pane's output into a FIFO the host reads (no capture-pane polling; one capture of the history at
+each round's start catches what the agent printed before). Subprocess backend: the host's log
+file is read every :data:`FOLLOW_POLL_S` (no inotify: the kernel's 128 instances per user are
+the hosts', one per agent: docs/decisions.md#one-inotify-instance-per-host). The host tells the
+round it ended (its agent ended and its exit is recorded) through a pipe, and the round keeps a
+timer for the deadline; it writes exactly one result for its round, for whichever comes first:
 
 * the agent's ``DONE:<nonce>`` / ``BLOCKED:<nonce> reason`` marker on a line of its own;
 * the host's exit (its entry says how the agent ended);

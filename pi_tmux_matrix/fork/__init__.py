@@ -1,4 +1,5 @@
-"""Fork runs (seed 003): a child pi started from a snapshot of a session, in a pane beside the caller.
+"""Fork runs: a child pi started from a snapshot of a session, in a pane beside the caller
+(docs/decisions.md#a-fork-runs-from-a-snapshot-beside-its-caller).
 
 ``pi-matrix fork --session FILE -- TASK`` copies the session file into the run's folder, starts
 ``pi --session <snapshot> <task>`` (plus the parent's inherited flags and the bridge) in a pane of

@@ -1,6 +1,6 @@
-"""Virtual compaction of a fork's snapshot (seed 003): a long session is handed to its fork
-already compacted from its observational memory, with no LLM call; the parent's file is never
-touched (only the run's copy is).
+"""Virtual compaction of a fork's snapshot: a long session is handed to its fork already
+compacted from its observational memory, with no LLM call; the parent's file is never touched,
+only the run's copy is (docs/decisions.md#a-fork-runs-from-a-snapshot-beside-its-caller).
 
 The memory is pi-observational-memory's (release 3.0.4; read here from the entries it writes,
 never imported): custom entries ``om.observations.recorded`` (``data.observations``),

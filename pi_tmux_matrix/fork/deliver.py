@@ -1,4 +1,5 @@
-"""Background fork results into their parent's session (issue 23): the runs whose result the
+"""Background fork results into their parent's session
+(docs/decisions.md#background-fork-results-are-delivered-once): the runs whose result the
 parent's session has not taken yet, and marking those it took. The posting is the program's:
 the run's finisher posts once when the run ends; the parent's host posts again, on its beat,
 until the bridge says pi's conversation has it (a pi that was restarting, or not yet started,

@@ -1,6 +1,7 @@
-"""Starting a fork (seed 003): check the caller and the task, snapshot the session, count the
-working directory's running forks under its lock, record the run, and start the child in its
-pane, which waits for the go until the run has recorded its pane and process.
+"""Starting a fork: check the caller and the task, snapshot the session, count the working
+directory's running forks under its lock, record the run, and start the child in its pane, which
+waits for the go until the run has recorded its pane and process
+(docs/decisions.md#a-fork-runs-from-a-snapshot-beside-its-caller).
 
 A launch that fails part-way records the run failed and stops whatever pane it made: a run is
 never left running with nobody to learn its end.

@@ -1,5 +1,5 @@
-"""The fork run's records (seed 003): a run, the request that starts one, its usage, and the pure
-step from the bridge's result to the run's end.
+"""The fork run's records: a run, the request that starts one, its usage, and the pure step from
+the bridge's result to the run's end (docs/decisions.md#a-fork-runs-from-a-snapshot-beside-its-caller).
 
 No I/O here: the store keeps these records, the launcher and the waiter move them along.
 """

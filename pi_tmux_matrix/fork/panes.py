@@ -1,5 +1,6 @@
-"""The fork's tmux panes (seed 003): which server a fork goes to, where its pane goes in the
-caller's 2x2 grid, opening it, and finding and stopping a run's pane later.
+"""The fork's tmux panes: which server a fork goes to, where its pane goes in the caller's 2x2
+grid (docs/decisions.md#a-fork-runs-from-a-snapshot-beside-its-caller), opening it, and finding
+and stopping a run's pane later.
 
 A run's pane is known by its tag (:data:`FORK_TAG`, the run id), never by its pane id alone: a
 tmux server that restarted reuses pane ids.

@@ -1,6 +1,6 @@
-"""The fork's command line and launch script (seed 003): which of the parent's pi flags and
-environment a child inherits, the ``fork.sh`` its pane runs, and the exit marker that script
-prints.
+"""The fork's command line and launch script: which of the parent's pi flags and environment a
+child inherits (docs/decisions.md#a-fork-inherits-its-parents-pi-not-its-authority), the
+``fork.sh`` its pane runs, and the exit marker that script prints.
 
 Pure apart from :func:`parent_argv_from_host`, which reads the caller's host's command line.
 """
@@ -39,16 +39,18 @@ __all__ = [
 ]
 
 EXIT_MARKER: Final = "__PI_FORK_EXIT_{run_id}__:"
-# Set last in every child, over the parent's env and pi-fork.environment (seed 003).
+# Set last in every child, over the parent's env and pi-fork.environment
+# (docs/decisions.md#a-fork-inherits-its-parents-pi-not-its-authority).
 FORCED_ENV: Final[Mapping[str, str]] = FORK_FORCED_ENV
 # Never inherited: they would make the child speak for its parent (its host, its contract).
 NOT_INHERITED: Final = FORK_NOT_INHERITED
-# The parent's pi flags a child inherits (seed 003's runner-cli: "--extension, --skill, --model,
-# --thinking, --provider, etc."): flag -> canonical spelling. The "etc." is what else keeps the
-# fork a copy of its parent's pi: the same discovery switches, prompt templates and model cycle.
-# Never inherited: --api-key (a secret would land in the run's argv and record), --tools and
-# --no-tools (the fork's tools are its own), --session/--fork/--continue/--resume (the snapshot is
-# its session), --system-prompt/--append-system-prompt (the fork gets its own), the output mode.
+# The parent's pi flags a child inherits ("--extension, --skill, --model, --thinking, --provider,
+# etc.": docs/decisions.md#a-fork-inherits-its-parents-pi-not-its-authority): flag -> canonical
+# spelling. The "etc." is what else keeps the fork a copy of its parent's pi: the same discovery
+# switches, prompt templates and model cycle. Never inherited: --api-key (a secret would land in the
+# run's argv and record), --tools and --no-tools (the fork's tools are its own),
+# --session/--fork/--continue/--resume (the snapshot is its session),
+# --system-prompt/--append-system-prompt (the fork gets its own), the output mode.
 _INHERITED: Final[Mapping[str, str]] = {
     "--extension": "--extension",
     "-e": "--extension",

@@ -95,7 +95,8 @@ class RunStore:
     def session_result(self, run: ForkRun) -> dict[str, Any] | None:
         """The run's outcome read back from the child's ``session.jsonl`` (its entries after the
         snapshot), in ``result.json``'s shape; None when it has none (or the record predates
-        ``snapshot_bytes``). Seed 003's fallback for a child that ended without its artifact."""
+        ``snapshot_bytes``). The fallback for a child that ended without its artifact
+        (docs/decisions.md#a-forks-end-is-always-recorded)."""
         if run.snapshot_bytes is None:
             return None
         return pisession.run_outcome(self.path(run.id, "session.jsonl"), run.snapshot_bytes)

@@ -1,6 +1,7 @@
-"""A fork run's end (seed 003): learning it (the bridge's result, the exit marker, the pane's
-process gone, or no update for 30 minutes), recording it, aborting runs, and the waiter that
-``fork --wait`` and a run's finisher (``runs RUN --wait``) sit in until the end.
+"""A fork run's end: learning it (the bridge's result, the exit marker, the pane's process gone,
+or no update for 30 minutes), recording it, aborting runs, and the waiter that ``fork --wait``
+and a run's finisher (``runs RUN --wait``) sit in until the end
+(docs/decisions.md#a-forks-end-is-always-recorded).
 
 The waiter installs no signal handlers: the program's edge (the CLI) owns the process's signals
 and tells a waiter to stop through a :class:`StopRequest`.
@@ -37,7 +38,8 @@ __all__ = [
 STALE_MS: Final = 30 * 60 * 1000
 STALE_ERROR: Final = "no update for 30 minutes: reaped as stale"
 HEARTBEAT_S: Final = 60.0
-RESULT_GRACE_S: Final = 2.0  # seed 003: result.json is read "with retries (up to 2s)"
+# result.json is read "with retries (up to 2s)" (docs/decisions.md#a-forks-end-is-always-recorded).
+RESULT_GRACE_S: Final = 2.0
 
 
 def _refresh(runs: RunStore, run: ForkRun, now: int, *, settle: bool) -> ForkRun | None:
@@ -67,7 +69,7 @@ def _refresh(runs: RunStore, run: ForkRun, now: int, *, settle: bool) -> ForkRun
                 result = runs.result(run.id)
         if result is None:
             # No artifact (the bridge never wrote it): what the child's session file says, before
-            # a synthetic failure (seed 003's session-result fallback).
+            # a synthetic failure (docs/decisions.md#a-forks-end-is-always-recorded).
             result = runs.session_result(run)
         return finished(run, result, code, now_ms())
     if now - run.updated_at_ms > STALE_MS:

@@ -1,12 +1,13 @@
 """The pi bridge's result artifacts (``<state dir>/artifacts/<key>/run-NNNN.json``), one reader.
 
 The bridge writes one artifact per pi run (``agent_end``): the run's final assistant text
-(``text``) and, since issue 29.7, each of the run's assistant texts in order (``answers``). A
+(``text``) and each of the run's assistant texts in order (``answers``). A
 marker round's answer is not always a run's final text: a worker that takes its host's notices
 as steers while it thinks (its master died, a new one adopted it) answers them after its marker,
 in the same run. Both the job's watcher (is the run that printed the marker over?) and the host
 (what did the worker answer?) ask this module, so they never disagree on which text is the
-round's, and neither waits for an artifact that will never hold the marker.
+round's, and neither waits for an artifact that will never hold the marker
+(docs/decisions.md#the-rounds-answer-is-the-one-that-holds-the-marker).
 
 Everything here was written by the worker's pi process: it is read bounded, through the state
 dir's reader (never a FIFO, a symlink or a huge file), and a malformed artifact is no answer.

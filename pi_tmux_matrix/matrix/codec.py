@@ -4,11 +4,12 @@ On disk everything is camelCase (pi's convention) with a ``schemaVersion``; in P
 snake_case. Primitives are structured strictly: ``"12"`` is not a pid and ``true`` is not 1.
 
 The converter is built on first use (:func:`conv`), and cattrs imported with it. :func:`structure`
-and :func:`unstructure` go through :mod:`.plaincodec` first (the one fast path, issue 32): so
-``ls``/``tree``/``show``, which read every entry, need no cattrs at all (~10 ms of every such
-command's start-up), and a host, which reads its job and writes its entry and results all its
-life, never builds it either (~1.5 MiB of each host, issue 30.3). The converter reads what the
-plain pass is unsure of, and words every refusal.
+and :func:`unstructure` go through :mod:`.plaincodec` first (the one fast path:
+docs/decisions.md#one-fast-decoder): so ``ls``/``tree``/``show``, which read every entry, need no
+cattrs at all (~10 ms of every such command's start-up), and a host, which reads its job and
+writes its entry and results all its life, never builds it either (~1.5 MiB of each host:
+docs/decisions.md#a-host-loads-only-what-it-uses). The converter reads what the plain pass is
+unsure of, and words every refusal.
 """
 
 from __future__ import annotations

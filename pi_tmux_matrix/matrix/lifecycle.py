@@ -1,14 +1,15 @@
-"""Pure lifecycle steps of seed 000, as functions from an entry to its next version. No I/O.
+"""Pure lifecycle steps, as functions from an entry to its next version
+(docs/decisions.md#lifecycle-steps-are-pure-and-fenced). No I/O.
 
 The host (the worker's side) and the master (the owner's side) apply these through the store
 under the entry's lock, so every step sees the latest version and is fenced: the owner's own
 steps by its ``registration`` (its process generation), a master's handshakes by the exact
 ``generation`` it observed.
 
-One grant wins (issue 30.7): an adoption grant is never written over another master's standing
-grant whose master lives, nor over a worker that re-parented since the grant was decided; the
-loser gets :class:`~pi_tmux_matrix.errors.AdoptionRefused` naming the winner. Liveness is the
-caller's (``alive``): these functions stay pure.
+One grant wins (docs/decisions.md#one-adoption-grant-wins): an adoption grant is never written
+over another master's standing grant whose master lives, nor over a worker that re-parented since
+the grant was decided; the loser gets :class:`~pi_tmux_matrix.errors.AdoptionRefused` naming the
+winner. Liveness is the caller's (``alive``): these functions stay pure.
 """
 
 from __future__ import annotations
@@ -121,8 +122,9 @@ def claimed_by(entry: Entry | None) -> str:
 
 
 def launched(entry: Entry, host: ProcessIdentity) -> Entry | None:
-    """The claimed launch's new host, published before the host registers (seed 000); None (no
-    write) once the host has registered itself, whose own record wins."""
+    """The claimed launch's new host, published before the host registers
+    (docs/decisions.md#the-launcher-publishes-the-pid-before-the-host-registers); None (no write)
+    once the host has registered itself, whose own record wins."""
     if entry.status is not Status.LAUNCHING:
         return None
     return attrs.evolve(entry, pid=host.pid, proc_start=host.start_ticks, boot_id=host.boot_id)
@@ -199,7 +201,8 @@ def standing_grant(entry: Entry) -> Directive | None:
 
 def _every_grant_stands(_master: ProcessIdentity) -> bool:
     # Without a way to look at processes, a standing grant is taken as live: refusing a grant is
-    # safe (the owner re-reads and asks again), overwriting a live one is the race of issue 30.7.
+    # safe (the owner re-reads and asks again), overwriting a live one is the race
+    # (docs/decisions.md#one-adoption-grant-wins).
     return True
 
 
@@ -305,7 +308,7 @@ def accept_adoption(entry: Entry, now: int) -> Entry:
 
 def _handoff(entry: Entry, outcome: Outcome, now: int, summary: str, result_pointer: str | None) -> Handoff:
     # Here, not at the top: secrets brings hmac and hashlib (OpenSSL, ~3.7 MiB of every host,
-    # issue 30.10), and only a host that hands off needs it.
+    # docs/decisions.md#a-host-loads-only-what-it-uses), and only a host that hands off needs it.
     import secrets
 
     return Handoff(

@@ -1,10 +1,12 @@
 """The matrix's data model: frozen values and the lifecycle's legal moves. No I/O here.
 
-Names follow seed 000. An :class:`Entry` is one registered process; its ``identity`` is the one
-:class:`AgentIdentityContract` of the agent, embedded whole. ``generation`` is the token of the
-last write (fresh for every write, assigned by the store); ``registration`` is the token of the
-write that registered the current process generation, so an owner can tell "someone wrote a
-directive into my entry" (same registration) from "a newer process owns it now" (different).
+Names follow docs/concepts.md; the rules are in
+docs/decisions.md#lifecycle-steps-are-pure-and-fenced. An :class:`Entry` is one registered process;
+its ``identity`` is the one :class:`AgentIdentityContract` of the agent, embedded whole.
+``generation`` is the token of the last write (fresh for every write, assigned by the store);
+``registration`` is the token of the write that registered the current process generation, so an
+owner can tell "someone wrote a directive into my entry" (same registration) from "a newer process
+owns it now" (different).
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ MAX_HANDOFFS: Final = 16
 
 
 class Status(str, Enum):
-    """The lifecycle of an entry (seed 000 and ARCHITECTURE.md)."""
+    """The lifecycle of an entry (docs/concepts.md#statuses;
+    docs/decisions.md#lifecycle-steps-are-pure-and-fenced)."""
 
     LAUNCHING = "launching"  # a launcher published the pid before the process registered
     RUNNING = "running"
@@ -72,14 +75,15 @@ LEGAL_TRANSITIONS: Final[dict[Status, frozenset[Status]]] = {
 
 
 class DirectiveKind(str, Enum):
-    """What a master asked of an orphaned worker (seed 000's two handshakes)."""
+    """What a master asked of an orphaned worker: one of two handshakes
+    (docs/decisions.md#lifecycle-steps-are-pure-and-fenced)."""
 
     ADOPT = "adopt"
     CLEANUP = "cleanup"
 
 
 class ExitKind(str, Enum):
-    """How an agent's process ended (issue 3's exit classification)."""
+    """How an agent's process ended (docs/decisions.md#how-an-agent-ended-is-classified)."""
 
     EXITED = "exited"  # it exited by itself with a code
     KILLED = "killed"  # its owner stopped it
@@ -88,7 +92,7 @@ class ExitKind(str, Enum):
 
 
 class Outcome(str, Enum):
-    """How a worker's round ended, as its handoff says it (issue 19).
+    """How a worker's round ended, as its handoff says it (docs/decisions.md#a-round-hands-off-at-its-marker).
 
     ``done``/``blocked``: the agent printed its marker (the round ended, the agent may live on);
     otherwise how its process ended: ``exited`` by itself with code 0, ``killed`` by its owner,

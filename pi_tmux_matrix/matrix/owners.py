@@ -51,8 +51,8 @@ def owning_master(
     session = validate_id(parent_session, "--parent-session")
     sessions = _sessions_of(store, master, session)
     if not sessions and registered:
-        # A worker counts a parent that is no running master lost at its first looks (seed 000's
-        # declaredParentIsAlive): it would wind down as soon as it started.
+        # A worker counts a parent that is no running master lost at its first looks
+        # (docs/decisions.md#a-parent-must-be-a-live-master): it would wind down as soon as it started.
         raise ContractError(
             "--parent-pid", f"process {parent_pid} is not a running master of this matrix",
             "name the pid of a live 'pi-matrix master' (pi-matrix ls shows them), or run this under one",

@@ -1,11 +1,13 @@
-"""Records to and from their camelCase mappings without cattrs: the one fast path (issue 32).
+"""Records to and from their camelCase mappings without cattrs: the one fast path
+(docs/decisions.md#one-fast-decoder).
 
 Two readers need it. A listing (``ls``, ``tree``, ``top``, a fire's cap check, a host's parent
 poll) reads every entry, and the converter's per-field hooks cost more than parsing the JSON does
-(issue 21); a host (one per agent) reads its job record and writes its entry, results and events
-all its life, and building the converter for that would load cattrs with ``typing_extensions``,
-``dataclasses``, ``datetime``, ``base64`` and ``socket``: ~1.5 MiB of every host's ~20 (issue 30.3).
-This module does both directions by walking the attrs fields itself:
+(docs/decisions.md#a-verb-loads-only-what-it-uses); a host (one per agent) reads its job record
+and writes its entry, results and events all its life, and building the converter for that would
+load cattrs with ``typing_extensions``, ``dataclasses``, ``datetime``, ``base64`` and ``socket``:
+~1.5 MiB of every host's ~20 (docs/decisions.md#a-host-loads-only-what-it-uses). This module does
+both directions by walking the attrs fields itself:
 
 * :func:`unstructure` gives what the converter's unstructure gives (each attrs field under its
   camelCase name, an enum as its value, a tuple or a list as a list, a dict item by item); a
@@ -23,7 +25,7 @@ This module does both directions by walking the attrs fields itself:
 
 The walk is planned once per class (each field's camelCase key, ``__init__`` argument, the JSON
 types taken as they are, the builder of anything else), so an entry costs about what the
-hand-written entry decoder it replaced did (issue 32: ``fastcodec``, ~13 us per entry on top of
+hand-written entry decoder it replaced did (``fastcodec``, ~13 us per entry on top of
 the ~8 us JSON parse; ``benchmarks/bench_store.py``'s ``ls --json`` within noise of it), and a
 field added to the model is read here with no change.
 """

@@ -1,10 +1,11 @@
 """The pure reconciliation pass: entries and liveness facts in, a plan out. No I/O.
 
-Seed 000: "Correctness never depends on a heartbeat or watcher tick arriving. Each master
-activation runs the pure reconciliation pass once: a Pi worker interrupted before its own
-resumable write is repaired from its durable logical-agent identity, closed and unrecoverable
-records are removed, undelivered terminal handoffs are retained, and resumable/adopted/
-pending-terminal records remain recoverable for at most 30 days before expiry."
+The rule (docs/decisions.md#correctness-never-waits-for-a-heartbeat): "Correctness never depends on
+a heartbeat or watcher tick arriving. Each master activation runs the pure reconciliation pass once:
+a Pi worker interrupted before its own resumable write is repaired from its durable logical-agent
+identity, closed and unrecoverable records are removed, undelivered terminal handoffs are retained,
+and resumable/adopted/pending-terminal records remain recoverable for at most 30 days before
+expiry."
 
 Every action carries the generation it was planned from, so applying it is a CAS: an entry that
 changed since the facts were gathered is left for the next pass, never clobbered.

@@ -1,6 +1,6 @@
 """What the state dir keeps and for how long: the sweep's plan, its removals, the matrix's own kinds.
 
-Two things leave the state dir (issue 30), never anything else:
+Two things leave the state dir (docs/decisions.md#the-state-dir-is-bounded), never anything else:
 
 * What belonged to one entry alone (its lock file, its host's mailbox, its agent's notices) goes
   with the entry (``MatrixStore.delete``). A key whose entry is gone while such leftovers remain

@@ -1,4 +1,5 @@
-"""What an activation did for each orphan, as it happened (issue 30.8).
+"""What an activation did for each orphan, as it happened
+(docs/decisions.md#a-grant-is-not-an-adoption-until-the-worker-accepts-it).
 
 A grant is not an adoption: it is a request written into the worker's entry, and only the
 worker's host makes it one (it accepts: the entry's parent becomes the master). A master that
@@ -102,7 +103,8 @@ def await_acceptance(
 def told_one_shot(decision: Decision) -> Decision:
     """``master --once`` ends right after its report: a worker that accepted its grant then sees
     its parent die, counts it lost again and waits ``resumable`` (so 85 of 100 ``re-adopted``
-    workers were ``resumable`` 5 s later, issue 30.8); a grant not yet taken is void. Said so."""
+    workers were ``resumable`` 5 s later); a grant not yet taken is void. Said so
+    (docs/decisions.md#a-grant-is-not-an-adoption-until-the-worker-accepts-it)."""
     if decision.action not in (*_GRANT_ACTIONS, GRANTED):
         return decision
     note = (

@@ -1,4 +1,5 @@
-"""What wakes a master's handoff delivery at once rather than on its heartbeat (issue 19).
+"""What wakes a master's handoff delivery at once rather than on its heartbeat
+(docs/decisions.md#handoffs-are-pushed-not-polled).
 
 A worker's host writes its handoff into its own entry (an atomic rename in the state dir); the
 master's host follows the state dir by inotify, as ``top`` does, and looks at only the entries
@@ -6,8 +7,9 @@ whose files changed. When pi takes a handoff, its bridge's report lands in the m
 (also inotify): the handoffs it names are acknowledged then, not at the next heartbeat. The
 heartbeat's full pass stays as the safety net (no inotify, a lost event, an overflowed queue).
 
-Both watches are on the host process's one inotify instance (issue 30): a master holds one
-instance like any other agent, not one for its inbox and another for the state dir.
+Both watches are on the host process's one inotify instance: a master holds one instance like
+any other agent, not one for its inbox and another for the state dir
+(docs/decisions.md#one-inotify-instance-per-host).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The agent host: the registered process that owns exactly one agent child.
 
-Real ``pi`` cannot be changed, so the host carries the seed's pi-side behaviour for it (and a
-foreign CLI gets the same supervision): it registers the entry, runs ARGV without a shell,
-watches the declared parent's identity with a pidfd (death is seen at once; ``watcherPollMs``
-polling is the safety net), winds down to ``resumable`` when the parent is gone, waits the
-grace window for an adoption grant or a cleanup request, and records how the child ended.
+Real ``pi`` cannot be changed, so the host carries the pi-side behaviour for it, and a foreign CLI
+gets the same (docs/decisions.md#the-host-carries-what-pi-cannot): it registers the entry, runs ARGV
+without a shell, watches the declared parent's identity with a pidfd (death is seen at once;
+``watcherPollMs`` polling is the safety net), winds down to ``resumable`` when the parent is gone,
+waits the grace window for an adoption grant or a cleanup request, and records how the child ended.
 
 It never kills anything but its own child, and only when its owner asked (``stop``), its
 deadline passed, a cleanup was requested, or the grace window expired.
@@ -88,7 +88,8 @@ class HostHooks:
     on_tick: Callable[[AgentHost], None] | None = None
     on_switch: Callable[[AgentHost, str], None] | None = None
     # The agent's session shut down (its child ended): what depends on it is ended too, e.g. its
-    # running fork runs (seed 003); fork/ sits above supervise/, so the program wires it in.
+    # running fork runs (docs/decisions.md#a-fork-stops-with-its-parent-session); fork/ sits
+    # above supervise/, so the program wires it in.
     on_agent_end: Callable[[AgentHost], None] | None = None
     # Sees the record the first registration replaces, under its lock; raising refuses it.
     may_register: Callable[[Entry | None], None] | None = None
@@ -423,10 +424,8 @@ class AgentHost:
             self.handle_messages(self.record.mail())
         if timers.beat.due(now):
             beat = now_ms()
-            # Not made durable (no fsync of the state dir: half of a beat's fsyncs, a hundred
-            # hosts each every heartbeatMs, issue 30.9): the file is still fsynced before its
-            # rename, so a crash leaves this beat or the version before it, whole; and a crash
-            # that undoes a beat also ended this host. The next durable write keeps it anyway.
+            # Whole, not durable: a crash that undoes a beat ended this host too
+            # (docs/decisions.md#a-heartbeat-is-whole-but-not-made-durable).
             self.record.write(lambda e: lifecycle.heartbeat(e, beat), durable=False)
             self.reports.check_silent(time.monotonic(), self.events, self.key)
             if self.hooks.on_tick is not None and not self.record.superseded:

@@ -1,10 +1,11 @@
 """Master activation: reconcile once, scan once for orphans, recover or ask, deliver handoffs.
 
-Seed 000: a master never kills what it finds. Exact orphans (recorded ``parentSessionId`` and
-``taskRef`` equal to this master's session and task) are recovered without asking: live ones
-re-adopted, dead ones with a complete pi context relaunched into their exact session. Every
-foreign orphan is owner-gated: with a TTY the owner is asked (resume / adopt / clean up /
-leave); headless, it is only reported and nothing is written.
+A master never kills what it finds (docs/decisions.md#the-matrix-never-kills-on-its-own). Exact
+orphans (recorded ``parentSessionId`` and ``taskRef`` equal to this master's session and task)
+are recovered without asking: live ones re-adopted, dead ones with a complete pi context
+relaunched into their exact session. Every foreign orphan is owner-gated: with a TTY the owner is
+asked (resume / adopt / clean up / leave); headless, it is only reported and nothing is written
+(docs/decisions.md#exact-orphans-are-recovered-without-asking).
 """
 
 from __future__ import annotations
@@ -196,9 +197,9 @@ def recorded_goal(task_ref: str | None) -> str | None:
 
 
 def is_exact(entry: Entry, session_id: str, task_ref: str | None) -> bool:
-    """Seed 000's identity fence for recovery without asking: the same parent session and the
-    same goal, where no goal on both sides is the same goal (a master run without ``--task-ref``
-    owns the workers it fired without one)."""
+    """The identity fence for recovery without asking: the same parent session and the same
+    goal, where no goal on both sides is the same goal (a master run without ``--task-ref`` owns
+    the workers it fired without one; docs/decisions.md#exact-orphans-are-recovered-without-asking)."""
     return entry.parent_session_id == session_id and recorded_goal(entry.task_ref) == task_ref
 
 
@@ -238,7 +239,8 @@ class Master:
         if reconcile_first and self.housekeeping is not None:
             self.housekeeping(self.store)
         decided = [d for d in (self._decide(key) for key in plan.orphans) if d is not None]
-        # Said as it stands: a grant is an adoption once the worker's host accepts it (issue 30.8).
+        # Said as it stands: a grant is an adoption once the worker's host accepts it
+        # (docs/decisions.md#a-grant-is-not-an-adoption-until-the-worker-accepts-it).
         decisions = await_acceptance(self.store, decided, self.me, self.session_id)
         delivered = self.deliver_handoffs()
         return ActivationReport(

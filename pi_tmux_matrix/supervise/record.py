@@ -41,7 +41,8 @@ class OwnRecord:
     inbox: Inbox = attrs.field(init=False)
     notices: AgentNotices = attrs.field(init=False)
     # The host process's one inotify instance, shared by all its watches (our inbox; a master's
-    # state dir): the kernel's 128 instances per user are one per agent, never more (issue 30).
+    # state dir): the kernel's 128 instances per user are one per agent, never more
+    # (docs/decisions.md#one-inotify-instance-per-host).
     watches: Watches = attrs.field(init=False)
     mail_watch: int | None = attrs.field(init=False, default=None)  # its token; None: polled
 

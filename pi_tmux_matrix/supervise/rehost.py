@@ -1,6 +1,7 @@
-"""Rehosting: a worker whose host died while its agent lives gets a new host (issue 18.2).
+"""Rehosting: a worker whose host died while its agent lives gets a new host
+(docs/decisions.md#a-live-agent-is-never-left-unsupervised).
 
-Seed 002: never leave a live child burning credits silently. A dead host's agent is no one's
+Never leave a live child burning credits silently. A dead host's agent is no one's
 child any more, so adopting the entry would write a grant no host reads. Instead the master
 claims the entry by CAS (reason ``rehost``, the agent kept), then starts a
 detached ``pi-matrix host --rehost KEY --rehost-claim GEN``. That host registers only over the

@@ -1,5 +1,6 @@
 """A worker's marker rounds as its host sees them: a round ends with the agent's marker, and the
-host hands off for it at that moment (issue 19), not when the agent's process ends.
+host hands off for it at that moment, not when the agent's process ends
+(docs/decisions.md#a-round-hands-off-at-its-marker).
 
 The job's watcher finds ``DONE:<nonce>``/``BLOCKED:<nonce>`` in the agent's output, writes the
 job's result and tells the host through its inbox (a ``round`` message,
@@ -89,7 +90,8 @@ class Rounds:
         if end is None:
             return
         # The answer holding the marker, in whichever of the newest runs it is: a worker that took
-        # notices as steers while it thought (re-adopted, issue 29.7) answers them after it.
+        # notices as steers while it thought (re-adopted) answers them after it
+        # (docs/decisions.md#the-rounds-answer-is-the-one-that-holds-the-marker).
         answer = self.reports.answer_to(end.marker)
         from_artifact = answer is not None
         bridged = self.reports.seen or self.reports.expected_by is not None

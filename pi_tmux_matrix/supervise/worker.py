@@ -1,6 +1,6 @@
-"""The worker side of the host (seed 000): watching the declared parent, winding down to
-``resumable`` when it is gone, the one steer notice, and the grace window that ends in an
-adoption, a cleanup, or expiry.
+"""The worker side of the host: watching the declared parent, winding down to ``resumable`` when
+it is gone, the one steer notice, and the grace window that ends in an adoption, a cleanup, or
+expiry (docs/decisions.md#a-worker-whose-parent-is-lost-winds-down-and-waits).
 
 The parent is watched with a pidfd, so its death is seen at once; the loop's ``watcherPollMs``
 poll is the safety net, and it also asks what a pidfd cannot tell (the origin's
@@ -51,7 +51,8 @@ CLOCK_TOLERANCE_S: Final = 2.0
 
 
 class Phase(enum.Enum):
-    """Where the host is in the seed's wind-down."""
+    """Where the host is in its wind-down
+    (docs/decisions.md#a-worker-whose-parent-is-lost-winds-down-and-waits)."""
 
     RUNNING = "running"  # under a live parent (or a master's own host)
     GRACE = "grace"  # the parent is gone: resumable, waiting for an adoption or a cleanup
@@ -242,8 +243,9 @@ class WorkerSide:
 
     def _parent_entries(self, parent: ProcessIdentity) -> list[Entry]:
         """The parent's master entry, read by its key: one file, where a hundred workers' polls
-        each reading the whole state dir cost the fleet most of its idle CPU (issue 30.9). The
-        whole listing only when that key is not the parent's (a session switch re-keyed it)."""
+        each reading the whole state dir cost the fleet most of its idle CPU
+        (docs/decisions.md#a-worker-polls-its-parents-entry-not-the-state-dir). The whole
+        listing only when that key is not the parent's (a session switch re-keyed it)."""
         own = self.record.entry
         if own is not None and own.parent_session_id:
             found = master_entry(self.record.store, parent, own.parent_session_id)
@@ -265,7 +267,8 @@ class WorkerSide:
 
     # -- the wind-down ------------------------------------------------------------------------------
     def parent_lost(self) -> None:
-        """Seed 000 steps 1-3: winding_down -> resumable -> one steer notice -> grace window."""
+        """The wind-down: winding_down -> resumable -> one steer notice -> grace window
+        (docs/decisions.md#a-worker-whose-parent-is-lost-winds-down-and-waits)."""
         if self.role is not Role.WORKER or self.phase is not Phase.RUNNING:
             return
         record = self.record
@@ -330,7 +333,7 @@ class WorkerSide:
         # accepted is the one on disk under the lock, and the parent watched is the one that
         # write records; a grant read before may have been replaced since (a void grant
         # re-granted), and watching it would leave the entry naming a parent whose death winds
-        # nothing down (issue 30.7).
+        # nothing down (docs/decisions.md#one-adoption-grant-wins).
         boot = current.boot_id or self.me.boot_id
         dead: list[int] = []
         accepted: list[Entry] = []
