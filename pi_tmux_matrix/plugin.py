@@ -4,7 +4,8 @@ On every launch it injects the env contract (``PI_PARENT_PID``, ``PI_PARENT_SESS
 ``PI_ORCHESTRATION_AGENT_ID``, ``PI_TASK_REF``, ``PI_WORKER_ALLOWED_PATHS`` and, on a lane,
 ``PI_WORKTREE_LANE``) from the compiled, immutable launch
 (docs/decisions.md#one-contract-between-launcher-and-agent); and it provides the exact-session
-relaunch of a dead worker. With ``processMatrix.enabled: false`` it is simply not registered.
+relaunch of a dead worker (:func:`pi_tmux_matrix.recovery.relaunch`). With
+``processMatrix.enabled: false`` it is simply not registered.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ class MatrixPlugin:
         return ["-e", str(bridge_path())]
 
     @hookimpl
-    def relaunch(self, request: Relaunch) -> int | None:
-        from .resume import relaunch
+    def relaunch(self, request: Relaunch) -> int:
+        from .recovery import relaunch
 
         return relaunch(request)
 

@@ -741,7 +741,7 @@ def test_two_relaunchers_racing_for_one_dead_worker_start_exactly_one_agent(subl
 
     from pi_tmux_matrix.dispatch.model import Relaunch
     from pi_tmux_matrix.errors import ResumeRefused
-    from pi_tmux_matrix.resume import relaunch
+    from pi_tmux_matrix.recovery import relaunch
 
     master = sublab.start_master()
     fired = sublab.fire("HANG resumable", backend="subprocess")

@@ -6,7 +6,8 @@ Layers, each importing only from its own or lower ones (docs/architecture.md):
     identity, settings, procs, inotify               (1: the machine's facts)
     matrix/, contract, programs, pisession           (2: the record and the contract)
     supervise/ | dispatch/                           (3: side by side, never each other)
-    resume, fork/, plugin, pytest_plugin, retention  (4: what plugs the two together)
+    recovery, rehost, fork/, plugin, pytest_plugin,
+    retention                                        (4: what plugs the two together)
     cli/, testing/ and the package's own programs    (5: the programs)
 
 Every import counts: module level, inside functions and under ``TYPE_CHECKING`` alike, because a
@@ -14,7 +15,10 @@ function-level import is still an arrow (and was how the old cycles hid). Below 
 nothing prints, exits, reads ``sys.argv`` or asks on stdin: library code raises typed errors and
 the CLI decides what a person sees. And every signal goes through ``procs.send_signal``, which
 checks the process's identity right before the send; every git command through ``gitcmd.run``,
-which hardens it against repository-controlled execution (issue 28).
+which hardens it against repository-controlled execution (issue 28); every agent host starts
+through a backend (``dispatch/backends.py``), so a backend listed there is never bypassed by
+recovery or anything else (issue 32.1): a process or a tmux pane is started only by the modules
+named in :data:`PROCESS_STARTERS` and :data:`PANE_MAKERS`, each for its stated reason.
 
 ``violations`` takes the package folder, so it can be run against an older tree to show what it
 catches (``python tests/test_layers.py PATH/pi_tmux_matrix``).
@@ -38,7 +42,7 @@ LAYERS: dict[str, int] = {
     "matrix": 2, "contract": 2, "programs": 2, "pisession": 2, "piversion": 2, "pitools": 2,
     "projecttrust": 2,
     "supervise": 3, "dispatch": 3,
-    "resume": 4, "fork": 4, "plugin": 4, "pytest_plugin": 4, "retention": 4,
+    "recovery": 4, "rehost": 4, "fork": 4, "plugin": 4, "pytest_plugin": 4, "retention": 4,
     "cli": 5, "testing": 5, "__main__": 5, "": 5,
 }  # fmt: skip
 # Side by side at layer 3: neither may import the other.
@@ -198,6 +202,57 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 RUNNERS = frozenset({"run", "Popen", "call", "check_call", "check_output", "system"})
 
+# Issue 32.1: the modules that may start a process, each for its reason. Every agent host (a
+# fire's, a relaunch's, a rehost's) starts through a backend, so no module outside this table
+# starts one on its own (as resume.py and supervise/rehost.py once did, ignoring any backend but
+# their own two).
+PROCESS_STARTERS: dict[str, str] = {
+    "dispatch.backends": "the backends: every agent host, fired, relaunched or rehosted",
+    "programs": "spawn_detached, the one detached start (a backend's, a fork run's finisher)",
+    "supervise.child": "the host's own child: the agent it supervises",
+    "cli.host": "with the matrix off the host becomes its agent (exec): the host's own child",
+    "cli.host_rounds": "with the matrix off, a job's agent as the host program's own child",
+    "dispatch.tmux": "the tmux binary (a pane's command is started by tmux, asked by a backend)",
+    "gitcmd": "the one hardened git runner (run to completion)",
+    "pitools": "fd and rg located for pi (run to completion)",
+    "piversion": "`pi --version` (run to completion)",
+    "cli.doctor": "the checks' probes (run to completion)",
+    "cli.demo": "the demo program starts its master as a person at a shell would",
+    "cli.runs": "a fork run's finisher (neither an agent nor a host), through spawn_detached",
+}
+# And the modules that may make a tmux pane (a pane's command is a process tmux starts).
+PANE_MAKERS: dict[str, str] = {
+    "dispatch.backends": "the tmux backend",
+    "fork.panes": "a fork child's pane runs the fork's own script, not a matrix worker (seed 003)",
+}
+_SPAWNING = frozenset(
+    {("subprocess", n) for n in ("Popen", "run", "call", "check_call", "check_output", "getoutput")}
+    | {("os", n) for n in ("system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp")}
+    | {("pty", "spawn")}
+)
+_SPAWNING_NAMES = frozenset({"Popen", "spawn_detached", "posix_spawn", "posix_spawnp", "forkpty"})
+
+
+def _process_starts(path: Path) -> Iterator[tuple[str, str, int]]:
+    """(kind, the call, line) for each start of a process: ``subprocess``'s runners, ``os.fork``,
+    ``os.posix_spawn``, ``os.exec*``/``os.spawn*``, ``programs.spawn_detached`` (kind
+    ``process``); a tmux pane made by ``.launch(…, cwd=…)``/``.split(…, cwd=…)`` (kind ``pane``)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        named = isinstance(func, ast.Name) and func.id
+        if named and (named in _SPAWNING_NAMES or named.startswith(("execv", "execl"))):
+            yield "process", f"{func.id}()", node.lineno
+        if not isinstance(func, ast.Attribute):
+            continue
+        owner = func.value.id if isinstance(func.value, ast.Name) else ""
+        spawns = (owner, func.attr) in _SPAWNING or func.attr == "spawn_detached"
+        if spawns or (owner == "os" and func.attr.startswith(("exec", "spawn"))):
+            yield "process", f"{owner or '...'}.{func.attr}()", node.lineno
+        elif func.attr in {"launch", "split"} and any(k.arg == "cwd" for k in node.keywords):
+            yield "pane", f"a tmux pane ({owner or '...'}.{func.attr}())", node.lineno
+
 
 def _git_commands(path: Path) -> Iterator[tuple[str, int]]:
     """A command line spelled with ``"git"`` first (a list or tuple literal, or the first argument
@@ -220,6 +275,14 @@ def _git_commands(path: Path) -> Iterator[tuple[str, int]]:
             and (first.value == "git" or first.value.startswith("git "))
         ):
             yield f"{first.value.split()[0]!r} as a command", node.lineno
+
+
+def _starts_outside(name: str, where: str, path: Path) -> list[str]:
+    return [
+        f"{where}:{line}: {call} outside the backends (dispatch/backends.py)"
+        for kind, call, line in _process_starts(path)
+        if name not in (PROCESS_STARTERS if kind == "process" else PANE_MAKERS)
+    ]
 
 
 def violations(root: Path = ROOT) -> list[str]:
@@ -248,6 +311,7 @@ def violations(root: Path = ROOT) -> list[str]:
         if name not in {"procs", "testing.standin"}:
             for call, line in _signal_sends(path):
                 problems.append(f"{where}:{line}: {call} outside procs.send_signal (the one signalling door)")
+        problems += _starts_outside(name, where, path)
         problems += [
             f"{where}:{line}: {call} outside gitcmd.run (the one hardened git door)"
             for call, line in _git_commands(path)
@@ -316,11 +380,15 @@ def test_no_module_is_over_450_lines() -> None:
 # Issue 32.7: the package was never released, so a module that moved keeps no alias at its old
 # path, and no module re-exports a name that moved out of it.
 GONE_MODULES = (
-    "_deprecated", "runs", "standin", "supervise.lifecycle", "supervise.mailbox",
+    "_deprecated", "runs", "standin", "supervise.lifecycle", "supervise.mailbox", "resume",
+    "supervise.rehost",
 )  # fmt: skip
 GONE_NAMES = {
     "supervise.master": ("calling_master", "owning_master", "require_master"),
-    "supervise.relaunch": ("host_argv", "pi_command", "spawn_detached", "ENV_PI_COMMAND", "ResumeRefused"),
+    "supervise.relaunch": (
+        "host_argv", "pi_command", "spawn_detached", "ENV_PI_COMMAND", "ResumeRefused", "check_resumable",
+        "transcript_lost", "wake_prompt",
+    ),
     "dispatch.manager": (
         "SCRUB_ENV", "DEFAULT_SOCKET", "TMUX_SESSION", "FireRequest", "marker_instruction", "PlannedAgent",
         "LIVE", "MAX_DEADLINE_S", "MAX_TASK_BYTES",
@@ -354,6 +422,13 @@ def test_the_checker_sees_an_arrow_up_a_cycle_and_a_print(tmp_path: Path) -> Non
     (package / "matrix" / "model.py").write_text("import os\n")
     (package / "supervise" / "child.py").write_text("def f(p):\n    p.terminate()\n")
     (package / "supervise" / "vcs.py").write_text("import subprocess\nsubprocess.run(['git', 'status'])\n")
+    # A host started by a module of its own, a pane made beside the backends, and the host's
+    # own child spawn moved out of supervise/child.py: each a start outside the backends.
+    (package / "recovery.py").write_text(
+        "from .programs import spawn_detached\ndef f(s, a):\n    spawn_detached(a, 'x.log', cwd='/')\n"
+        "    s.launch(a, session='s', cwd='/', env={})\n"
+    )
+    (package / "supervise" / "spawn.py").write_text("import subprocess\nsubprocess.Popen(['pi'])\n")
     found = "\n".join(violations(package))
     assert "matrix.store (layer 2) -> dispatch.manager (layer 3)" in found
     assert "dispatch.manager -> supervise.host: supervise/ and dispatch/ stand apart" in found
@@ -362,6 +437,9 @@ def test_the_checker_sees_an_arrow_up_a_cycle_and_a_print(tmp_path: Path) -> Non
     assert "matrix.model is pure and may not import os" in found
     assert "p.terminate() outside procs.send_signal" in found
     assert "supervise/vcs.py:2: 'git' as a command outside gitcmd.run" in found
+    assert "recovery.py:3: spawn_detached() outside the backends" in found
+    assert "recovery.py:4: a tmux pane (s.launch()) outside the backends" in found
+    assert "supervise/spawn.py:2: subprocess.Popen() outside the backends" in found
 
 
 if __name__ == "__main__":

@@ -359,7 +359,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self._cleanup(snapshot, owner)
 
     def _publish_relaunch(self, snapshot: Entry) -> None:
-        """A relauncher (``resume.relaunch``, ``DetachedHostRelauncher``): claim by CAS before
+        """A relauncher (``recovery.relaunch``, ``DetachedHostRelauncher``): claim by CAS before
         starting anything, then publish the new host's pid fenced by the claim's token."""
         if snapshot.status is not Status.RESUMABLE:
             return  # check_resumable refuses anything else

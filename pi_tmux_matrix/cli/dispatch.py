@@ -138,7 +138,9 @@ def register(sub: Any, epilog: str) -> None:
     resume.add_argument(
         "--socket", metavar="NAME", help=f"tmux -L socket (default: ${ENV_TMUX_SOCKET} or {DEFAULT_SOCKET})"
     )
-    resume.add_argument("--backend", choices=BACKEND_NAMES, default=TMUX)
+    resume.add_argument(
+        "--backend", choices=BACKEND_NAMES, help="where its new host runs (default: where its job ran; tmux)"
+    )
     resume.add_argument(
         "--parent-pid", type=int, metavar="PID", help="the resuming master (default: the caller's)"
     )
@@ -374,7 +376,7 @@ def stop_job(args: argparse.Namespace, io: Io) -> int:
 def cmd_resume(args: argparse.Namespace, io: Io) -> int:
     from ..dispatch.model import Relaunch
     from ..matrix.owners import owning_master, require_master
-    from ..resume import plan_resume
+    from ..recovery import plan_resume
 
     store = store_of(args)
     args.key = resolve_key(store, args.key)

@@ -276,7 +276,7 @@ def _rehost(args: argparse.Namespace, io: Io) -> int:
 
     def follow(host: AgentHost) -> None:
         # The agent stays the agent of its job: jobs, followup and stop JOB reach the new host.
-        from ..resume import follow_job
+        from ..recovery import follow_job
 
         follow_job(store, host.key, host.me, log_file=log_file)
 

@@ -27,6 +27,7 @@ from ..matrix.store import MatrixStore, now_ms
 from ..piversion import program_length
 from ..programs import agent_argv
 from ..projecttrust import master_trust
+from ..rehost import rehost
 from ..settings import load_settings
 from ..supervise.claim import check_claim, live_master, stray_agent, take_over
 from ..supervise.feed import EntryFeed
@@ -110,9 +111,8 @@ def register(sub: Any, epilog: str) -> None:
 
 
 def _relauncher(args: argparse.Namespace, store: MatrixStore) -> Relauncher:
-    """The master's relauncher: the dispatcher's relaunch hook (the matrix plugin's exact-session
-    resume, built from the worker's recorded launch profile like every other launch), into a tmux
-    pane on ``--socket`` or, by default, as a detached headless host (print mode)."""
+    """The master's relauncher: the dispatcher's ``relaunch`` hook (the matrix's is ``recovery.relaunch``),
+    into a tmux pane on ``--socket`` or, by default, a detached headless host (print mode)."""
     from ..dispatch.model import SUBPROCESS, TMUX, Relaunch
     from ..dispatch.plugins import plugin_manager
     from .dispatch import default_socket
@@ -266,7 +266,7 @@ class _MasterSession:
     def master_at(self, me: procs.ProcessIdentity, *, deliver: bool) -> Master:
         return Master(
             self.store, self.session_id, me, _relauncher(self.args, self.store), task_ref=self.task_ref,
-            task_state=self.args.task_state, prompter=self.prompter,
+            task_state=self.args.task_state, prompter=self.prompter, rehoster=rehost,
             deliver=self.deliver if deliver else None, acks=self.acks, housekeeping=settle_and_sweep,
         )  # fmt: skip
 

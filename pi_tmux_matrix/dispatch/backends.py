@@ -5,6 +5,9 @@ A backend starts the host argv it is given, with the env it is given, in the cwd
 says where it runs and which process it is (:class:`Started`). It never judges liveness: that is
 done by process identity. A new backend is one new class here, listed in :func:`backends`; a
 ``FireRequest.backend`` names it, and the job record keeps that name (``JobAgent.backend``).
+Every start of a host goes through a backend: a fire's, and recovery's (``recovery.relaunch``
+starts a resumed agent through the backend its job names, ``recovery.rehost`` a new host
+through the subprocess backend), so a backend listed here is never bypassed.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from .tmux_model import AGENT_TAG, JOB_TAG, KEY_TAG, Pane
 __all__ = [
     "TMUX_SESSION",
     "Backend",
+    "LaunchClosed",
     "Started",
     "SubprocessBackend",
     "TmuxBackend",
@@ -67,6 +71,13 @@ def started_in(pane: Pane) -> Started:
     """A host that is the process of ``pane`` (tmux execs the pane command: no shell between)."""
     target = f"{pane.session}:{pane.window_name}"
     return Started(pane.pane_pid, procs.identify(pane.pane_pid), target, pane_id=pane.pane_id)
+
+
+class LaunchClosed(DispatchError):
+    """A start failed and nothing runs for it: its ticket was taken as abandoned (a pane made
+    later starts nothing), or the host that started late was stopped. The cause is the start's
+    own error; a caller may start the launch again elsewhere (recovery falls back to a detached
+    host when tmux is unavailable)."""
 
 
 class Backend(Protocol):
@@ -145,7 +156,7 @@ class SubprocessBackend:
         return None
 
     def start(self, job_id: str, agent: JobAgent, planned: PlannedAgent) -> Started:
-        log_path = self.store.side_dir("logs") / f"{job_id}.{agent.agent_id}.log"
+        log_path = self.store.side_dir("logs") / (planned.log_name or f"{job_id}.{agent.agent_id}.log")
         env = {k: v for k, v in self.env.items() if k not in NEVER_INHERITED}
         env.update(planned.env)
         try:
@@ -172,7 +183,7 @@ def start_fenced(
             raise
         taken = LaunchTickets(store).take(planned.launch.ticket, Taken(None, bounded(str(exc), 300)))
         if taken is None or taken.host is None:
-            raise DispatchError(f"{exc}; nothing runs for it (a pane made later starts nothing)") from exc
+            raise LaunchClosed(f"{exc}; nothing runs for it (a pane made later starts nothing)") from exc
         late = taken.host
         adopted = backend.adopt(job_id, agent, late)
         if adopted is not None:
@@ -182,8 +193,11 @@ def start_fenced(
 
         started = Started(late.pid, late, f"pid {late.pid}").recorded(agent)
         left = stop_agents(store, [started], reason="launch failed")
-        what = "could NOT be stopped: stop it by hand" if left else "was stopped"
-        raise DispatchError(f"{exc}; its host (pid {late.pid}) started late and {what}") from exc
+        if left:
+            raise DispatchError(
+                f"{exc}; its host (pid {late.pid}) started late and could NOT be stopped: stop it by hand"
+            ) from exc
+        raise LaunchClosed(f"{exc}; its host (pid {late.pid}) started late and was stopped") from exc
 
 
 def backends(store: MatrixStore, env: Mapping[str, str]) -> dict[str, Backend]:

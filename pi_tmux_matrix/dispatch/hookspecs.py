@@ -50,5 +50,6 @@ def on_terminal(job: Job, result: AgentResult) -> None:
 @hookspec(firstresult=True)
 def relaunch(request: Relaunch) -> int | None:
     """Relaunch a dead worker into its exact session; the first plugin that does returns the
-    new host pid. The matrix plugin's implementation launches into tmux (or detached without
-    tmux); return None to leave it to the next plugin."""
+    new host pid. The matrix plugin's implementation (``recovery.relaunch``) starts it through
+    the backend ``request.backend`` names, or its job's (a detached host when tmux is not there);
+    return None to leave it to the next plugin."""

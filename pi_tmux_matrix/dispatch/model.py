@@ -209,6 +209,9 @@ class PlannedAgent:
     # A workspace's pane: OPEN makes the fresh session ``session`` (refused if it exists), SPLIT
     # adds a pane to its window, tiled; None: a window of its own.
     layout: str | None = None
+    # Its output file under logs/ when no pane shows it (None: <job>.<agent>.log). A relaunch
+    # keeps <key>.log and a rehost <key>.rehost.log, the names the state dir's sweep knows.
+    log_name: str | None = None
 
 
 OPEN: Final = "open"
@@ -217,11 +220,14 @@ SPLIT: Final = "split"
 
 @attrs.frozen
 class Relaunch:
-    """A dead worker to relaunch into its exact session under ``parent``."""
+    """A dead worker to relaunch into its exact session under ``parent`` (the ``relaunch``
+    hook's request; the matrix's implementation is ``recovery.relaunch``)."""
 
     entry: Entry
     parent: ProcessIdentity
     parent_session: str
     state_dir: str
     socket: str | None = None
-    backend: str = TMUX
+    # The backend to start its host through; None: the one its job names (tmux for a worker of
+    # no job), as the job's fire did.
+    backend: str | None = None

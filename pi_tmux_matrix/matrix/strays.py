@@ -4,7 +4,7 @@ Every view says ``agent pid N unsupervised`` of it (:func:`unsupervised`); ``sto
 ``stop JOB`` reach it through :func:`stop_stray`: SIGTERM, the grace, SIGKILL, each after checking
 its identity (a print or rpc agent with the process group it leads, as its host would), and its
 end recorded as ``killed`` with the code unknown (it is nobody's child to wait for). A master
-takes such an agent over with a new host instead (``supervise.rehost``).
+takes such an agent over with a new host instead (``recovery.rehost``).
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ from ..matrix.mailbox import EventLog, Inbox
 from ..matrix.model import Entry, Handoff, Status
 from ..matrix.reconcile import ActionKind, Facts, Plan, reconcile
 from ..matrix.store import MatrixStore, now_ms
+from ..matrix.strays import stray_agent
 from .decisions import Decision, await_acceptance, launching_note, told_one_shot
-from .rehost import needs_rehost, rehost
-from .relaunch import Relauncher
+from .relaunch import Rehoster, Relauncher
 
 __all__ = [
     "ActivationReport",
@@ -225,6 +225,9 @@ class Master:
     # The state dir's sweep (``retention.sweep_if_due``, from the layer above): run after each
     # activation's reconcile, at most once an hour, never raising.
     housekeeping: Callable[[MatrixStore], object] | None = None
+    # A new host for a live agent whose host died (``recovery.rehost``, from the layer above);
+    # None: such an agent is reported, never taken over.
+    rehoster: Rehoster | None = None
 
     @property
     def key(self) -> str:
@@ -274,7 +277,7 @@ class Master:
                 decision, detail=f"task is {self.task_state}: automatic recovery disabled"
             )
         if self.prompter is None:
-            if decision.alive and needs_rehost(entry):
+            if decision.alive and stray_agent(entry) is not None:
                 return attrs.evolve(
                     decision, detail=f"agent pid {entry.child_pid} unsupervised (its host died)"
                 )
@@ -282,7 +285,7 @@ class Master:
         return self._ask(entry, decision)
 
     def _recover(self, entry: Entry, decision: Decision, adopted: str = "re-adopted") -> Decision:
-        if decision.alive and needs_rehost(entry):
+        if decision.alive and stray_agent(entry) is not None:
             return self._rehost(entry, decision)
         if decision.alive:
             return self._adopt(entry, decision, adopted)
@@ -290,8 +293,10 @@ class Master:
 
     def _rehost(self, entry: Entry, decision: Decision) -> Decision:
         """Its host died and its agent lives: a grant would never be read; a new host takes it."""
+        if self.rehoster is None:
+            return attrs.evolve(decision, detail=f"agent pid {entry.child_pid} unsupervised (its host died)")
         try:
-            pid = rehost(self.store, entry, self.me, self.session_id)
+            pid = self.rehoster(self.store, entry, self.me, self.session_id)
         except ResumeRefused as exc:
             return attrs.evolve(decision, action="reported", detail=str(exc))
         except (PiMatrixError, OSError) as exc:
@@ -347,7 +352,7 @@ class Master:
             if resumable and ask(f"resume {name} in its own session?"):
                 return self._resume(entry, decision, "resumed")
             return attrs.evolve(decision, action="left")
-        if needs_rehost(entry):
+        if stray_agent(entry) is not None:
             # No host would read a cleanup directive: taking it over is the only offer.
             unsupervised = f"its host died; its agent pid {entry.child_pid} runs unsupervised"
             if ask(f"take {name} over with a new host ({unsupervised})?"):
