@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -27,9 +27,11 @@ from .matrix.model import Entry
 from .matrix.store import MatrixStore
 from .programs import spawn_detached
 from .settings import MatrixSettings, load_settings
+from .strictjson import JSONObject
 from .supervise.relaunch import check_resumable, wake_prompt
 
 if TYPE_CHECKING:
+    from .dispatch.model import Relaunch
     from .dispatch.tmux import TmuxServer
     from .dispatch.tmux_model import Pane
 
@@ -48,7 +50,7 @@ class ResumePlan:
     ticket: str | None = None  # the launch's ticket (matrix.tickets), when its host takes one
     session_file: str | None = None  # the pi session file it runs in (made by relaunch if missing)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         return {"key": self.key, "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd}
 
 
@@ -135,7 +137,7 @@ def plan_resume(
 
 
 def relaunch(
-    request: Any,
+    request: Relaunch,
     *,
     settings: MatrixSettings | None = None,
     env: dict[str, str] | None = None,
