@@ -30,6 +30,7 @@ from .errors import ContractError, PiMatrixError
 from .matrix.fsio import open_state_file
 from .matrix.tokens import now_ms
 from .settings import agent_dir
+from .strictjson import JSONObject
 
 __all__ = [
     "MAX_HEADER_BYTES",
@@ -242,9 +243,9 @@ def whole_lines(session_file: str, *, field: str = "--session") -> bytes:
     return data[: cut + 1] if cut >= 0 else b""
 
 
-def _assistant_messages(data: bytes) -> list[dict[str, Any]]:
+def _assistant_messages(data: bytes) -> list[JSONObject]:
     """The assistant messages of the session entries in ``data`` (whole lines; bad ones skipped)."""
-    found: list[dict[str, Any]] = []
+    found: list[JSONObject] = []
     for line in data.split(b"\n"):
         if not line.strip():
             continue
@@ -258,7 +259,7 @@ def _assistant_messages(data: bytes) -> list[dict[str, Any]]:
     return found
 
 
-def _text(message: dict[str, Any]) -> str:
+def _text(message: JSONObject) -> str:
     content = message.get("content")
     if isinstance(content, str):
         return content
@@ -271,9 +272,9 @@ def _text(message: dict[str, Any]) -> str:
     return ""
 
 
-def _summed_usage(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _summed_usage(messages: list[JSONObject]) -> JSONObject | None:
     """pi's usage summed over the messages (every tool-call round was paid for), or None."""
-    total: dict[str, Any] = dict.fromkeys(_USAGE_KEYS, 0)
+    total: dict[str, Any] = dict.fromkeys(_USAGE_KEYS, 0)  # numbers as pi wrote them, int or float
     cost = 0.0
     seen = False
     for message in messages:
@@ -292,7 +293,7 @@ def _summed_usage(messages: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {**total, "cost": {"total": cost}} if seen else None
 
 
-def _activity(messages: list[dict[str, Any]]) -> list[str]:
+def _activity(messages: list[JSONObject]) -> list[str]:
     """One line per tool call ("bash: npm test"), the last :data:`MAX_ACTIVITY`: the same lines
     the bridge writes into a fork's ``result.json``."""
     lines: list[str] = []
@@ -302,14 +303,14 @@ def _activity(messages: list[dict[str, Any]]) -> list[str]:
             if not (isinstance(block, dict) and block.get("type") == "toolCall"):
                 continue
             raw = block.get("arguments")
-            args: dict[str, Any] = raw if isinstance(raw, dict) else {}
+            args: JSONObject = raw if isinstance(raw, dict) else {}
             key = next((k for k in _ACTIVITY_KEYS if isinstance(args.get(k), str)), None)
             what = str(args[key]) if key else json.dumps(args, separators=(",", ":"))
             lines.append(f"{block.get('name') or '?'}: {' '.join(what.split())}"[:ACTIVITY_CHARS])
     return lines[-MAX_ACTIVITY:]
 
 
-def run_outcome(session_file: str | os.PathLike[str], offset: int) -> dict[str, Any] | None:
+def run_outcome(session_file: str | os.PathLike[str], offset: int) -> JSONObject | None:
     """What the run pi appended to ``session_file`` after byte ``offset`` came to, in the shape
     of the bridge's fork ``result.json`` (``text``, ``stopReason``, ``errorMessage``, ``usage``
     summed over the run, ``model``, ``provider``, ``activity``); None when the run has no assistant message
@@ -351,7 +352,7 @@ class SessionLine:
     a line that is not a JSON object: kept as it is)."""
 
     raw: bytes
-    entry: dict[str, Any] | None
+    entry: JSONObject | None
 
 
 def session_lines(data: bytes) -> list[SessionLine]:
@@ -368,22 +369,22 @@ def session_lines(data: bytes) -> list[SessionLine]:
     return found
 
 
-def branch_of(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def branch_of(entries: list[JSONObject]) -> list[JSONObject]:
     """The branch pi continues when it opens the file: from the root to the last entry (pi's
     leaf), following ``parentId``; the header and entries without an id are not on it."""
     by_id = {e["id"]: e for e in entries if isinstance(e.get("id"), str) and e.get("type") != "session"}
     leaf = next((e for e in reversed(entries) if e.get("id") in by_id), None)
-    path: list[dict[str, Any]] = []
+    path: list[JSONObject] = []
     seen: set[str] = set()
     while leaf is not None and leaf["id"] not in seen:
-        seen.add(leaf["id"])
+        seen.add(str(leaf["id"]))  # a str: only entries with a str id are on the branch
         path.append(leaf)
         parent = leaf.get("parentId")
         leaf = by_id.get(parent) if isinstance(parent, str) else None
     return path[::-1]
 
 
-def estimate_tokens(message: Any) -> int:
+def estimate_tokens(message: object) -> int:
     """pi's estimate of a message's tokens (characters / 4, rounded up), as its compaction cuts."""
     if not isinstance(message, dict):
         return 0
@@ -413,6 +414,6 @@ def estimate_tokens(message: Any) -> int:
     return -(-chars // 4)
 
 
-def encode_entry(entry: dict[str, Any]) -> bytes:
+def encode_entry(entry: JSONObject) -> bytes:
     """An entry as pi writes it: one line of compact JSON."""
     return (json.dumps(entry, ensure_ascii=False, separators=(",", ":")) + "\n").encode()

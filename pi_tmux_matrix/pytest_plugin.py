@@ -21,11 +21,14 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from .contract import ENV_AGENT_DIR, ENV_STATE_DIR, NEVER_INHERITED
+
+if TYPE_CHECKING:
+    from .dispatch.tmux import TmuxServer
 
 __all__ = ["MatrixSettingsFile", "matrix_settings", "matrix_state_dir", "stand_in_agent", "tmux_server"]
 
@@ -53,7 +56,7 @@ class MatrixSettingsFile:
         self.path = path
         self.values: dict[str, Any] = {}
 
-    def set(self, **values: Any) -> MatrixSettingsFile:
+    def set(self, **values: object) -> MatrixSettingsFile:
         """Merge ``values`` (camelCase, as in the file) and write the file."""
         self.values.update(values)
         document: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
@@ -69,7 +72,7 @@ def matrix_settings(matrix_state_dir: Path) -> MatrixSettingsFile:
 
 
 @pytest.fixture
-def tmux_server() -> Iterator[Any]:
+def tmux_server() -> Iterator[TmuxServer]:
     """A :class:`~pi_tmux_matrix.dispatch.tmux.TmuxServer` on a private socket, killed after."""
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import Any, Final
+from typing import Final
 
 import attrs
 
@@ -39,6 +39,7 @@ from .matrix import lifecycle
 from .matrix.model import Entry, ResumablePayload, Status, bounded
 from .matrix.store import MatrixStore
 from .settings import MatrixSettings, load_settings
+from .strictjson import JSONObject
 
 __all__ = [
     "RESUME",
@@ -81,8 +82,8 @@ class ResumePlan:
     def cwd(self) -> str:
         return self.planned.cwd
 
-    def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "argv": list(self.argv), "env": self.env, "cwd": self.cwd}
+    def to_json(self) -> JSONObject:
+        return {"key": self.key, "argv": list(self.argv), "env": dict(self.env), "cwd": self.cwd}
 
 
 # -- relaunch ----------------------------------------------------------------------------------------

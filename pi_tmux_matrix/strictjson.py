@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, TypeAlias
 
-__all__ = ["StrictJSONError", "loads"]
+__all__ = ["JSONObject", "StrictJSONError", "loads"]
+
+# A JSON document's object as this package writes and reads it: its values are read by narrowing
+# (``isinstance``) or through the codec, which structures it into its class.
+JSONObject: TypeAlias = dict[str, object]
 
 MAX_DEPTH = 32
 

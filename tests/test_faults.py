@@ -149,9 +149,9 @@ def test_15_worker_text_reaches_the_terminal_with_its_escape_sequences_shown_not
     handoff's summary: every control character goes through one sanitiser (``cat -v`` style)."""
     from helpers import make_entry
 
-    from pi_tmux_matrix.cli.base import printable
     from pi_tmux_matrix.matrix.mailbox import EventLog
     from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
+    from pi_tmux_matrix.safetext import printable
 
     hostile = "\x1b]0;PWNED-TITLE\x07\x1b[2K\x1b[1A\x9b31m"
     store = MatrixStore(tmp_path / "state")

@@ -430,9 +430,9 @@ def test_15_a_bash_masters_handoff_line_shows_worker_text_escaped(tmp_path: Path
     from conftest import kill_tmux_server
     from test_master import dead_identity
 
-    from pi_tmux_matrix.cli.handoffs import handoff_message
     from pi_tmux_matrix.matrix import lifecycle
     from pi_tmux_matrix.matrix.model import ExitRecord
+    from pi_tmux_matrix.supervise.handoff_text import handoff_message
 
     store = MatrixStore(tmp_path / "state")
     dead = dead_identity()

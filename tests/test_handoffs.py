@@ -19,8 +19,8 @@ from test_master_tool import Scripted, master_window, mlab  # noqa: F401  (the f
 from test_real_pi import pilab  # noqa: F401  (the fixture)
 
 from pi_tmux_matrix import procs
-from pi_tmux_matrix.cli.master import handoff_message
 from pi_tmux_matrix.matrix.model import Entry, Status
+from pi_tmux_matrix.supervise.handoff_text import handoff_message
 
 pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 

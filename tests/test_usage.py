@@ -21,9 +21,9 @@ from test_dispatch import Lab, wait_for
 from test_master_tool import Scripted, job_of, last_tool_result, mlab, run_print_master, tool  # noqa: F401
 from test_real_pi import pilab  # noqa: F401  (the fixture)
 
-from pi_tmux_matrix.cli.handoffs import handoff_line, handoff_message
 from pi_tmux_matrix.dispatch.jobs import JobStore
 from pi_tmux_matrix.dispatch.usage import ClaimedUsage, UsageTotal, parse_claim, read_claim
+from pi_tmux_matrix.supervise.handoff_text import handoff_line, handoff_message
 
 CLAIM = '{"input": 1000, "output": 234, "totalTokens": 1234, "cost": {"total": 0.05}, "model": "m-1"}'
 LINE = "usage (advisory, claimed by the worker): 1234 tokens, $0.0500, model m-1"

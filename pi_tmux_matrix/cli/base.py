@@ -9,7 +9,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Iterable, Iterator
-from typing import IO, TYPE_CHECKING, Any, Final, NamedTuple
+from typing import IO, TYPE_CHECKING, Final, NamedTuple
 
 from ..errors import (
     EXIT_FAILED,
@@ -22,11 +22,17 @@ from ..errors import (
 )
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from ..matrix.retention import Report
     from ..matrix.store import MatrixStore, Problem
 
+    # What ``register(sub, epilog)`` adds its verbs to. Named for the type checker only: argparse's
+    # action class takes no type argument at run time.
+    Verbs: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+
 __all__ = [
-    "EPILOG", "STOP_WORD", "Io", "Parser", "add_verb", "age", "confirmed", "printable", "public_verbs",
+    "EPILOG", "STOP_WORD", "Io", "Parser", "add_verb", "age", "confirmed", "public_verbs",
     "report_problems", "require_matrix", "settle_and_sweep", "stop_target", "store_of", "sweep_history",
 ]  # fmt: skip
 
@@ -61,18 +67,20 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message}\n(see '{self.prog} --help')")
 
 
-def add_verb(sub: Any, name: str, epilog: str, **options: Any) -> argparse.ArgumentParser:
+def add_verb(
+    sub: Verbs, name: str, epilog: str, *, help: str | None = None, usage: str | None = None
+) -> argparse.ArgumentParser:
     """A verb's parser, ending its help with the shared epilog (kept as written, not re-wrapped).
 
-    ``options`` go to ``add_parser`` as they are: ``help`` (leave it out to hide a verb the
-    product runs for itself), ``usage``.
+    ``help``: leave it out to hide a verb the product runs for itself; ``usage``: argparse's own
+    when left out.
     """
-    parser: argparse.ArgumentParser = sub.add_parser(
-        name, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter, **options
-    )
-    return parser
-
-
+    raw = argparse.RawDescriptionHelpFormatter
+    # argparse lists a verb in --help whenever ``help`` is passed, even as None: only a verb
+    # given one gets it.
+    if help is None:
+        return sub.add_parser(name, epilog=epilog, formatter_class=raw, usage=usage)
+    return sub.add_parser(name, help=help, epilog=epilog, formatter_class=raw, usage=usage)
 
 
 def report_problems(problems: Iterable[Problem], io: Io) -> None:
@@ -151,22 +159,6 @@ def public_verbs(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argpars
             for name, sub in action.choices.items():
                 if name in listed:
                     yield name, sub
-
-
-def printable(text: str) -> str:
-    """Worker-controlled text made safe for a person's terminal: every control character shown
-    as ``cat -v`` does (``^[`` for ESC, ``^G`` for BEL, ``M-^[`` for the 8-bit CSI), so an agent's
-    output can never retitle the window, move the cursor or rewrite what is above it."""
-    out: list[str] = []
-    for char in text:
-        code = ord(char)
-        if code < 0x20 or code == 0x7F:
-            out.append("^" + chr(code ^ 0x40))
-        elif 0x80 <= code < 0xA0:
-            out.append("M-^" + chr((code - 0x80) ^ 0x40))
-        else:
-            out.append(char)
-    return "".join(out)
 
 
 def require_matrix(verb: str) -> None:

@@ -4,19 +4,19 @@ cannot drift from the commands."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import EXIT_OK
 from .base import public_verbs, store_of
 from .names import Kind, candidates
 
 if TYPE_CHECKING:
-    from .base import Io
+    from .base import Io, Verbs
 
 __all__ = ["register", "verbs_and_options"]
 
 
-def register(sub: Any, epilog: str) -> None:
+def register(sub: Verbs, epilog: str) -> None:
     completion = sub.add_parser(
         "completion",
         help="print a shell completion script (bash, zsh or fish)",

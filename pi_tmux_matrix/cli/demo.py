@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from .. import gitcmd, procs
 from ..errors import EXIT_OK, ContractError, LaneError, PiMatrixError, exit_code_for
@@ -30,9 +30,10 @@ from ..matrix.model import Entry, Status
 from ..matrix.store import MatrixStore
 from ..programs import pi_command
 from ..settings import agent_dir, load_settings
+from ..strictjson import JSONObject
 
 if TYPE_CHECKING:
-    from .base import Io
+    from .base import Io, Verbs
 
 __all__ = ["register"]
 
@@ -42,7 +43,7 @@ TASK = "demo-goal"
 STEP_TIMEOUT = 20.0
 
 
-def register(sub: Any, epilog: str) -> None:
+def register(sub: Verbs, epilog: str) -> None:
     demo = sub.add_parser(
         "demo",
         help="the main job end to end on its own tmux socket (a master, 3 agents, a crash, a recovery)",
@@ -62,13 +63,13 @@ def register(sub: Any, epilog: str) -> None:
 PI_FILES = ("models.json", "auth.json")
 
 
-def pi_provider(source: Path, env: Mapping[str, str]) -> tuple[list[Path], dict[str, Any]]:
+def pi_provider(source: Path, env: Mapping[str, str]) -> tuple[list[Path], JSONObject]:
     """What ``demo --agent pi`` takes from the user's agent dir so its pi reaches a model: the
     ``models.json`` and ``auth.json`` there, and ``settings.json``'s own keys for pi
     (``processMatrix`` stays the demo's). Refused before anything starts when there is no provider
     at all (none of those files, no ``*_API_KEY`` variable): pi would never reach a model."""
     files = [source / name for name in PI_FILES if (source / name).is_file()]
-    settings: dict[str, Any] = {}
+    settings: JSONObject = {}
     try:
         loaded = json.loads((source / "settings.json").read_text())
     except (OSError, ValueError):
@@ -130,7 +131,7 @@ class Demo:
     # -- set-up ---------------------------------------------------------------------------------------
     def setup(self) -> None:
         self.agent_dir.mkdir(mode=0o700, parents=True)
-        settings: dict[str, Any] = {
+        settings: JSONObject = {
             "processMatrix": {"heartbeatMs": 1000, "watcherPollMs": 1000, "adoptionGraceMs": 60000}
         }
         if self.agent == "pi":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import procs, strictjson
 from ..contract import DEFAULT_SOCKET, ENV_TMUX_SOCKET
@@ -15,7 +15,7 @@ from ..dispatch.ready import READY_S
 from ..errors import EXIT_OK, ContractError, DispatchError, NotConfirmed, ResumeRefused
 from ..matrix.codec import MAX_ENTRY_BYTES as INPUT_MAX_BYTES
 from ..settings import load_settings
-from .base import STOP_WORD, age, confirmed, store_of
+from .base import STOP_WORD, add_verb, age, confirmed, store_of
 from .fire_report import check_wait_ready, report_fire
 from .names import resolve_job, resolve_key
 from .render import Column, Row, print_table, tree_indent
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ..dispatch.adhoc import AdHocAgent
     from ..dispatch.manager import Dispatcher
     from ..dispatch.views import ListedJob
-    from .base import Io
+    from .base import Io, Verbs
 
 __all__ = ["STOP_WORD", "default_socket", "register", "stop_job"]
 
@@ -35,15 +35,12 @@ def default_socket() -> str:
     return os.environ.get(ENV_TMUX_SOCKET) or DEFAULT_SOCKET
 
 
-def register(sub: Any, epilog: str) -> None:
-    common = {"epilog": epilog, "formatter_class": argparse.RawDescriptionHelpFormatter}
-
-    fire = sub.add_parser(
-        "fire",
+def register(sub: Verbs, epilog: str) -> None:
+    fire = add_verb(
+        sub, "fire", epilog,
         help="launch agents from a launch profile or team into tmux panes (fire_task)",
         usage="pi-matrix fire (--profile NAME | --team NAME | --agent JSON... | --agents-file FILE) "
         "[options] -- TASK...",
-        **common,
     )
     who = fire.add_mutually_exclusive_group(required=True)
     who.add_argument("--profile", metavar="NAME", help="a launch profile ('pi-matrix profiles' lists them)")
@@ -92,7 +89,7 @@ def register(sub: Any, epilog: str) -> None:
     )  # fmt: skip
     fire.set_defaults(handler=cmd_fire, takes_argv=True)
 
-    jobs = sub.add_parser("jobs", help="dispatcher jobs, reconciled with tmux and process identity", **common)
+    jobs = add_verb(sub, "jobs", epilog, help="dispatcher jobs, reconciled with tmux and process identity")
     jobs.add_argument("--all", action="store_true", help="include dismissed jobs")
     jobs.add_argument(
         "--socket",
@@ -108,29 +105,29 @@ def register(sub: Any, epilog: str) -> None:
     )  # fmt: skip
     jobs.set_defaults(handler=cmd_jobs)
 
-    job = sub.add_parser("job", help="one job: its agents, their results, hosts and panes", **common)
+    job = add_verb(sub, "job", epilog, help="one job: its agents, their results, hosts and panes")
     job.add_argument("job_id", metavar="ID")
     job.add_argument("--json", action="store_true")
     job.set_defaults(handler=cmd_job)
 
-    followup = sub.add_parser(
-        "followup", help="more work for a job's live agents (a fresh marker round)",
-        usage="pi-matrix followup ID [--agent A] -- TEXT...", **common,
+    followup = add_verb(
+        sub, "followup", epilog, help="more work for a job's live agents (a fresh marker round)",
+        usage="pi-matrix followup ID [--agent A] -- TEXT...",
     )  # fmt: skip
     followup.add_argument("job_id", metavar="ID")
     followup.add_argument("--agent", metavar="A", help="only this agent of the job")
     followup.add_argument("--json", action="store_true")
     followup.set_defaults(handler=cmd_followup, takes_argv=True)
 
-    dismiss = sub.add_parser(
-        "dismiss", help="done with a finished job: stop its idle agents, hide it", **common
+    dismiss = add_verb(
+        sub, "dismiss", epilog, help="done with a finished job: stop its idle agents, hide it"
     )
     dismiss.add_argument("job_id", metavar="ID")
     dismiss.add_argument("--json", action="store_true")
     dismiss.set_defaults(handler=cmd_dismiss)
 
-    resume = sub.add_parser(
-        "resume", help="relaunch a resumable worker into its exact session file", **common
+    resume = add_verb(
+        sub, "resume", epilog, help="relaunch a resumable worker into its exact session file"
     )
     resume.add_argument("key", metavar="KEY")
     resume.add_argument("--dry-run", action="store_true", help="print argv, env and cwd; start nothing")
@@ -147,8 +144,8 @@ def register(sub: Any, epilog: str) -> None:
     resume.add_argument("--parent-session", metavar="ID")
     resume.set_defaults(handler=cmd_resume)
 
-    profiles = sub.add_parser(
-        "profiles", help="the launch profiles and teams in force, and their files", **common
+    profiles = add_verb(
+        sub, "profiles", epilog, help="the launch profiles and teams in force, and their files"
     )
     profiles.add_argument("--json", action="store_true")
     profiles.set_defaults(handler=cmd_profiles)
@@ -163,7 +160,7 @@ def dispatcher_of(args: argparse.Namespace, cwd: str | None = None) -> Dispatche
     return Dispatcher(store_of(args), settings, plugins=plugin_manager(matrix=settings.enabled))
 
 
-def dump_json(io: Io, value: Any) -> None:
+def dump_json(io: Io, value: object) -> None:
     io.out.write(json.dumps(value, indent=2) + "\n")
 
 

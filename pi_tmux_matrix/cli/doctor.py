@@ -9,7 +9,7 @@ import shutil
 import stat
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final, TypedDict
 
 from .. import procs
 from ..contract import ENV_PI_COMMAND
@@ -18,14 +18,15 @@ from ..pitools import ALWAYS_PASSED_BEFORE, FD_FLAG, FD_FLAG_SINCE, SearchTool, 
 from ..piversion import node_for, parse_version, pi_info, supported, supported_range
 from ..programs import pi_command
 from ..settings import FIELDS, agent_dir, load_settings, resolve_state_dir
+from ..strictjson import JSONObject
 
 if TYPE_CHECKING:
-    from .base import Io
+    from .base import Io, Verbs
 
 __all__ = ["register"]
 
 
-def register(sub: Any, epilog: str) -> None:
+def register(sub: Verbs, epilog: str) -> None:
     doctor = sub.add_parser(
         "doctor",
         help="check tmux, pidfd, the state dir, node, pi and its fd and rg, and show the settings in force",
@@ -47,12 +48,22 @@ def _version(argv: list[str]) -> str | None:
     return text[0][:80] if done.returncode == 0 and text else None
 
 
-def _check(name: str, ok: bool, detail: str, fix: str = "", *, required: bool = True) -> dict[str, Any]:
+class Check(TypedDict):
+    """One line of the report (``doctor --json`` writes them as they are)."""
+
+    check: str
+    ok: bool
+    required: bool
+    detail: str
+    fix: str
+
+
+def _check(name: str, ok: bool, detail: str, fix: str = "", *, required: bool = True) -> Check:
     return {"check": name, "ok": ok, "required": required, "detail": detail, "fix": "" if ok else fix}
 
 
-def checks(state_flag: str | None) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = []
+def checks(state_flag: str | None) -> list[Check]:
+    found: list[Check] = []
     tmux = shutil.which("tmux")
     version = _version([tmux, "-V"]) if tmux else None
     found.append(
@@ -117,13 +128,13 @@ def pinned_installs() -> list[Path]:
     return seen
 
 
-def _version_checks(command: list[str], answered: str) -> list[dict[str, Any]]:
+def _version_checks(command: list[str], answered: str) -> list[Check]:
     """pi's version against the supported range, and its node against what that pi needs
     (its package.json's engines.node)."""
     info = pi_info(command)
     version = info.version or parse_version(answered)
     shown = " ".join(command)
-    found: list[dict[str, Any]] = []
+    found: list[Check] = []
     if info.version is not None and version is not None and answered.startswith("it did not"):
         found.append(_check("pi", False, f"{shown}: pi {info.text}, but {answered}",
                             "see the pi's node check below", required=False))
@@ -158,7 +169,7 @@ def _version_checks(command: list[str], answered: str) -> list[dict[str, Any]]:
     return found
 
 
-def _pi_check() -> list[dict[str, Any]]:
+def _pi_check() -> list[Check]:
     """pi as the product starts it (``$PI_MATRIX_PI_COMMAND``, else ``pi`` on PATH), with its
     version and node checked; when that finds none, the pinned install of ``scripts/install-pi``
     is named with the line that uses it."""
@@ -191,7 +202,7 @@ def _pi_check() -> list[dict[str, Any]]:
     )]  # fmt: skip
 
 
-def _search_checks() -> list[dict[str, Any]]:
+def _search_checks() -> list[Check]:
     """pi's fd (its find tool) and rg (its grep tool), as the pi pi-matrix starts would find them:
     ``<agent dir>/bin`` first, then PATH (the install-pi wrapper's ``tools/`` first on it)."""
     try:
@@ -209,7 +220,7 @@ def _where(tool: SearchTool) -> str:
     return "on PATH" + (" (first on the pi wrapper's)" if tool.where == "wrapper" else "")
 
 
-def _fd_check(fd: SearchTool, pi_version: tuple[int, int, int] | None) -> dict[str, Any]:
+def _fd_check(fd: SearchTool, pi_version: tuple[int, int, int] | None) -> Check:
     fix = (
         f"install fd {FD_FLAG_SINCE} or newer (it added {FD_FLAG}), or put one at "
         f"{agent_dir() / 'bin' / 'fd'} (pi looks there first), or start pi through the wrapper "
@@ -241,7 +252,7 @@ def _fd_check(fd: SearchTool, pi_version: tuple[int, int, int] | None) -> dict[s
     return _check("pi's fd", False, detail, fix, required=False)
 
 
-def _rg_check(rg: SearchTool) -> dict[str, Any]:
+def _rg_check(rg: SearchTool) -> Check:
     if rg.path is None:
         return _check("pi's rg", False, "no rg: pi's grep tool fails (pi never downloads one offline)",
                       "install ripgrep (Debian: ripgrep)", required=False)  # fmt: skip
@@ -256,24 +267,26 @@ def cmd_doctor(args: argparse.Namespace, io: Io) -> int:
     fields = dict(FIELDS)
     values = {key: getattr(settings, field) for key, field in fields.items()}
     values = {k: dict(v) if k == "forkEnvironment" else v for k, v in values.items()}
-    report: dict[str, Any] = {
-        "checks": checks(args.state_dir),
-        "agentDir": str(agent_dir()),
-        "settings": {
-            k: {"value": v, "from": settings.sources.get(fields[k], "default")} for k, v in values.items()
-        },
+    found = checks(args.state_dir)
+    shown_settings = {
+        k: {"value": v, "from": settings.sources.get(fields[k], "default")} for k, v in values.items()
     }
-    failed = [c for c in report["checks"] if c["required"] and not c["ok"]]
+    report: JSONObject = {
+        "checks": found,
+        "agentDir": str(agent_dir()),
+        "settings": shown_settings,
+    }
+    failed = [c for c in found if c["required"] and not c["ok"]]
     if args.json:
         io.out.write(json.dumps(report, indent=2) + "\n")
         return EXIT_FAILED if failed else EXIT_OK
-    for check in report["checks"]:
+    for check in found:
         mark = "ok  " if check["ok"] else ("FAIL" if check["required"] else "warn")
         io.out.write(f"{mark}  {check['check']:<10} {check['detail']}\n")
         if check["fix"]:
             io.out.write(f"      fix: {check['fix']}\n")
     io.out.write(f"\nsettings (agent dir {report['agentDir']}):\n")
-    for key, item in report["settings"].items():
+    for key, item in shown_settings.items():
         # As settings.json spells it (true, null, {"K": "v"}), never Python's True or None.
         shown = json.dumps(item["value"], ensure_ascii=False)
         io.out.write(f"  {key:<20} {shown:<8} from {item['from']}\n")

@@ -8,20 +8,20 @@ This module is what ``pi-matrix ls`` imports to build its parser; the work is in
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import EXIT_OK
+from .base import add_verb
 
 if TYPE_CHECKING:
-    from .base import Io
+    from .base import Io, Verbs
 
 __all__ = ["register"]
 
 
-def register(sub: Any, epilog: str) -> None:
+def register(sub: Verbs, epilog: str) -> None:
     """Add the entry verbs to the top-level subparsers."""
-    common = {"epilog": epilog, "formatter_class": argparse.RawDescriptionHelpFormatter}
-    ls = sub.add_parser("ls", help="list every entry; 'alive' is judged by process identity", **common)
+    ls = add_verb(sub, "ls", epilog, help="list every entry; 'alive' is judged by process identity")
     shape = ls.add_mutually_exclusive_group()  # one output shape: both is a usage error (exit 2)
     shape.add_argument(
         "--json", action="store_true", help="print a JSON array of the stored entries plus 'alive'"
@@ -29,8 +29,9 @@ def register(sub: Any, epilog: str) -> None:
     shape.add_argument("--ndjson", action="store_true", help="one JSON object per line (for streaming tools)")
     ls.set_defaults(handler=cmd_ls)
 
-    show = sub.add_parser(
-        "show", help="one entry: status, identity, directive, payload, handoffs, blocked tool calls", **common
+    show = add_verb(
+        sub, "show", epilog,
+        help="one entry: status, identity, directive, payload, handoffs, blocked tool calls"
     )
     show.add_argument("key", metavar="KEY", help="the entry key, <role>-<sessionId>")
     show.add_argument(
@@ -38,10 +39,9 @@ def register(sub: Any, epilog: str) -> None:
     )
     show.set_defaults(handler=cmd_show)
 
-    repair = sub.add_parser(
-        "repair",
+    repair = add_verb(
+        sub, "repair", epilog,
         help="move corrupt or foreign files to quarantine/ and remove dead writers' temp files",
-        **common,
     )
     repair.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
     repair.add_argument("--json", action="store_true", help="print the actions as JSON")

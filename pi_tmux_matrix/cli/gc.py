@@ -12,21 +12,22 @@ import argparse
 import json
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from ..errors import EXIT_OK, EXIT_USAGE
-from .base import add_verb, confirmed, printable, require_matrix, store_of
+from ..safetext import printable
+from .base import add_verb, confirmed, require_matrix, store_of
 
 if TYPE_CHECKING:
     from ..matrix.retention import Found, Plan
-    from .base import Io
+    from .base import Io, Verbs
 
 __all__ = ["GC_WORD", "cmd_gc", "register"]
 
 GC_WORD: Final = "yes-gc"
 
 
-def register(sub: Any, epilog: str) -> None:
+def register(sub: Verbs, epilog: str) -> None:
     gc = add_verb(
         sub, "gc", epilog,
         help=f"remove history past the retention window and what removed entries left (a preview "

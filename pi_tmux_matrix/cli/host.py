@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -30,13 +30,13 @@ from ..matrix.tickets import LaunchTickets, Taken
 from ..piversion import is_pi_program
 from ..programs import agent_argv
 from ..settings import load_settings
-from ..supervise.host import AgentHost, HostSpec
+from ..supervise.host import AgentHost, HostHooks, HostSpec
 from .base import add_verb, store_of
 from .host_rounds import job_agent_of, rounds_for, run_unregistered, run_with_rounds
 
 if TYPE_CHECKING:
     from ..matrix.store import MatrixStore
-    from .base import Io
+    from .base import Io, Verbs
 
 __all__ = ["ForkResults", "abort_forks", "become", "cmd_host", "provider_of", "register"]
 
@@ -44,7 +44,7 @@ MAX_FORK_RESULT_TELLS = 10  # a session that never acknowledges (no bridge) is n
 FULL_LOOK_BEATS = 10  # beats between listings of the run records when nothing seemed to change
 
 
-def register(sub: Any, epilog: str) -> None:
+def register(sub: Verbs, epilog: str) -> None:
     """Add the ``host`` verb."""
     host = add_verb(
         sub,
@@ -243,7 +243,7 @@ def cmd_host(args: argparse.Namespace, io: Io) -> int:
     rounds = rounds_for(
         store, args.job, args.job_agent, key=host.key, role=host.role, pane=os.environ.get(ENV_TMUX_PANE)
     )
-    return run_with_rounds(host, rounds, on_agent_end=abort_forks, on_tick=ForkResults())
+    return run_with_rounds(host, rounds, HostHooks(on_agent_end=abort_forks, on_tick=ForkResults()))
 
 
 def _rehost(args: argparse.Namespace, io: Io) -> int:
@@ -288,8 +288,8 @@ def _rehost(args: argparse.Namespace, io: Io) -> int:
     if rounds is not None:
         spec = attrs.evolve(spec, rounds_watched=True)
     host = AgentHost(spec, store, settings, out=io.out)
-    hooks = {"on_agent_end": abort_forks, "on_registered": follow, "on_tick": ForkResults()}
-    return run_with_rounds(host, rounds, **hooks)
+    hooks = HostHooks(on_agent_end=abort_forks, on_registered=follow, on_tick=ForkResults())
+    return run_with_rounds(host, rounds, hooks)
 
 
 def abort_forks(host: AgentHost) -> None:

@@ -22,7 +22,9 @@ from __future__ import annotations
 import signal
 import subprocess
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+import attrs
 
 from .. import procs
 from ..errors import PiMatrixError
@@ -102,11 +104,11 @@ class _Deadline:
             self.host.agent.request_stop(ExitKind.TIMED_OUT, "deadline")
 
 
-def run_with_rounds(host: AgentHost, rounds: RoundWatch | None, **hooks: Any) -> int:
-    """Run the host, with its round thread beside it when it has one."""
-    registered = hooks.pop("on_registered", None)
+def run_with_rounds(host: AgentHost, rounds: RoundWatch | None, hooks: HostHooks) -> int:
+    """Run the host with ``hooks``, and its round thread beside it when it has one."""
+    registered = hooks.on_registered
     if rounds is None:
-        host.hooks = HostHooks(**hooks, on_registered=registered)
+        host.hooks = hooks
         return host.run()
     deadline = _Deadline(host)
     rounds.on_deadline = deadline.ask
@@ -122,7 +124,7 @@ def run_with_rounds(host: AgentHost, rounds: RoundWatch | None, **hooks: Any) ->
         deadline.look()
         rounds.poke()
 
-    host.hooks = HostHooks(**hooks, on_registered=started, on_wake=woke)
+    host.hooks = attrs.evolve(hooks, on_registered=started, on_wake=woke)
     try:
         return host.run()
     finally:

@@ -11,24 +11,25 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 from .. import procs
 from ..dispatch.lanes import LaneState, lane_states, remove_lane
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PiMatrixError
-from .base import confirmed, printable, store_of
+from ..safetext import printable
+from .base import confirmed, store_of
 from .dispatch import dump_json
 
 if TYPE_CHECKING:
     from ..matrix.model import Entry
-    from .base import Io
+    from .base import Io, Verbs
 
 __all__ = ["PRUNE_WORD", "register"]
 
 PRUNE_WORD: Final = "yes-prune"
 
 
-def register(sub: Any, epilog: str) -> None:
+def register(sub: Verbs, epilog: str) -> None:
     """Add ``lanes``."""
     lanes = sub.add_parser(
         "lanes", help="the lanes (git worktrees) of a repository and who uses them; prune idle ones",

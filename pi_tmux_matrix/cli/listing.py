@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import attrs
 
@@ -14,8 +14,9 @@ from ..errors import EXIT_OK, ContractError
 from ..matrix.model import Entry
 from ..matrix.store import MatrixStore, now_ms
 from ..matrix.strays import unsupervised
+from ..safetext import printable
 from ..settings import load_settings
-from .base import STOP_WORD, age, printable, report_problems, store_of
+from .base import STOP_WORD, age, report_problems, store_of
 from .names import resolve_key
 from .render import STATUS_STYLES, Column, Row, print_table
 
@@ -123,7 +124,7 @@ def _ready_text(entry: Entry, now: int) -> str:
 
 
 def describe(
-    entry: Entry, alive: bool, blocked: list[dict[str, Any]], start_failure: str | None
+    entry: Entry, alive: bool, blocked: list[ToolBlock], start_failure: str | None
 ) -> list[str]:
     """``show``'s text for an entry, each line safe for a terminal (``top``'s detail pane too)."""
     now = now_ms()
@@ -186,12 +187,21 @@ def _unsupervised_lines(entry: Entry) -> list[str]:
 SHOWN_BLOCKS = 5
 
 
-def tool_blocks(store: MatrixStore, key: str) -> tuple[list[dict[str, Any]], str | None]:
+class ToolBlock(TypedDict):
+    """A tool call the worker's envelope blocked, as its host's event recorded it."""
+
+    at: int | None
+    tool: str
+    path: str | None
+    reason: str | None
+
+
+def tool_blocks(store: MatrixStore, key: str) -> tuple[list[ToolBlock], str | None]:
     """The last few tool calls the worker's envelope blocked (its host records each one), and why
     its agent could not start, if it could not."""
     from ..matrix.mailbox import EventLog
 
-    found: list[dict[str, Any]] = []
+    found: list[ToolBlock] = []
     start_failure: str | None = None
     for event in EventLog(store, key).tail(2000):
         if event.get("event") == "registered":
@@ -205,8 +215,8 @@ def tool_blocks(store: MatrixStore, key: str) -> tuple[list[dict[str, Any]], str
             {
                 "at": at if isinstance(at, int) else None,
                 "tool": str(event.get("tool") or "?"),
-                "path": event.get("path") if isinstance(event.get("path"), str) else None,
-                "reason": event.get("reason") if isinstance(event.get("reason"), str) else None,
+                "path": path if isinstance(path := event.get("path"), str) else None,
+                "reason": reason if isinstance(reason := event.get("reason"), str) else None,
             }
         )
     return found[-SHOWN_BLOCKS:], start_failure

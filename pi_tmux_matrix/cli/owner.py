@@ -38,14 +38,14 @@ from .base import (
 from .names import Kind, resolve, resolve_key
 
 if TYPE_CHECKING:
-    from .base import Io
+    from .base import Io, Verbs
 
 STRAY_GRACE_S = 3.0  # as a host's default --stop-grace: SIGTERM, this long, then SIGKILL
 
 __all__ = ["cmd_adopt", "cmd_cleanup", "cmd_reconcile", "cmd_scan", "cmd_send", "cmd_stop", "register"]
 
 
-def register(sub: Any, epilog: str) -> None:
+def register(sub: Verbs, epilog: str) -> None:
     """Add scan, reconcile, adopt, cleanup, send and stop."""
     scan = add_verb(sub, "scan", epilog, help="orphan report (workers whose parent is dead); writes nothing")
     scan.add_argument("--json", action="store_true")

@@ -17,7 +17,7 @@ from typing import IO, TYPE_CHECKING, Final
 
 import attrs
 
-from .base import printable
+from ..safetext import printable
 
 if TYPE_CHECKING:
     from rich.console import Console

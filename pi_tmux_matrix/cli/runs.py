@@ -18,25 +18,23 @@ from ..errors import EXIT_FAILED, EXIT_OK, ContractError
 from ..identity import ProcessIdentity
 from ..matrix.store import MatrixStore
 from ..settings import FORK_FIELDS, load_settings
-from .base import age, require_matrix, store_of
+from .base import add_verb, age, require_matrix, store_of
 from .names import Kind, resolve
 
 if TYPE_CHECKING:
     from ..fork import ForkRun, ForkUsage, RunStore, StopRequest
-    from .base import Io
+    from .base import Io, Verbs
 
 __all__ = ["fork_result_payload", "register"]
 
 NOTIFY_CHARS = 6000  # of a background fork's answer sent to its parent: fits the mailbox's 64 KiB
 
 
-def register(sub: Any, epilog: str) -> None:
-    common = {"epilog": epilog, "formatter_class": argparse.RawDescriptionHelpFormatter}
-    fork = sub.add_parser(
-        "fork",
+def register(sub: Verbs, epilog: str) -> None:
+    fork = add_verb(
+        sub, "fork", epilog,
         help="run a task in a fork of a pi session (a child pi beside you in tmux)",
         usage="pi-matrix fork --session FILE [--wait | --background] [options] -- TASK...",
-        **common,
     )
     fork.add_argument("--session", metavar="FILE", required=True, help="the pi session file to fork")
     how = fork.add_mutually_exclusive_group()
@@ -58,7 +56,7 @@ def register(sub: Any, epilog: str) -> None:
     fork.add_argument("--json", action="store_true", help="the run record as JSON")
     fork.set_defaults(handler=cmd_fork, takes_argv=True)
 
-    runs = sub.add_parser("runs", help="fork runs with their status and a cost/usage total", **common)
+    runs = add_verb(sub, "runs", epilog, help="fork runs with their status and a cost/usage total")
     runs.add_argument("run_id", nargs="?", metavar="RUN", help="one run (default: all)")
     runs.add_argument("--wait", action="store_true", help="wait for RUN to end")
     runs.add_argument("--timeout", type=float, metavar="SECONDS", help="--wait: stop the fork after this")

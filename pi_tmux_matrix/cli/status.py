@@ -7,30 +7,30 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..contract import DEFAULT_SOCKET, ENV_TMUX_SOCKET
 from ..errors import EXIT_FAILED, EXIT_OK
 from ..identity import validate_id
+from .base import add_verb
 from .dispatch import default_socket, dispatcher_of, dump_json
 
 if TYPE_CHECKING:
     from ..dispatch.tmux_status import TmuxStatus
-    from .base import Io
+    from .base import Io, Verbs
 
 __all__ = ["register"]
 
 
-def register(sub: Any, epilog: str) -> None:
+def register(sub: Verbs, epilog: str) -> None:
     """Add ``status``, ``setup-help`` and ``guard``."""
-    common = {"epilog": epilog, "formatter_class": argparse.RawDescriptionHelpFormatter}
     helps = {
         "status": "tmux here (binary, version, the dispatcher's server, your session) and the matrix summary",
         "setup-help": "how to use the tmux route, or how to get tmux when it is missing",
         "guard": "is the tmux route open? (exit 0 yes, 1 no; diagnostic only, blocks nothing)",
     }
     for verb, text in helps.items():
-        parser = sub.add_parser(verb, help=text, **common)
+        parser = add_verb(sub, verb, epilog, help=text)
         parser.add_argument(
             "--socket",
             metavar="S",

@@ -12,26 +12,27 @@ from typing import TYPE_CHECKING, Any
 from ..contract import DEFAULT_SOCKET, ENV_TMUX_SOCKET
 from ..errors import EXIT_FAILED, EXIT_OK, ContractError, NoSuch, NotConfirmed, PiMatrixError
 from ..identity import validate_id
-from .base import STOP_WORD, confirmed, printable
+from ..safetext import printable
+from .base import STOP_WORD, add_verb, confirmed
 from .dispatch import default_socket, dispatcher_of, dump_json
 from .names import resolve_job
 
 if TYPE_CHECKING:
     from ..dispatch.tmux import TmuxServer
-    from .base import Io
+    from .base import Io, Verbs
 
 __all__ = ["register"]
 
 SOCKET_HELP = f"tmux -L socket (default: ${ENV_TMUX_SOCKET} or {DEFAULT_SOCKET})"
 
 
-def register(sub: Any, epilog: str) -> None:
+def register(sub: Verbs, epilog: str) -> None:
     """Add ``var``, ``templates``, ``workspace``, ``stop-session``, ``notify`` and ``set-status``."""
-    common = {"epilog": epilog, "formatter_class": argparse.RawDescriptionHelpFormatter}
-    _register_workspace(sub, common)
-    var = sub.add_parser(
-        "var", help="a job's variables: list, read or set one (its workers read them when told to)",
-        usage="pi-matrix var ID [NAME [VALUE]] [--json]", **common,
+    _register_workspace(sub, epilog)
+    var = add_verb(
+        sub, "var", epilog,
+        help="a job's variables: list, read or set one (its workers read them when told to)",
+        usage="pi-matrix var ID [NAME [VALUE]] [--json]",
     )  # fmt: skip
     var.add_argument("job_id", metavar="ID")
     var.add_argument("name", nargs="?", metavar="NAME", help="1-80 letters, digits, _ . -")
@@ -39,9 +40,10 @@ def register(sub: Any, epilog: str) -> None:
     var.add_argument("--json", action="store_true")
     var.set_defaults(handler=cmd_var)
 
-    stop_session = sub.add_parser(
-        "stop-session", help="stop every job with agents in tmux session NAME (a preview without the word)",
-        usage=f"pi-matrix stop-session NAME [--socket S] [--confirm {STOP_WORD}]", **common,
+    stop_session = add_verb(
+        sub, "stop-session", epilog,
+        help="stop every job with agents in tmux session NAME (a preview without the word)",
+        usage=f"pi-matrix stop-session NAME [--socket S] [--confirm {STOP_WORD}]",
     )  # fmt: skip
     stop_session.add_argument("name", metavar="NAME", help="the tmux session (a fire's --workspace)")
     stop_session.add_argument("--socket", metavar="S", help=SOCKET_HELP)
@@ -51,17 +53,19 @@ def register(sub: Any, epilog: str) -> None:
     stop_session.add_argument("--json", action="store_true")
     stop_session.set_defaults(handler=cmd_stop_session)
 
-    notify = sub.add_parser(
-        "notify", help="show a one-line message to the clients of a tmux session (tmux display-message)",
-        usage="pi-matrix notify SESSION [--socket S] -- TEXT...", **common,
+    notify = add_verb(
+        sub, "notify", epilog,
+        help="show a one-line message to the clients of a tmux session (tmux display-message)",
+        usage="pi-matrix notify SESSION [--socket S] -- TEXT...",
     )  # fmt: skip
     notify.add_argument("session", metavar="SESSION")
     notify.add_argument("--socket", metavar="S", help=SOCKET_HELP)
     notify.set_defaults(handler=cmd_notify, takes_argv=True)
 
-    status = sub.add_parser(
-        "set-status", help="set (or with no VALUE clear) a tmux session's @pi_KEY option for its status line",
-        usage="pi-matrix set-status SESSION KEY [VALUE] [--socket S]", **common,
+    status = add_verb(
+        sub, "set-status", epilog,
+        help="set (or with no VALUE clear) a tmux session's @pi_KEY option for its status line",
+        usage="pi-matrix set-status SESSION KEY [VALUE] [--socket S]",
     )  # fmt: skip
     status.add_argument("session", metavar="SESSION")
     status.add_argument("key", metavar="KEY", help="1-64 of A-Z a-z 0-9 _ - (the option is @pi_KEY)")
@@ -69,8 +73,8 @@ def register(sub: Any, epilog: str) -> None:
     status.add_argument("--socket", metavar="S", help=SOCKET_HELP)
     status.set_defaults(handler=cmd_set_status)
 
-    templates = sub.add_parser(
-        "templates", help="team templates: list them, or show one with its members' instructions", **common
+    templates = add_verb(
+        sub, "templates", epilog, help="team templates: list them, or show one with its members' instructions"
     )
     templates.add_argument("name", nargs="?", metavar="NAME", help="the template to show")
     templates.add_argument("--json", action="store_true")
@@ -193,15 +197,14 @@ def cmd_set_status(args: argparse.Namespace, io: Io) -> int:
     return EXIT_OK
 
 
-def _register_workspace(sub: Any, common: dict[str, Any]) -> None:
-    ws = sub.add_parser(
-        "workspace",
+def _register_workspace(sub: Verbs, epilog: str) -> None:
+    ws = add_verb(
+        sub, "workspace", epilog,
         help="a team template's agents, interactive, as the tiled panes of a fresh tmux session "
         "(launch_workspace; no watcher, no deadline)",
         usage="pi-matrix workspace TEMPLATE --name SESSION [--path DIR] [--lane L] [--goal-id G] "
         "[--socket S] "
         "[--launch-key K [--force]] [--dry-run] [--json] [-- TASK...]",
-        **common,
     )  # fmt: skip
     ws.add_argument("template", metavar="TEMPLATE", help="a team template ('pi-matrix templates' lists them)")
     ws.add_argument("--name", metavar="SESSION", help="the tmux session to open (it must not exist yet)")

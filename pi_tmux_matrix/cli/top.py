@@ -20,8 +20,9 @@ from ..errors import PiMatrixError
 from ..identity import ProcessIdentity, Role
 from ..matrix.model import Entry, Status
 from ..matrix.store import MatrixStore, Problem, now_ms
+from ..safetext import printable
 from ..supervise.claim import unsupervised
-from .base import age, printable
+from .base import age
 from .render import STATUS_STYLES, Column, Row, tree_indent
 
 if TYPE_CHECKING:

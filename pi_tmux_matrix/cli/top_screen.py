@@ -20,7 +20,7 @@ import termios
 import textwrap
 import tty
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import attrs
 from rich.text import Text
@@ -37,7 +37,7 @@ from .top import COLUMNS, Item, Snapshot, Usage, collect, detail_lines, pack
 from .top_acts import Acts
 
 if TYPE_CHECKING:
-    from .base import Io
+    from .base import Io, Verbs
 
 __all__ = ["run_screen", "split_keys"]
 
@@ -400,7 +400,7 @@ class _Capture:
         return True
 
 
-def register(sub: Any, epilog: str) -> None:
+def register(sub: Verbs, epilog: str) -> None:
     top = sub.add_parser(
         "top",
         help="the live view: masters and workers, CPU and memory, with keys to adopt, clean up, resume, stop",

@@ -16,7 +16,7 @@ from .base import add_verb, age, report_problems, store_of
 from .render import STATUS_STYLES, Column, Row, print_table, tree_indent
 
 if TYPE_CHECKING:
-    from .base import Io
+    from .base import Io, Verbs
 
 __all__ = ["TREE_COLUMNS", "cmd_tree", "register"]
 
@@ -27,7 +27,7 @@ TREE_COLUMNS = (
 )  # fmt: skip
 
 
-def register(sub: Any, epilog: str) -> None:
+def register(sub: Verbs, epilog: str) -> None:
     """Add the ``tree`` verb."""
     tree = add_verb(sub, "tree", epilog, help="masters with their workers: status, age, lane, task")
     shape = tree.add_mutually_exclusive_group()  # one output shape: both is a usage error (exit 2)

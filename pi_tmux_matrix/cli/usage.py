@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..dispatch.usage import UsageTotal
 from ..dispatch.views import JobView, ListedJob
-from .base import printable
+from ..safetext import printable
 
 if TYPE_CHECKING:
     from .base import Io

@@ -18,6 +18,7 @@ from ..errors import PiMatrixError
 from ..identity import ProcessIdentity
 from ..matrix.codec import conv, register_enum
 from ..matrix.model import bounded
+from ..strictjson import JSONObject
 
 __all__ = [
     "INTERRUPTED",
@@ -118,7 +119,7 @@ class ForkRun:
     # A background run's result is in its parent's session (the bridge acknowledged it).
     delivered_at_ms: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         value: dict[str, Any] = conv().unstructure(self)
         return value
 
@@ -168,7 +169,7 @@ def usage_total(runs: Iterable[ForkRun]) -> ForkUsage:
     return total
 
 
-def finished(run: ForkRun, result: Mapping[str, Any] | None, exit_code: int | None, now: int) -> ForkRun:
+def finished(run: ForkRun, result: Mapping[str, object] | None, exit_code: int | None, now: int) -> ForkRun:
     """The run ended: completed from the bridge's result (or the same read back from the child's
     session file: its ``source``), else a synthetic failure."""
     if result is None:

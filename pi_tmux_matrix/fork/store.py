@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from .. import pisession, strictjson
 from ..errors import DispatchError, PiMatrixError
@@ -22,6 +22,7 @@ from ..identity import validate_id
 from ..matrix.fsio import read_state_file
 from ..matrix.records import Records
 from ..matrix.store import MatrixStore, Problem, durable_write
+from ..strictjson import JSONObject
 from .model import RUN_SCHEMA_VERSION, ForkRun, RunStatus
 from .script import find_exit_code
 
@@ -81,7 +82,7 @@ class RunStore:
             return None
         return data.decode("utf-8", "replace")
 
-    def result(self, run_id: str) -> dict[str, Any] | None:
+    def result(self, run_id: str) -> JSONObject | None:
         """The bridge's ``result.json`` (None if absent or not a JSON object)."""
         raw = self.read_text(run_id, "result.json")
         if raw is None:
@@ -92,7 +93,7 @@ class RunStore:
             return None
         return value if isinstance(value, dict) else None
 
-    def session_result(self, run: ForkRun) -> dict[str, Any] | None:
+    def session_result(self, run: ForkRun) -> JSONObject | None:
         """The run's outcome read back from the child's ``session.jsonl`` (its entries after the
         snapshot), in ``result.json``'s shape; None when it has none (or the record predates
         ``snapshot_bytes``). The fallback for a child that ended without its artifact

@@ -23,11 +23,13 @@ import attrs
 
 from .. import strictjson
 from ..identity import Mode, Role
+from ..strictjson import JSONObject
 from . import plaincodec
 from .model import ENUM_ALIASES, SCHEMA_VERSION, DirectiveKind, Entry, ExitKind, Outcome, Status, to_camel
 
 if TYPE_CHECKING:
     import cattrs
+    from attrs import AttrsInstance
 
 __all__ = [
     "MAX_ENTRY_BYTES",
@@ -217,7 +219,7 @@ def _explain(data: Any, cls: type[Any], fallback: BaseException) -> str:
     return _describe(fallback)
 
 
-def structure(data: Any, cls: type[T]) -> T:
+def structure(data: object, cls: type[T]) -> T:
     """Structure ``data`` as ``cls`` or raise :class:`DecodeError` with one readable line."""
     try:
         return plaincodec.structure(data, cls)  # no cattrs for a valid record (a host's reads)
@@ -225,7 +227,7 @@ def structure(data: Any, cls: type[T]) -> T:
         return structure_strictly(data, cls)
 
 
-def structure_strictly(data: Any, cls: type[T]) -> T:
+def structure_strictly(data: object, cls: type[T]) -> T:
     """:func:`structure` by the converter alone: the reference the plain pass is held to (its
     refusals are the words users read; tests/test_plaincodec.py compares the two)."""
     try:
@@ -234,19 +236,21 @@ def structure_strictly(data: Any, cls: type[T]) -> T:
         raise DecodeError(_explain(data, cls, exc)) from None
 
 
-def unstructure_entry(entry: Entry) -> dict[str, Any]:
+def unstructure_entry(entry: Entry) -> JSONObject:
     """The on-disk (camelCase) form of ``entry``."""
-    result: dict[str, Any] = unstructure(entry)
-    return result
+    return unstructure(entry)
 
 
-def unstructure(record: Any) -> Any:
+def unstructure(record: AttrsInstance) -> JSONObject:
     """The on-disk (camelCase) form of an attrs record: the converter's, without building it
     (a host writes its entry and results all its life, and needs no cattrs for that)."""
     try:
-        return plaincodec.unstructure(record)
+        document = plaincodec.unstructure(record)
     except plaincodec.Unsure:
-        return conv().unstructure(record)
+        document = conv().unstructure(record)
+    if not isinstance(document, dict):  # an attrs record is a JSON object: said to the type checker
+        raise TypeError(f"{type(record).__name__} did not unstructure to an object")
+    return document
 
 
 def encode_entry(entry: Entry) -> bytes:
@@ -257,7 +261,7 @@ def encode_entry(entry: Entry) -> bytes:
     return (json.dumps(unstructure_entry(entry)) + "\n").encode()
 
 
-def entry_document(data: bytes, expected_key: str) -> dict[str, Any]:
+def entry_document(data: bytes, expected_key: str) -> JSONObject:
     """The parsed camelCase mapping of an entry file whose envelope is right (strict JSON, an
     object, this ``schemaVersion``, the inner key that names the file); its fields unchecked."""
     try:
@@ -282,7 +286,7 @@ def entry_document(data: bytes, expected_key: str) -> dict[str, Any]:
     return raw
 
 
-def decode_entry(data: bytes, expected_key: str) -> tuple[Entry, dict[str, Any]]:
+def decode_entry(data: bytes, expected_key: str) -> tuple[Entry, JSONObject]:
     """Parse strictly and check the key; returns the entry and its raw camelCase mapping.
 
     Every reader's path (the store's listings and gets): the fields go through the plain pass

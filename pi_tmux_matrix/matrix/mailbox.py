@@ -29,6 +29,7 @@ import attrs
 from .. import strictjson
 from ..errors import ContractError, CorruptEntry, PiMatrixError, StoreError
 from ..settings import EVENTS_MAX_BYTES
+from ..strictjson import JSONObject
 from .fsio import DIR_FLAGS, durable_write, open_append, opened_dir, read_bounded, read_tail
 from .layout import MAILBOX, inbox_name, notices_name
 from .model import MAX_REASON, MAX_TEXT, Outcome
@@ -86,7 +87,7 @@ def encode_message(
     a host would take (checked before anything is written, so nothing is half-done)."""
     if kind not in MESSAGE_KINDS:
         raise ContractError("kind", f"{kind!r} is not a message kind", f"use one of {sorted(MESSAGE_KINDS)}")
-    record: dict[str, Any] = {"kind": kind, "text": text, "at": now_ms(), "sender": sender}
+    record: JSONObject = {"kind": kind, "text": text, "at": now_ms(), "sender": sender}
     if to is not None:
         record["to"] = to
     body = json.dumps(record).encode()
@@ -153,13 +154,13 @@ def parse_round(text: str) -> RoundEnd | None:
         return None
 
 
-def _line(record: dict[str, Any]) -> bytes:
+def _line(record: JSONObject) -> bytes:
     # A lone surrogate (JSON may escape one, e.g. "\\ud800" in a model's tool call) cannot be
     # UTF-8: written back as the same JSON escape instead of failing the whole line.
     return (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8", "backslashreplace")
 
 
-def _append_line(path: Path, record: dict[str, Any]) -> None:
+def _append_line(path: Path, record: JSONObject) -> None:
     _append(path, _line(record))
 
 
@@ -358,7 +359,7 @@ class EventLog:
         """The previous generation, once the file has been rotated."""
         return self.store.root / "events" / f"{self.key}.jsonl.1"
 
-    def write(self, event: str, /, **fields: Any) -> None:
+    def write(self, event: str, /, **fields: object) -> None:
         """Append one event. Best effort: the entry is the truth and the log its story, so a full
         disk (or any refusal) costs the line, never the host that writes it."""
         at = now_ms()
@@ -374,7 +375,7 @@ class EventLog:
         except (OSError, PiMatrixError) as exc:
             log.warning("%s: event %r not recorded: %s", self.key, event, exc)
 
-    def tail(self, count: int = 20) -> list[dict[str, Any]]:
+    def tail(self, count: int = 20) -> list[JSONObject]:
         """The last ``count`` events (bad lines skipped), from at most :data:`EVENTS_TAIL_BYTES`
         of the newest file and, when that is short, the old generation's end. Read with the state
         dir's own rules: never a symlink, never a FIFO (nothing blocks), only a bounded tail."""
@@ -396,7 +397,7 @@ class EventLog:
                     data = chunk + data
         except (OSError, PiMatrixError):
             pass  # unreadable (a FIFO, a symlink, not ours): what was read so far, if anything
-        events: list[dict[str, Any]] = []
+        events: list[JSONObject] = []
         for line in data.splitlines()[-count:]:
             try:
                 value = strictjson.loads(line, max_bytes=EVENT_LINE_BYTES)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import types
 from collections.abc import Callable
 from enum import Enum
-from typing import Any, Final, TypeVar, Union, get_args, get_origin
+from typing import Any, Final, TypeVar, Union, cast, get_args, get_origin
 
 import attrs
 
@@ -52,17 +52,19 @@ class Unsure(Exception):
     """This pass will not decide: the converter does (and words a refusal)."""
 
 
-def unstructure(value: Any) -> Any:
+def unstructure(value: object) -> object:
     """``value`` as the converter unstructures it; :class:`Unsure` for a kind it leaves alone."""
     kind = type(value)
     if kind in _PLAIN:
         return value
     if isinstance(value, Enum):
         return value.value
+    # Exactly these classes (a subclass is the converter's to judge), narrowed for the checker.
     if kind is list or kind is tuple:
-        return [unstructure(item) for item in value]  # a tuple too, as the converter (JSON's array)
+        items = cast("list[object] | tuple[object, ...]", value)
+        return [unstructure(item) for item in items]  # a tuple too, as the converter (JSON's array)
     if kind is dict:
-        return {unstructure(k): unstructure(v) for k, v in value.items()}
+        return {unstructure(k): unstructure(v) for k, v in cast("dict[object, object]", value).items()}
     fields = _names(kind)
     if fields is None:
         raise Unsure(kind.__name__)
@@ -79,7 +81,7 @@ def _names(cls: type[Any]) -> tuple[tuple[str, str], ...] | None:
     return _NAMES[cls]
 
 
-def structure(raw: Any, cls: type[T]) -> T:
+def structure(raw: object, cls: type[T]) -> T:
     """``raw`` as ``cls`` when it certainly is one; :class:`Unsure` when the converter must decide."""
     try:
         result: T = _builder(cls)(raw)

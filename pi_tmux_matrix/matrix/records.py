@@ -18,18 +18,22 @@ import stat
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from .. import strictjson
 from ..errors import CorruptEntry
 from ..identity import ID_PATTERN, validate_id
+from ..strictjson import JSONObject
 from .codec import MAX_ENTRY_BYTES, DecodeError, structure, unstructure
 from .fsio import durable_unlink, durable_write, opened_dir, read_bounded
 from .statedir import LOCKS, QUARANTINE, RESERVED_DIRS, SUFFIX, Problem, StateDir
 
 __all__ = ["RecordStore", "Records"]
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from attrs import AttrsInstance
+
+T = TypeVar("T", bound="AttrsInstance")  # records are attrs classes: the codec reads and writes them
 
 
 class RecordStore:
@@ -76,7 +80,7 @@ class RecordStore:
                 os.unlink(f".{file_name}.tmp", dir_fd=fd)  # a dead writer's temp
             yield fd
 
-    def _decode(self, data: bytes, path: str) -> dict[str, Any]:
+    def _decode(self, data: bytes, path: str) -> JSONObject:
         try:
             value = strictjson.loads(data, max_bytes=MAX_ENTRY_BYTES)
         except strictjson.StrictJSONError as exc:
@@ -85,7 +89,7 @@ class RecordStore:
             raise CorruptEntry(path, f"is JSON {type(value).__name__}, not an object")
         return value
 
-    def _read(self, fd: int, name: str) -> dict[str, Any] | None:
+    def _read(self, fd: int, name: str) -> JSONObject | None:
         file_name = self._name(name)
         path = str(self.root / file_name)
         try:
@@ -94,21 +98,21 @@ class RecordStore:
             return None
 
     def _write(
-        self, fd: int, name: str, record: dict[str, Any], *, exclusive: bool, sync_dir: bool = True
+        self, fd: int, name: str, record: JSONObject, *, exclusive: bool, sync_dir: bool = True
     ) -> None:
         file_name = self._name(name)
         data = (json.dumps(record) + "\n").encode()
         path = str(self.root / file_name)
         durable_write(fd, file_name, data, exclusive=exclusive, path=path, sync_dir=sync_dir)
 
-    def get(self, name: str) -> dict[str, Any] | None:
+    def get(self, name: str) -> JSONObject | None:
         """The record, None if absent (no lock: every read sees a whole version)."""
         self._name(name)
         with self._dir_fd(create=False) as fd:
             return None if fd is None else self._read(fd, name)
 
     def put(
-        self, name: str, record: dict[str, Any], *, exclusive: bool = False, sync_dir: bool = True
+        self, name: str, record: JSONObject, *, exclusive: bool = False, sync_dir: bool = True
     ) -> bool:
         """Write the record; with ``exclusive`` only if absent (False when it was taken).
         ``sync_dir=False``: whole but not yet durable (see :func:`~.fsio.durable_write`)."""
@@ -120,8 +124,8 @@ class RecordStore:
         return True
 
     def update(
-        self, name: str, change: Callable[[dict[str, Any] | None], dict[str, Any] | None]
-    ) -> dict[str, Any] | None:
+        self, name: str, change: Callable[[JSONObject | None], JSONObject | None]
+    ) -> JSONObject | None:
         """Read, change and write under the record's lock; ``change`` returning None writes nothing."""
         with self.locked(name) as fd:
             current = self._read(fd, name)
@@ -141,9 +145,9 @@ class RecordStore:
             f[: -len(SUFFIX)] for f in files if f.endswith(SUFFIX) and ID_PATTERN.fullmatch(f[: -len(SUFFIX)])
         )
 
-    def list(self) -> tuple[list[tuple[str, dict[str, Any]]], list[Problem]]:
+    def list(self) -> tuple[list[tuple[str, JSONObject]], list[Problem]]:
         """Every valid record by name, and a problem for every other file."""
-        records: list[tuple[str, dict[str, Any]]] = []
+        records: list[tuple[str, JSONObject]] = []
         problems: list[Problem] = []
         with self._dir_fd(create=False) as fd:
             if fd is None:
@@ -193,7 +197,7 @@ class RecordStore:
     def delete_if(
         self,
         name: str,
-        keep: Callable[[dict[str, Any] | None], str | None],
+        keep: Callable[[JSONObject | None], str | None],
         first: Callable[[], None] | None = None,
     ) -> str | None:
         """Under the record's lock: read it (None if absent), ask ``keep`` for a reason to keep
@@ -267,7 +271,7 @@ class Records(Generic[T]):
         """Hold the record's (or any other name's) lock in this kind's directory."""
         return self.files.locked(name)
 
-    def decode(self, raw: dict[str, Any], name: str) -> T:
+    def decode(self, raw: JSONObject, name: str) -> T:
         """The record ``name`` from its raw mapping; :class:`CorruptEntry` if it is not one."""
         version = raw.get("schemaVersion")
         if self.newest is not None and type(version) is int and version > self.newest:
@@ -282,9 +286,9 @@ class Records(Generic[T]):
         return record
 
     @staticmethod
-    def encode(record: T) -> dict[str, Any]:
+    def encode(record: T) -> JSONObject:
         """The on-disk (camelCase) mapping of ``record``."""
-        raw: dict[str, Any] = unstructure(record)
+        raw: JSONObject = unstructure(record)
         return raw
 
     def find(self, name: str) -> T | None:
@@ -309,7 +313,7 @@ class Records(Generic[T]):
         what is on disk afterwards. The owner's ``missing`` error if absent."""
         seen: list[T] = []
 
-        def apply(raw: dict[str, Any] | None) -> dict[str, Any] | None:
+        def apply(raw: JSONObject | None) -> JSONObject | None:
             if raw is None:
                 raise self._missing(name)
             current = self.decode(raw, name)
@@ -345,7 +349,7 @@ class Records(Generic[T]):
         """:meth:`RecordStore.delete_if` through the typed record: ``keep`` sees it decoded (an
         absent record is kept as ``absent``, one that does not decode as unreadable)."""
 
-        def judge(raw: dict[str, Any] | None) -> str | None:
+        def judge(raw: JSONObject | None) -> str | None:
             if raw is None:
                 return "absent"
             try:

@@ -25,6 +25,7 @@ from typing import IO, Any, Final, Literal
 
 from .. import strictjson
 from ..matrix.mailbox import MAX_MESSAGE_BYTES
+from ..strictjson import JSONObject
 
 __all__ = ["RPC_TAG", "RpcPipe", "Tell", "command_for", "loggable"]
 
@@ -54,7 +55,7 @@ RECORD_BYTES: Final = 32 * 1024
 Tell = Literal["steer", "prompt", "abort", "shutdown", "fork_result"]
 
 
-def command_for(kind: Tell, text: str) -> dict[str, Any]:
+def command_for(kind: Tell, text: str) -> JSONObject:
     """The rpc command that carries what a bridged pi would get as a notice of ``kind``."""
     if kind == "steer":
         return {"type": "steer", "message": text}
@@ -85,7 +86,7 @@ def _bounded(value: Any, chars: int, items: int, depth: int) -> Any:
     if isinstance(value, (dict, list)) and depth <= 0:
         return "…[nested deeper]"
     if isinstance(value, dict):
-        out: dict[str, Any] = {}
+        out: JSONObject = {}
         for n, (key, item) in enumerate(value.items()):
             if n == items:
                 out["…"] = f"{len(value) - items} more keys"
@@ -100,7 +101,7 @@ def _bounded(value: Any, chars: int, items: int, depth: int) -> Any:
     return value  # a number, true/false or null
 
 
-def loggable(event: dict[str, Any]) -> dict[str, Any] | None:
+def loggable(event: JSONObject) -> JSONObject | None:
     """What of one rpc event goes to the events file: None for a streaming ``message_update``
     (its final state comes as ``message_end``), else the event bounded to :data:`RECORD_BYTES`."""
     kind = event.get("type")
@@ -117,7 +118,7 @@ def loggable(event: dict[str, Any]) -> dict[str, Any] | None:
 class RpcPipe:
     """Our end of the child's stdin and stdout (both None unless the child runs in rpc mode)."""
 
-    def __init__(self, out: IO[str], record: Callable[[dict[str, Any]], None]) -> None:
+    def __init__(self, out: IO[str], record: Callable[[JSONObject], None]) -> None:
         self.out = out
         self._record = record  # the host's event log at the time of each event (it follows switches)
         self._stdin: IO[bytes] | None = None
@@ -136,7 +137,7 @@ class RpcPipe:
             selector.register(self._stdout.fileno(), selectors.EVENT_READ, RPC_TAG)
 
     # -- to the child -------------------------------------------------------------------------------
-    def send(self, command: dict[str, Any]) -> bool:
+    def send(self, command: JSONObject) -> bool:
         """One command line; False when there is no pipe or the child no longer reads it."""
         stdin = self._stdin
         if stdin is None or stdin.closed:
@@ -229,7 +230,7 @@ class RpcPipe:
         text = line[: RAW_LINE_CHARS * 4].decode("utf-8", "replace").strip()[:RAW_LINE_CHARS]
         self._record({"raw": text, "error": why[:200]})
 
-    def _show(self, event: dict[str, Any]) -> None:
+    def _show(self, event: JSONObject) -> None:
         """What a person (and the dispatcher's watcher) reads in the pane: the assistant's text as
         lines of its own, and one line per run boundary, instead of the raw JSON stream."""
         kind = event.get("type")

@@ -58,6 +58,7 @@ from ..contract import (
     ENV_STATE_DIR,
     ENV_USAGE_FILE,
 )
+from ..strictjson import JSONObject
 
 __all__ = ["ENV_SILENT_BRIDGE", "ENV_STEPS", "ENV_STEP_S", "ENV_USAGE", "KNOBS", "main"]
 
@@ -95,7 +96,7 @@ class Session:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.append({"type": "session", "version": 3, "id": self.id, "cwd": os.getcwd()})
 
-    def append(self, record: dict[str, Any]) -> None:
+    def append(self, record: JSONObject) -> None:
         if self.path is None:
             return
         record.setdefault("timestamp", time.time())
@@ -129,7 +130,7 @@ class Agent:
         if not self.emit_rpc:
             print(text, flush=True)
 
-    def event(self, record: dict[str, Any]) -> None:
+    def event(self, record: JSONObject) -> None:
         if self.emit_rpc:
             print(json.dumps(record), flush=True)
 
@@ -219,7 +220,7 @@ class Agent:
         self.out(f"stand-in: steering message: {text}")
 
 
-def _notices(path: str | None, offset: int) -> tuple[list[dict[str, Any]], int]:
+def _notices(path: str | None, offset: int) -> tuple[list[JSONObject], int]:
     if not path:
         return [], offset
     # The state dir's read rules, as the pi bridge keeps them (the stand-in imports nothing of the
@@ -237,7 +238,7 @@ def _notices(path: str | None, offset: int) -> tuple[list[dict[str, Any]], int]:
     finally:
         os.close(fd)
     complete = data[: data.rfind(b"\n") + 1]
-    found: list[dict[str, Any]] = []
+    found: list[JSONObject] = []
     for line in complete.splitlines():
         try:
             value = json.loads(line)

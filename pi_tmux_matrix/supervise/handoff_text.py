@@ -1,18 +1,18 @@
 """A worker's handoff as its master gets it: framed for a bridged pi's conversation, or one
-printed line for any other master (a shell, a foreign CLI)."""
+printed line for any other master (a shell, a foreign CLI).
+
+The text is the master session's (supervise/master_session.py posts it to pi); the program only
+decides where a printed line goes."""
 
 from __future__ import annotations
 
 import secrets
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
 from ..matrix.model import Entry, Handoff, Outcome
-from .base import printable
+from ..safetext import printable
 
-if TYPE_CHECKING:
-    from .base import Io
-
-__all__ = ["HANDOFF_EXCERPT", "handoff_line", "handoff_message", "print_handoff"]
+__all__ = ["HANDOFF_EXCERPT", "PRINTED_EXCERPT", "handoff_line", "handoff_message"]
 
 HANDOFF_EXCERPT: Final = 1500  # characters of the worker's last message in a handoff
 _QUOTE: Final = "| "  # before every line of worker text: none of its lines starts a line of ours
@@ -76,11 +76,3 @@ def handoff_line(entry: Entry, handoff: Handoff) -> str:
     who = f"agent {printable(entry.identity.agent_id)}"
     usage = f"; {printable(handoff.usage)}" if handoff.usage else ""
     return f"handoff {entry.key}: {handoff.outcome.value}{code}{sig}, {who}{said}{pointer}{usage}"
-
-
-def print_handoff(io: Io, entry: Entry, handoff: Handoff) -> None:
-    # On a terminal the agent's prompt (a shell's "$ ") may hold the cursor mid-line: the
-    # handoff starts a line of its own rather than continuing the prompt.
-    start = "\r\n" if io.out.isatty() else ""
-    io.out.write(f"{start}{handoff_line(entry, handoff)}\n")
-    io.out.flush()
