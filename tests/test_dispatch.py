@@ -306,11 +306,9 @@ def test_killing_the_tmux_server_never_marks_a_live_host_dead(lab: Lab) -> None:
 
 
 # === resume ======================================================================================
-def lose_and_plan_resume(
-    lab: Lab, master: Entry, key: str
-) -> tuple[Entry, Entry, subprocess.CompletedProcess[str]]:
-    """Kill the master (the worker winds down to resumable), then the worker; start a new master
-    (session boss2) and ask ``resume KEY --dry-run --json`` for it: (resumable, master, the run)."""
+def lose_worker(lab: Lab, master: Entry, key: str) -> Entry:
+    """Kill the master (the worker winds down to resumable), then the worker's host and agent:
+    the resumable record, nothing of it alive."""
     procs.send_signal(master.process, signal.SIGKILL)  # type: ignore[arg-type]
     resumable = wait_for(
         "resumable", lambda: e if (e := lab.store.find(key)) and e.status is Status.RESUMABLE else None
@@ -318,6 +316,15 @@ def lose_and_plan_resume(
     for ident in (resumable.process, resumable.child_process):
         procs.send_signal(ident, signal.SIGKILL)  # type: ignore[arg-type]
         procs.wait_for_exit(ident, 5)  # type: ignore[arg-type]
+    return resumable
+
+
+def lose_and_plan_resume(
+    lab: Lab, master: Entry, key: str
+) -> tuple[Entry, Entry, subprocess.CompletedProcess[str]]:
+    """Kill the master (the worker winds down to resumable), then the worker; start a new master
+    (session boss2) and ask ``resume KEY --dry-run --json`` for it: (resumable, master, the run)."""
+    resumable = lose_worker(lab, master, key)
     new_master = lab.start_master(session="boss2")
     dry = subprocess.run(
         [sys.executable, "-m", "pi_tmux_matrix", "resume", key, "--dry-run", "--json",
@@ -747,14 +754,7 @@ def test_two_relaunchers_racing_for_one_dead_worker_start_exactly_one_agent(subl
     fired = sublab.fire("HANG resumable", backend="subprocess")
     (agent,) = fired.job.agents
     sublab.worker(agent.key)
-    procs.send_signal(master.process, signal.SIGKILL)  # type: ignore[arg-type]
-    dead = wait_for(
-        "resumable",
-        lambda: e if (e := sublab.store.find(agent.key)) and e.status is Status.RESUMABLE else None,
-    )
-    for ident in (dead.process, dead.child_process):
-        procs.send_signal(ident, signal.SIGKILL)  # type: ignore[arg-type]
-        procs.wait_for_exit(ident, 5)  # type: ignore[arg-type]
+    lose_worker(sublab, master, agent.key)
     snapshot = sublab.store.get(agent.key)
     new_master = sublab.start_master(session="boss2")
     assert new_master.process is not None

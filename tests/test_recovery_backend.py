@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 import attrs
 import pytest
-from test_dispatch import Lab, sublab, wait_for  # noqa: F401 - fixtures
+from test_dispatch import Lab, lose_worker, sublab, wait_for  # noqa: F401 - fixtures
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch import manager
@@ -19,7 +19,6 @@ from pi_tmux_matrix.dispatch.jobs import JobStore
 from pi_tmux_matrix.dispatch.model import JobAgent, PlannedAgent, Relaunch
 from pi_tmux_matrix.dispatch.plugins import plugin_manager
 from pi_tmux_matrix.identity import ProcessIdentity
-from pi_tmux_matrix.matrix.model import Status
 from pi_tmux_matrix.matrix.store import MatrixStore
 
 RECORDER = "recorder"
@@ -66,14 +65,7 @@ def test_a_resume_of_a_job_fired_through_a_listed_backend_starts_through_that_ba
     (agent,) = fired.job.agents
     assert agent.backend == RECORDER and [s[:2] for s in starts] == [(fired.job.id, agent.key)]
     sublab.worker(agent.key)
-    procs.send_signal(master.process, signal.SIGKILL)  # type: ignore[arg-type]
-    dead = wait_for(
-        "resumable",
-        lambda: e if (e := sublab.store.find(agent.key)) and e.status is Status.RESUMABLE else None,
-    )
-    for ident in (dead.process, dead.child_process):
-        procs.send_signal(ident, signal.SIGKILL)  # type: ignore[arg-type]
-        procs.wait_for_exit(ident, 5)  # type: ignore[arg-type]
+    lose_worker(sublab, master, agent.key)
     new_master = sublab.start_master(session="boss2")
     assert new_master.process is not None
     # No backend asked for: the one its job names (the `resume` verb's and top's default).

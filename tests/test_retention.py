@@ -149,18 +149,26 @@ def _make_old(store: MatrixStore, job: Job) -> None:
             age(path, OLD_MS)
 
 
-def _plant_job_with_an_unreadable_result(store: MatrixStore, tmp: Path) -> Job:
+def _plant_old_job(
+    store: MatrixStore, tmp: Path, job_id: str, session: str, backend: str = SUBPROCESS
+) -> Job:
+    """A job of one agent ``a1`` (no entry, no live host) that ended 40 days ago."""
     then = now_ms() - OLD_MS
     agent = JobAgent(
-        agent_id="a1", key="worker-planted1", session_id="planted1", profile="stand-in", provider="pi",
-        mode="print", cwd=str(tmp), backend=SUBPROCESS, nonce=new_nonce(), round=1, deadline_at=then,
-        deadline_s=1.0,
+        agent_id="a1", key=f"worker-{session}", session_id=session, profile="stand-in", provider="pi",
+        mode="print" if backend == SUBPROCESS else "interactive", cwd=str(tmp), backend=backend,
+        nonce=new_nonce(), round=1, deadline_at=then, deadline_s=1.0,
     )  # fmt: skip
     job = Job(
-        id="job-20261001-000000-d0d0d0", created_at=then, parent_pid=1, parent_session_id="boss", task="t",
-        profile="stand-in", team=None, agents=(agent,), backend=SUBPROCESS, stopped_at=then,
+        id=job_id, created_at=then, parent_pid=1, parent_session_id="boss", task="t", profile="stand-in",
+        team=None, agents=(agent,), backend=backend, stopped_at=then,
     )  # fmt: skip
     JobStore(store).create(job)
+    return job
+
+
+def _plant_job_with_an_unreadable_result(store: MatrixStore, tmp: Path) -> Job:
+    job = _plant_old_job(store, tmp, "job-20261001-000000-d0d0d0", "planted1")
     bad = store.root / "results" / f"{job.id}.a1.1.json"
     bad.write_bytes(b'{"jobId": ')
     age(bad, OLD_MS)
@@ -349,17 +357,7 @@ def test_a_pane_pipe_a_killed_host_left_goes_with_its_job_and_a_fifo_elsewhere_s
     """pipes/ holds the FIFO a tmux agent's host reads its pane from, removed by the host at its
     end; one a killed host left goes with its job once the job is over and past the window, or,
     of no job, by its own time. A FIFO anywhere else is still never removed (issue 30.5)."""
-    then = now_ms() - OLD_MS
-    agent = JobAgent(
-        agent_id="a1", key="worker-piped1", session_id="piped1", profile="stand-in", provider="pi",
-        mode="interactive", cwd=str(tmp_path), backend=TMUX, nonce=new_nonce(), round=1, deadline_at=then,
-        deadline_s=1.0,
-    )  # fmt: skip
-    job = Job(
-        id="job-20261001-000000-p1p1p1", created_at=then, parent_pid=1, parent_session_id="boss", task="t",
-        profile="stand-in", team=None, agents=(agent,), backend=TMUX, stopped_at=then,
-    )  # fmt: skip
-    JobStore(store).create(job)
+    job = _plant_old_job(store, tmp_path, "job-20261001-000000-p1p1p1", "piped1", TMUX)
     pipes = store.side_dir("pipes")
     left = pipes / f"{job.id}.a1.fifo"
     loose = pipes / "job-20261002-000000-gone00.a1.fifo"
