@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from typing import Any, cast
 
 import attrs
@@ -24,6 +25,7 @@ from helpers import Reaper, make_identity, spawn_registered_parent
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.identity import ProcessIdentity, Role
 from pi_tmux_matrix.matrix import lifecycle
+from pi_tmux_matrix.matrix.model import Entry
 from pi_tmux_matrix.matrix.store import ListResult, MatrixStore, now_ms
 from pi_tmux_matrix.supervise.record import OwnRecord
 from pi_tmux_matrix.supervise.worker import ParentState, WorkerSide
@@ -72,6 +74,14 @@ def _parent(reaper: Reaper, store: MatrixStore, session: str) -> ProcessIdentity
     return identity
 
 
+def _rekeyed(store: MatrixStore, old_session: str, new_session: str) -> Entry:
+    """The master's entry again under another session's key, same process (a session switch's
+    new registration); the old entry is left as it is."""
+    old = store.get(f"master-{old_session}")
+    identity = attrs.evolve(old.identity, session_id=new_session)
+    return store.register(attrs.evolve(old, key=f"master-{new_session}", identity=identity))
+
+
 def _crowd(store: MatrixStore, n: int) -> None:
     """Other agents' entries: what a listing would read."""
     for i in range(n):
@@ -104,11 +114,8 @@ def test_a_master_re_keyed_by_a_session_switch_is_still_found_by_its_process(
     side = _side(store, parent, "boss")
     # The master switched session: its entry is now under another key, same process. The old
     # key is gone; the worker's entry still names the old session.
-    old = store.get("master-boss")
-    store.register(
-        attrs.evolve(old, key="master-boss2", identity=attrs.evolve(old.identity, session_id="boss2"))
-    )
-    store.delete("master-boss", old.generation)
+    _rekeyed(store, "boss", "boss2")
+    store.delete("master-boss", store.get("master-boss").generation)
     store.listings = 0
     assert side.look() is ParentState.ALIVE
     assert store.listings == 1  # the fallback
@@ -144,3 +151,31 @@ def test_a_heartbeat_fsyncs_its_entry_file_and_not_the_state_dir(
     assert seen == [(".worker-w1.json.tmp", False), ("state", True)], seen
     entry = store.get("worker-w1")
     assert entry.heartbeat_at is not None
+
+
+def test_a_stale_entry_under_the_parents_key_does_not_hang_a_master_that_beats_under_another(
+    reaper: Reaper, store: CountingStore
+) -> None:
+    """A session switch whose close of the old entry failed leaves it RUNNING with a beat that
+    stands still, while the master beats under its new key: the key's stale beat sends the poll
+    to the listing, which judges by the freshest entry, and keeps it there. A parent whose every
+    entry stands still is still found hung."""
+    parent = _parent(reaper, store, "boss")  # its own beat: every 600 s, so it stands still here
+    me = procs.current()
+    side = WorkerSide(
+        _side(store, parent, "boss").record, cast(Any, Agent()), Role.WORKER, me, 5.0, beat_window_s=0.3,
+        parent=parent,
+    )  # fmt: skip
+    _rekeyed(store, "boss", "boss2")
+    assert side.look() is ParentState.ALIVE
+    deadline = time.monotonic() + 1.5  # five windows
+    while time.monotonic() < deadline:
+        store.update("master-boss2", lambda e: lifecycle.heartbeat(e, now_ms()))
+        assert side.look() is ParentState.ALIVE
+        time.sleep(0.05)
+    # Now nothing beats: found hung within a few windows (one to notice, one to judge).
+    deadline = time.monotonic() + 3
+    while side.look() is ParentState.ALIVE:
+        assert time.monotonic() < deadline, "a master whose every entry stands still was never found hung"
+        time.sleep(0.05)
+    assert side.look() is ParentState.HUNG

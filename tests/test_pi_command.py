@@ -101,8 +101,13 @@ def test_doctor_prints_settings_as_settings_json_spells_them(tmp_path: Path) -> 
 def test_the_readme_test_command_installs_the_pinned_pi() -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Run the tests", 1)[1].split("\n## ", 1)[0]
-    assert "bash scripts/install-pi && python -m pytest" in section
+    command = "bash scripts/install-pi && bash scripts/install-ts && python -m pytest -n 2"
+    assert command in section
     assert ".pi-cli/" in section and "skipped" in section
+    # CI runs the same command, step by step (the README's test command is the one CI runs).
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    for step in command.split(" && "):
+        assert step in ci, step
 
 
 def test_the_command_is_applied_once_even_when_it_starts_with_pi() -> None:

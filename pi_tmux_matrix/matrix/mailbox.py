@@ -27,7 +27,7 @@ from typing import Any, Final
 import attrs
 
 from .. import strictjson
-from ..errors import ContractError, CorruptEntry, PiMatrixError, StoreError
+from ..errors import ContractError, CorruptEntry, PiMatrixError, StateDirError, StoreError
 from ..settings import EVENTS_MAX_BYTES
 from ..strictjson import JSONObject
 from .fsio import DIR_FLAGS, durable_write, open_append, opened_dir, read_bounded, read_tail
@@ -224,6 +224,8 @@ class Inbox:
                     raise StoreError(f"{directory}: the mailbox folder is gone", path=str(directory))
                 # The one durable write of the state dir (a unique name: no lock needed).
                 durable_write(dir_fd, name, body, exclusive=False, path=str(final))
+        except StateDirError:
+            raise  # an unsafe mailbox folder says so itself (and exits as a usage error)
         except StoreError as exc:
             # A full disk (or any other refusal): one clear error, and no half message left to
             # read; or the message is in place but its folder's fsync failed.

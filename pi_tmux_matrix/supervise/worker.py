@@ -14,6 +14,7 @@ recorded and the window starts again. A master's host has no parent: its phase s
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import selectors
@@ -120,6 +121,12 @@ class ParentBeat:
             return "clock_jump", round(jumped, 3)
         return None
 
+    def stands_still(self, master: Entry, now: Clocks) -> bool:
+        """This look would find ``master``'s beat unmoved for longer than the window."""
+        if self._since is None or master.heartbeat_at != self._beat:
+            return False
+        return now.monotonic - self._since > self.window_s
+
     def judge(self, master: Entry | None, now: Clocks) -> tuple[ParentState, tuple[str, float] | None]:
         """The parent's state by its master entry, and any discontinuity seen on the way."""
         jump = self.discontinuity(now)
@@ -183,6 +190,7 @@ class WorkerSide:
     _selector: selectors.BaseSelector | None = attrs.field(default=None, init=False)  # the loop's
     _beat: ParentBeat | None = attrs.field(default=None, init=False)
     lost_as: ParentState | None = attrs.field(default=None, init=False)  # why the parent was lost
+    _by_listing: bool = attrs.field(default=False, init=False)  # the parent's key proved stale
 
     def __attrs_post_init__(self) -> None:
         if self.beat_window_s is not None:
@@ -234,7 +242,17 @@ class WorkerSide:
             # The state dir cannot be read right now: that is no evidence against the parent.
             self.record.events.write("parent_unchecked", error=str(exc)[:300])
             return ParentState.ALIVE
-        state, jump = self._beat.judge(parent_master(entries, self.parent), Clocks.read())
+        now = Clocks.read()
+        master = parent_master(entries, self.parent)
+        if master is not None and not self._by_listing and self._beat.stands_still(master, now):
+            # Read by its key, the entry's beat stands still: the master may beat under another
+            # key (a session switch whose close of the old entry failed). From now on it is
+            # judged on all its entries, the freshest (one source, or two stale entries taking
+            # turns would each look like a beat that moved).
+            self._by_listing = True
+            with contextlib.suppress(PiMatrixError):  # unreadable now: the key's entry is judged
+                master = parent_master(self.record.store.list().entries, self.parent)
+        state, jump = self._beat.judge(master, now)
         if jump is not None:
             # Recorded, and the heartbeat window starts again: a sleep of the whole machine or a
             # clock being set is never taken for a hung master.
@@ -247,7 +265,7 @@ class WorkerSide:
         (docs/decisions.md#a-worker-polls-its-parents-entry-not-the-state-dir). The whole
         listing only when that key is not the parent's (a session switch re-keyed it)."""
         own = self.record.entry
-        if own is not None and own.parent_session_id:
+        if own is not None and own.parent_session_id and not self._by_listing:
             found = master_entry(self.record.store, parent, own.parent_session_id)
             if found is not None:
                 return [found]
@@ -360,6 +378,7 @@ class WorkerSide:
         self.lost_as = None
         if self._beat is not None:
             self._beat.restart()
+            self._by_listing = False
         # The parent now watched, as the entry names it: the evidence a host and its entry agree.
         self.record.events.write(
             "adopted", parent_pid=new_parent.pid, parent_start=new_parent.start_ticks,
