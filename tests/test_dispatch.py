@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -136,6 +137,11 @@ class Lab:
             while time.monotonic() < deadline and any(procs.is_alive(t) for t in targets):
                 time.sleep(0.05)
         kill_tmux_server(self.socket)
+        # A pane pipe whose host was killed before its writer opened the FIFO blocks in that
+        # open for good: a reader's open and close lets it end (as gc's removal of the FIFO does).
+        for fifo in (self.state / "pipes").glob("*.fifo") if (self.state / "pipes").is_dir() else ():
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
 
 
 @pytest.fixture

@@ -352,7 +352,7 @@ def test_a_lock_file_removed_under_contention_never_lets_two_writers_hold_it(
 
 
 def test_a_pane_pipe_a_killed_host_left_goes_with_its_job_and_a_fifo_elsewhere_stays(
-    store: MatrixStore, tmp_path: Path
+    store: MatrixStore, tmp_path: Path, reaper: Reaper
 ) -> None:
     """pipes/ holds the FIFO a tmux agent's host reads its pane from, removed by the host at its
     end; one a killed host left goes with its job once the job is over and past the window, or,
@@ -364,6 +364,11 @@ def test_a_pane_pipe_a_killed_host_left_goes_with_its_job_and_a_fifo_elsewhere_s
     young = pipes / "job-20261203-000000-young0.a1.fifo"
     for fifo in (left, loose, young):
         os.mkfifo(fifo, 0o600)
+    # A pane pipe's writer blocked in its open (its host was killed first): it ends once gc
+    # removes the FIFO, never left behind for good.
+    writer = reaper.popen(
+        subprocess.Popen(["sh", "-c", 'exec cat >"$1"', "sh", str(left)], stdin=subprocess.DEVNULL)
+    )
     age(loose, OLD_MS)
     elsewhere = store.side_dir("logs") / "planted.fifo"
     os.mkfifo(elsewhere, 0o600)
@@ -378,5 +383,6 @@ def test_a_pane_pipe_a_killed_host_left_goes_with_its_job_and_a_fifo_elsewhere_s
     assert done.returncode == 0, done.stderr
     assert not left.exists() and not loose.exists()
     assert young.exists() and elsewhere.exists()
+    assert writer.wait(timeout=10) is not None  # let go, it ended
     kept = {item["path"]: item["reason"] for item in json.loads(done.stdout)["kept"]}
     assert "not a regular file" in kept.get("logs/planted.fifo", ""), kept
