@@ -386,3 +386,28 @@ def test_a_pane_pipe_a_killed_host_left_goes_with_its_job_and_a_fifo_elsewhere_s
     assert writer.wait(timeout=10) is not None  # let go, it ended
     kept = {item["path"]: item["reason"] for item in json.loads(done.stdout)["kept"]}
     assert "not a regular file" in kept.get("logs/planted.fifo", ""), kept
+
+
+def test_a_round_settled_without_its_host_drops_its_pane_pipe_and_lets_its_writer_go(
+    store: MatrixStore, tmp_path: Path, reaper: Reaper
+) -> None:
+    """A tmux agent's host was killed -9 and its agent ended: whoever settles the round (the next
+    `jobs`, `reconcile` or master activation) also removes the FIFO that host read its pane from,
+    letting a pipe writer blocked in opening it go (it waited for the sweep, 30 days, before)."""
+    from pi_tmux_matrix.dispatch.hostless import settle
+
+    dead = reaper.popen(subprocess.Popen(["true"]))
+    dead.wait()
+    gone = procs.ProcessIdentity(dead.pid, 1, procs.boot_id())  # a start time no process has
+    job = _plant_old_job(store, tmp_path, "job-20261205-000000-h0h0h0", "hostless1", TMUX)
+    agent = attrs.evolve(job.agents[0], host_pid=gone.pid, host_start=gone.start_ticks, boot_id=gone.boot_id)
+    job = JobStore(store).update(job.id, lambda j: attrs.evolve(j, agents=(agent,), stopped_at=None))
+    fifo = store.side_dir("pipes") / f"{job.id}.a1.fifo"
+    os.mkfifo(fifo, 0o600)
+    writer = reaper.popen(
+        subprocess.Popen(["sh", "-c", 'exec cat >"$1"', "sh", str(fifo)], stdin=subprocess.DEVNULL)
+    )
+    (result,) = settle(JobStore(store), store, job)
+    assert result.kind.value == "exited", result
+    assert not fifo.exists()
+    assert writer.wait(timeout=10) is not None

@@ -155,20 +155,15 @@ def remove_regular(dir_fd: int, name: str, *, fifo: bool = False) -> int | None:
     if not (stat.S_ISREG(info.st_mode) or (fifo and stat.S_ISFIFO(info.st_mode))):
         return None
     if stat.S_ISFIFO(info.st_mode):
-        _let_writers_go(dir_fd, name)
+        # A writer blocked in opening it (a pane pipe whose host was killed first) is let go by a
+        # reader's open and close: it gets EOF or EPIPE and ends. The unlink alone would not.
+        with suppress(OSError):
+            os.close(os.open(name, _READ_FLAGS, dir_fd=dir_fd))
     try:
         os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         return 0
     return info.st_size
-
-
-def _let_writers_go(dir_fd: int, name: str) -> None:
-    """Open the FIFO ``name`` for reading, without blocking, and close it: a writer blocked in
-    its open (a pane pipe's ``cat`` whose host was killed before it opened) gets its FIFO, then
-    EOF or EPIPE, and ends; unlinking the name alone would leave it blocked for good."""
-    with suppress(OSError):
-        os.close(os.open(name, _READ_FLAGS, dir_fd=dir_fd))
 
 
 def remove_folder(dir_fd: int, name: str) -> tuple[int, tuple[str, ...]]:
