@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from bench_fleet import stop_all
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.confirm import CONFIRM_S
@@ -72,12 +73,7 @@ def _stop_all(store: MatrixStore, extra: list[ProcessIdentity]) -> None:
     for entry in store.list().entries:
         if entry.role is Role.WORKER:  # the master lives on for the next side
             targets += [i for i in (entry.process, entry.child_process) if i is not None]
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for ident in targets:
-            procs.send_signal(ident, sig)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(procs.is_alive(t) for t in targets):
-            time.sleep(0.05)
+    stop_all(targets)
 
 
 def _kill_server(socket: str) -> None:

@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from test_dispatch import Lab, lab, wait_for  # noqa: F401 - fixtures
 
@@ -140,20 +139,26 @@ def test_a_host_that_dies_before_registering_reaches_the_job_and_show_through_jo
     assert again.returncode == 0 and lab.result(fired.job.id, agent.agent_id) == result
 
 
-def test_an_agent_its_host_cannot_start_reaches_the_job_from_the_host_itself(lab: Lab) -> None:  # noqa: F811
-    """The program is there but cannot be executed (a missing interpreter): the fire returns at
-    once; the host records ``spawn_failed`` and exit 127, and its round thread writes the job's
-    ``exited`` result with the reason, with nobody running ``jobs``."""
-    lab.start_master()
-    script = lab.tmp / "agent.sh"
+def _broken_profile(at: Lab) -> None:
+    """A launch profile ``broken`` whose program is there but cannot be executed (a script with a
+    missing interpreter): its host cannot start it."""
+    script = at.tmp / "agent.sh"
     script.write_text("#!/nonexistent/interpreter\necho hi\n")
     script.chmod(0o755)
-    folder = lab.agent_dir / "launch_profiles"
+    folder = at.agent_dir / "launch_profiles"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "broken.toml").write_text(
         f'[profile]\nname = "broken"\nprovider = "custom"\ncommand = ["{script}", "{{task}}"]\n'
         'mode = "interactive"\ndeadline = 60\n'
     )
+
+
+def test_an_agent_its_host_cannot_start_reaches_the_job_from_the_host_itself(lab: Lab) -> None:  # noqa: F811
+    """The program is there but cannot be executed (a missing interpreter): the fire returns at
+    once; the host records ``spawn_failed`` and exit 127, and its round thread writes the job's
+    ``exited`` result with the reason, with nobody running ``jobs``."""
+    lab.start_master()
+    _broken_profile(lab)
     fired = _fire(lab, "hi", os.environ.get("PYTHONPATH", ""), profile="broken")
     (agent,) = fired.job.agents
     result = wait_for("the host's own result", lambda: lab.result(fired.job.id, agent.agent_id))
@@ -164,19 +169,11 @@ def test_an_agent_its_host_cannot_start_reaches_the_job_from_the_host_itself(lab
     assert "exit         " in shown.stdout and "code 127" in shown.stdout, shown.stdout
 
 
-def test_the_cli_fire_waits_on_no_start_unless_asked(lab: Lab, tmp_path: Path) -> None:  # noqa: F811
+def test_the_cli_fire_waits_on_no_start_unless_asked(lab: Lab) -> None:  # noqa: F811
     """``pi-matrix fire`` (the master tool's fire_task runs it) returns once launched;
     ``--confirm-start`` waits and exits 1 naming an agent that could not start."""
     master = lab.start_master()
-    script = tmp_path / "agent.sh"
-    script.write_text("#!/nonexistent/interpreter\necho hi\n")
-    script.chmod(0o755)
-    folder = lab.agent_dir / "launch_profiles"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "broken.toml").write_text(
-        f'[profile]\nname = "broken"\nprovider = "custom"\ncommand = ["{script}", "{{task}}"]\n'
-        'mode = "interactive"\ndeadline = 60\n'
-    )
+    _broken_profile(lab)
     base = ("fire", "--profile", "broken", "--socket", lab.socket, "--parent-pid", str(master.pid),
             "--parent-session", "boss")  # fmt: skip
     quick = _cli(lab, *base, "--", "hi")

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from test_dispatch import Lab, lab, sublab, wait_for  # noqa: F401 - lab and sublab are fixtures
-from test_recovery_rehost import _cli, _kill
+from test_recovery_rehost import _cli, _hostless_agent, _kill
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.model import ResultKind
@@ -36,13 +36,8 @@ def test_a_killed_hosts_round_runs_unsupervised_until_its_agent_ends_then_gets_o
 ) -> None:
     lab.start_master()
     # The subprocess backend: in tmux the pane closes with its host and hangs its agent up.
-    fired = lab.fire("HANG long work", backend="subprocess")
-    (agent,) = fired.job.agents
-    entry = lab.worker(agent.key)
+    fired, agent, entry = _hostless_agent(lab)
     assert entry.child_process is not None
-    lab.started.append(entry.child_process)
-
-    _kill(entry.process)
     assert procs.is_alive(entry.child_process), "the agent died with its host"
 
     # The job view, twice over (a reconcile first never ends the round of a live agent).
@@ -76,13 +71,8 @@ def test_a_killed_hosts_round_runs_unsupervised_until_its_agent_ends_then_gets_o
 
 def test_a_rehosted_agents_round_is_watched_again_and_ends_by_its_marker(sublab: Lab) -> None:  # noqa: F811
     master = sublab.start_master()
-    fired = sublab.fire("HANG long work", backend="subprocess")
-    (agent,) = fired.job.agents
-    entry = sublab.worker(agent.key)
-    assert entry.child_process is not None
-    sublab.started.append(entry.child_process)
     # The worker's host dies (its agent runs on), then the master and the master's own agent.
-    _kill(entry.process)
+    fired, agent, entry = _hostless_agent(sublab)
     running = sublab.store.get(master.key)
     _kill(master.process, running.child_process)
     view = _job_json(sublab, fired.job.id)

@@ -8,11 +8,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from test_dispatch import Lab, sublab, wait_for  # noqa: F401 - sublab is a fixture
 
 from pi_tmux_matrix import procs
-from pi_tmux_matrix.matrix.model import Status
+from pi_tmux_matrix.dispatch.model import JobAgent
+from pi_tmux_matrix.matrix.model import Entry, Status
 
 
 def _cli(at: Lab, *words: str) -> subprocess.CompletedProcess[str]:
@@ -29,17 +31,25 @@ def _kill(*identities: procs.ProcessIdentity | None) -> None:
             assert procs.wait_for_exit(ident, 5), f"pid {ident.pid} outlived SIGKILL"
 
 
+def _hostless_agent(at: Lab, **fields: Any) -> tuple[Any, JobAgent, Entry]:
+    """A detached stand-in fired and registered, then its host killed -9 while its agent runs
+    on: (the fire's result, its agent, its entry as registered)."""
+    fired = at.fire("HANG long work", backend="subprocess", **fields)
+    (agent,) = fired.job.agents
+    entry = at.worker(agent.key)
+    assert entry.child_process is not None
+    at.started.append(entry.child_process)
+    _kill(entry.process)
+    return fired, agent, entry
+
+
 def test_a_live_agent_whose_host_died_is_rehosted_by_its_exact_master_then_steered_and_stopped(
     sublab: Lab,  # noqa: F811
 ) -> None:
     master = sublab.start_master()
-    fired = sublab.fire("HANG long work", backend="subprocess", goal_id="goal-1")
-    (agent,) = fired.job.agents
-    entry = sublab.worker(agent.key)
-    assert entry.child_process is not None and entry.task_ref == "goal-1"
-    sublab.started.append(entry.child_process)
     # The worker's host dies (its agent runs on), then the master and the master's own agent.
-    _kill(entry.process)
+    fired, agent, entry = _hostless_agent(sublab, goal_id="goal-1")
+    assert entry.task_ref == "goal-1"
     running = sublab.store.get(master.key)
     _kill(master.process, running.child_process)
     assert procs.is_alive(entry.child_process)
@@ -88,12 +98,7 @@ def test_stop_job_stops_an_agent_whose_host_died_by_its_identity(sublab: Lab) ->
     """No host is left to forward the stop: ``stop JOB`` signals the recorded agent itself (it used to
     print ``stopped job`` while the agent ran on)."""
     sublab.start_master()
-    fired = sublab.fire("HANG long work", backend="subprocess")
-    (agent,) = fired.job.agents
-    entry = sublab.worker(agent.key)
-    assert entry.child_process is not None
-    sublab.started.append(entry.child_process)
-    _kill(entry.process)
+    fired, agent, entry = _hostless_agent(sublab)
     stop = _cli(sublab, "stop", fired.job.id, "--confirm", "yes-tmux-stop")
     assert stop.returncode == 0, stop.stderr
     assert procs.wait_for_exit(entry.child_process, 10), "the unsupervised agent ran on"
