@@ -13,11 +13,10 @@ import json
 from typing import Any
 
 from test_dispatch import Lab, lab, sublab, wait_for  # noqa: F401 - lab and sublab are fixtures
-from test_recovery_rehost import _cli, _hostless_agent, _kill
+from test_recovery_rehost import _cli, _hostless_agent, _kill, _rehosted
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.model import ResultKind
-from pi_tmux_matrix.matrix.model import Status
 
 
 def _job_json(at: Lab, job_id: str) -> dict[str, Any]:
@@ -79,17 +78,7 @@ def test_a_rehosted_agents_round_is_watched_again_and_ends_by_its_marker(sublab:
     assert view["state"] == "running" and view["agents"][0]["unsupervised"], view
 
     second = sublab.start_master()  # the same session and task: exact, so it rehosts
-    back = wait_for(
-        "the agent under a new host",
-        lambda: (
-            e
-            if (e := sublab.store.find(agent.key))
-            and e.pid != entry.pid
-            and e.status is Status.RUNNING
-            and e.parent_pid == second.pid
-            else None
-        ),
-    )
+    back = _rehosted(sublab, entry, second)
     assert back.process is not None
     sublab.started.append(back.process)
     assert back.child_process == entry.child_process  # the same agent

@@ -43,6 +43,22 @@ def _hostless_agent(at: Lab, **fields: Any) -> tuple[Any, JobAgent, Entry]:
     return fired, agent, entry
 
 
+def _rehosted(at: Lab, entry: Entry, master: Entry) -> Entry:
+    """``entry``'s agent running again under a new host whose parent is ``master``."""
+    return wait_for(
+        "the agent under a new host",
+        lambda: (
+            e
+            if (e := at.store.find(entry.key))
+            and e.pid != entry.pid
+            and e.status is Status.RUNNING
+            and e.parent_pid == master.pid
+            else None
+        ),
+        timeout=20,
+    )
+
+
 def test_a_live_agent_whose_host_died_is_rehosted_by_its_exact_master_then_steered_and_stopped(
     sublab: Lab,  # noqa: F811
 ) -> None:
@@ -55,18 +71,7 @@ def test_a_live_agent_whose_host_died_is_rehosted_by_its_exact_master_then_steer
     assert procs.is_alive(entry.child_process)
 
     second = sublab.start_master()  # the same session and task: exact
-    back = wait_for(
-        "the agent under a new host",
-        lambda: (
-            e
-            if (e := sublab.store.find(agent.key))
-            and e.pid != entry.pid
-            and e.status is Status.RUNNING
-            and e.parent_pid == second.pid
-            else None
-        ),
-        timeout=20,
-    )
+    back = _rehosted(sublab, entry, second)
     assert back.process is not None and procs.is_alive(back.process)
     sublab.started.append(back.process)
     assert back.child_process == entry.child_process  # the same agent, not a second one
