@@ -21,7 +21,7 @@ import struct
 from collections.abc import Callable
 from typing import Final
 
-__all__ = ["Watches", "available", "errno_name"]
+__all__ = ["IN_MOVED_TO", "LANDED", "Watches", "available", "errno_name"]
 
 IN_CLOSE_WRITE: Final = 0x00000008
 IN_MOVED_TO: Final = 0x00000080
@@ -117,10 +117,11 @@ class Watches:
         self._watches: dict[int, tuple[int, Handler]] = {}  # our token -> (wd, handler)
         self._next = 0
 
-    def add(self, path: str | os.PathLike[str], handler: Handler) -> int | None:
-        """Watch the directory ``path`` for files landing in it; returns a token for
-        :meth:`remove`, or None when it cannot be watched and the caller must poll (inotify
-        refused, or a folder that is not there). Two watches of one path share the kernel's."""
+    def add(self, path: str | os.PathLike[str], handler: Handler, mask: int = LANDED) -> int | None:
+        """Watch the directory ``path`` for files landing in it (``mask``: how they land); returns
+        a token for :meth:`remove`, or None when it cannot be watched and the caller must poll
+        (inotify refused, or a folder that is not there). Two watches of one path share the
+        kernel's."""
         if self._instance_refused:
             return None
         try:
@@ -131,7 +132,7 @@ class Watches:
                     self._instance_refused = True
                     raise
             # Added to the mask a path watched twice already has, never narrowing it.
-            wd = _add_watch(self.fd, os.fspath(path), LANDED | IN_MASK_ADD)
+            wd = _add_watch(self.fd, os.fspath(path), mask | IN_MASK_ADD)
         except OSError as exc:
             if exc.errno in REFUSALS or self.fd is None:
                 self._refuse(exc)

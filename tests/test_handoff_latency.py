@@ -8,6 +8,7 @@ model's request log are the evidence."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -69,6 +70,19 @@ def plain_master(lab: Lab, out: Path) -> None:
     lab.started.append(lab.master.child_process)
 
 
+def inotify_watches(pid: int) -> int:
+    """How many paths ``pid``'s inotify instances watch (their ``inotify wd:`` lines)."""
+    count = 0
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{name}") == "anon_inode:inotify":
+                info = Path(f"/proc/{pid}/fdinfo/{name}").read_text()
+                count += sum(line.startswith("inotify wd:") for line in info.splitlines())
+        except OSError:
+            continue
+    return count
+
+
 @pytest.fixture
 def plab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
     the_lab = Lab(tmp_path, tmux_socket)
@@ -84,6 +98,9 @@ def test_a_plain_masters_host_prints_a_handoff_as_it_is_written_not_at_its_heart
     print_profile(lab)
     out = lab.tmp / "master.out"
     plain_master(lab, out)
+    assert lab.master is not None
+    # Its inbox and nothing else: no worker's heartbeat wakes it (a hundred of them, every 30 s).
+    assert inotify_watches(lab.master.pid) == 1
     (key,) = [a.key for a in lab.fire("Say hello.", profile="standin-print").job.agents]
     (handoff,) = wait_for(
         f"{key}'s handoff marked delivered",
@@ -145,34 +162,45 @@ def test_a_handoff_written_before_the_masters_pi_is_ready_is_posted_when_its_bri
     wait_for("the handoff marked delivered", lambda: delivered(lab, worker.key), timeout=BOUND_S)
 
 
-def test_the_entry_feed_names_the_entries_written_and_nothing_else(tmp_path: Path) -> None:
+def test_a_new_handoff_tells_its_master_and_a_heartbeat_tells_nobody(tmp_path: Path) -> None:
+    """The word a master's host wakes for: one message in its inbox per write that brings a new
+    handoff addressed to it; none for a heartbeat (a hundred workers' beats must not wake it), none
+    for a handoff it already has, and no mailbox made for a master that never made its own."""
     from pi_tmux_matrix.identity import AgentIdentityContract, Role
-    from pi_tmux_matrix.inotify import Watches
-    from pi_tmux_matrix.matrix import lifecycle
-    from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
-    from pi_tmux_matrix.supervise.feed import EntryFeed
+    from pi_tmux_matrix.matrix.mailbox import Inbox
+    from pi_tmux_matrix.matrix.store import MatrixStore
+    from pi_tmux_matrix.supervise.record import OwnRecord
 
     store = MatrixStore(tmp_path / "state")
     me = procs.current()
+    boss = AgentIdentityContract(agent_id="a-boss", session_id="boss")
+    store.register(lifecycle.new_entry(role=Role.MASTER, identity=boss, process=me, now=now_ms()))
+    store.side_dir("mailbox", "master-boss")  # made by the master's host when it starts
+    worker = AgentIdentityContract(agent_id="a-w1", session_id="w1")
+    record = OwnRecord(store, "worker-w1")
+    record.register(
+        lifecycle.new_entry(
+            role=Role.WORKER, identity=worker, process=me, now=now_ms(), parent=me, parent_session_id="boss"
+        )
+    )
+    inbox = Inbox(store, "master-boss")
+    assert inbox.take() == []
+    record.write(lambda e: lifecycle.heartbeat(e, now_ms()), durable=False)
+    assert inbox.take() == []  # a heartbeat wakes nobody
+    ended = ExitRecord(kind=ExitKind.EXITED, code=0, at=now_ms())
+    record.write(lambda e: lifecycle.record_terminal(e, ended, now_ms(), summary="done"))
+    (told,) = inbox.take()
+    assert (told.kind, told.text, told.sender) == ("handoff", "worker-w1", "worker-w1")
+    record.write(lambda e: lifecycle.heartbeat(e, now_ms()), durable=False)
+    assert inbox.take() == []  # the handoff it holds is not news
 
-    def register(session: str, role: Role) -> None:
-        identity = AgentIdentityContract(agent_id=f"a-{session}", session_id=session)
-        store.register(lifecycle.new_entry(role=role, identity=identity, process=me, now=now_ms()))
-
-    register("boss", Role.MASTER)
-    watches = Watches()
-    told: list[set[str] | None] = []
-    feed = EntryFeed(str(store.root), "master-boss", watches, told.append)
-    assert feed.watched and watches.fd is not None
-    watches.dispatch()
-    assert told == []
-    register("w1", Role.WORKER)
-    register("boss", Role.MASTER)  # our own writes do not wake us
-    (store.root / "notes.txt").write_text("foreign")
-    watches.dispatch()
-    assert told == [{"worker-w1"}]
-    (store.root / "notes.txt").write_text("foreign again")  # nothing of an entry: nobody is told
-    watches.dispatch()
-    assert told == [{"worker-w1"}]
-    feed.close()
-    watches.close()
+    # A worker whose master never ran here: its word goes nowhere, and no folder is made for it.
+    orphan = OwnRecord(store, "worker-w2")
+    lost = AgentIdentityContract(agent_id="a-w2", session_id="w2")
+    orphan.register(
+        lifecycle.new_entry(
+            role=Role.WORKER, identity=lost, process=me, now=now_ms(), parent=me, parent_session_id="nobody"
+        )
+    )
+    orphan.write(lambda e: lifecycle.record_terminal(e, ended, now_ms(), summary="done"))
+    assert not (store.root / "mailbox" / "master-nobody").exists()

@@ -13,8 +13,12 @@ observed (our own seams).
 
 from __future__ import annotations
 
+import io
+import itertools
 import os
 import stat
+import sys
+import threading
 import time
 from typing import Any, cast
 
@@ -23,10 +27,15 @@ import pytest
 from helpers import Reaper, make_identity, spawn_registered_parent
 
 from pi_tmux_matrix import procs
-from pi_tmux_matrix.identity import ProcessIdentity, Role
+from pi_tmux_matrix.contract import LaunchContract
+from pi_tmux_matrix.identity import AgentIdentityContract, Mode, ProcessIdentity, Role
 from pi_tmux_matrix.matrix import lifecycle
+from pi_tmux_matrix.matrix.mailbox import Inbox
 from pi_tmux_matrix.matrix.model import Entry
 from pi_tmux_matrix.matrix.store import ListResult, MatrixStore, now_ms
+from pi_tmux_matrix.settings import MatrixSettings
+from pi_tmux_matrix.supervise.host import AgentHost
+from pi_tmux_matrix.supervise.hostspec import HostHooks, HostSpec
 from pi_tmux_matrix.supervise.record import OwnRecord
 from pi_tmux_matrix.supervise.worker import ParentState, WorkerSide
 
@@ -179,3 +188,68 @@ def test_a_stale_entry_under_the_parents_key_does_not_hang_a_master_that_beats_u
         assert time.monotonic() < deadline, "a master whose every entry stands still was never found hung"
         time.sleep(0.05)
     assert side.look() is ParentState.HUNG
+
+
+# --- the loop's wakes: one per poll, and nothing else woken by it ---------------------------------
+def test_an_idle_hosts_loop_wakes_once_per_poll_and_its_beat_rides_that_wake(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's own loop, in-process, over a sleeping child: a beat due before the next poll is
+    written at the poll's wake (early, never late), so the loop wakes once per poll and never
+    for a beat alone; and the poll's look at an empty inbox tells the hooks nothing (a host's
+    round thread, poked by ``on_wake``, sleeps on)."""
+    store = MatrixStore(tmp_path / "state")
+    settings = MatrixSettings(watcher_poll_ms=1000, heartbeat_ms=1900)
+    spec = HostSpec(
+        argv=(sys.executable, "-c", "import time; time.sleep(60)"),
+        identity=AgentIdentityContract(agent_id="a-s1", session_id="s1", cwd=str(tmp_path)),
+        contract=LaunchContract(), mode=Mode.PRINT, role=Role.MASTER, stop_grace_s=0.2, deadline_s=60,
+    )  # fmt: skip
+    woken: list[float] = []
+    host = AgentHost(
+        spec, store, settings, hooks=HostHooks(on_wake=lambda _h: woken.append(time.monotonic())),
+        out=io.StringIO(), err=io.StringIO(),
+    )  # fmt: skip
+    turns: list[float] = []
+    polls: list[float] = []
+    beats: list[int] = []
+    on_timers, poll = AgentHost._on_timers, WorkerSide.poll
+
+    def turn(self: AgentHost, timers: Any) -> None:
+        turns.append(time.monotonic())
+        on_timers(self, timers)
+
+    def polled(self: WorkerSide) -> None:
+        polls.append(time.monotonic())
+        poll(self)
+
+    heartbeat = lifecycle.heartbeat
+
+    def beat(entry: Entry, now: int) -> Entry:
+        beats.append(now)
+        return heartbeat(entry, now)
+
+    monkeypatch.setattr(AgentHost, "_on_timers", turn)
+    monkeypatch.setattr(WorkerSide, "poll", polled)
+    monkeypatch.setattr(lifecycle, "heartbeat", beat)
+    quiet: list[int] = []
+
+    def stop_later() -> None:
+        time.sleep(6.5)
+        quiet.extend((len(turns), len(polls), len(woken)))
+        Inbox(store, "master-s1").post("stop", "stop", sender="test")
+
+    asking = threading.Thread(target=stop_later)
+    asking.start()
+    ran = host.run()  # the host's loop runs in the main thread (its signal wake-up fd)
+    asking.join(30)
+    quiet_turns, quiet_polls, quiet_wakes = quiet
+    assert ran in (0, 143), ran  # stopped: its child ended by SIGTERM
+    assert quiet_polls >= 3, (quiet_polls, turns)
+    # main woke the loop for every beat between two polls as well (9 turns for 6 polls)
+    assert quiet_turns <= quiet_polls + 1, (quiet_turns, quiet_polls)
+    assert len(beats) >= quiet_polls - 1  # beats still come (one per poll here: early, not late)
+    gaps = [b - a for a, b in itertools.pairwise(beats)]
+    assert all(gap <= 1900 + 500 for gap in gaps), gaps
+    assert quiet_wakes == 1, woken  # the loop's first look only: the polls found no mail
+    assert len(woken) >= 2  # the stop's mail did tell the hooks

@@ -38,7 +38,8 @@ from pi_tmux_matrix.matrix.mailbox import Inbox
 from pi_tmux_matrix.matrix.model import ExitKind
 from pi_tmux_matrix.matrix.store import MatrixStore
 from pi_tmux_matrix.settings import MatrixSettings
-from pi_tmux_matrix.supervise.host import AgentHost, HostSpec
+from pi_tmux_matrix.supervise.host import AgentHost
+from pi_tmux_matrix.supervise.hostspec import HostSpec
 
 
 # --- counting the instances a process holds ------------------------------------------------------
@@ -201,31 +202,30 @@ def test_a_host_refused_inotify_takes_its_mail_by_polling_and_says_so_once(
     assert inotify_instances(os.getpid()) == 0  # the instance a refused watch left is given back
 
 
-def test_a_masters_inbox_and_state_dir_share_one_instance_and_one_refusal(
+def test_a_host_watches_its_inbox_on_one_instance_and_is_refused_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from pi_tmux_matrix.supervise.feed import EntryFeed
+    """A master included: its host watches its inbox and nothing else (a worker's new handoff is
+    told there), so no other agent's write wakes it; one instance, and one refusal said once."""
     from pi_tmux_matrix.supervise.record import OwnRecord
 
     (tmp_path / "state").mkdir(mode=0o700)
     record = OwnRecord(MatrixStore(tmp_path / "state"), "master-boss")
-    feed = EntryFeed(str(record.store.root), record.key, record.watches, lambda _keys: None)
     record.watch_mail(lambda: None)
-    assert feed.watched and record.mail_watch is not None
+    assert record.mail_watch is not None
     assert inotify_instances(os.getpid()) == 1
     assert record.watches.add(tmp_path / "no-such-folder", lambda _names: None) is None
     assert record.watches.refused is None  # one path that cannot be watched is no refusal
     record.unwatch_mail()
-    feed.close()
     record.watches.close()
     assert inotify_instances(os.getpid()) == 0
 
     refuse(monkeypatch, "_init", errno.EMFILE)
     (tmp_path / "state2").mkdir(mode=0o700)
     refused = OwnRecord(MatrixStore(tmp_path / "state2"), "master-boss")
-    feed = EntryFeed(str(refused.store.root), refused.key, refused.watches, lambda _keys: None)
     refused.watch_mail(lambda: None)
-    assert not feed.watched and refused.mail_watch is None  # handoffs at the heartbeat, mail polled
+    refused.watch_mail(lambda: None)
+    assert refused.mail_watch is None  # mail polled; handoffs at the poll and the heartbeat
     assert len(events_named(refused.store, "inotify_unavailable")) == 1
 
 

@@ -31,7 +31,8 @@ from ..errors import PiMatrixError
 from ..identity import Role
 from ..matrix.model import ExitKind
 from ..programs import agent_argv
-from ..supervise.host import AgentHost, HostHooks
+from ..supervise.host import AgentHost
+from ..supervise.hostspec import HostHooks
 
 if TYPE_CHECKING:
     from ..dispatch.roundwatch import RoundWatch
@@ -110,9 +111,12 @@ def run_with_rounds(host: AgentHost, rounds: RoundWatch | None, hooks: HostHooks
     if rounds is None:
         host.hooks = hooks
         return host.run()
+    from ..dispatch.roundwatch import HOSTED_LOOK_S  # loaded already: ``rounds`` is one
+
     deadline = _Deadline(host)
     rounds.on_deadline = deadline.ask
     rounds.host_key = lambda: host.key
+    rounds.look_s = HOSTED_LOOK_S  # the host pokes the thread whenever it takes mail
 
     def started(the_host: AgentHost) -> None:
         if registered is not None:

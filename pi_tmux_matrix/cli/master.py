@@ -28,7 +28,8 @@ from ..rehost import rehost
 from ..settings import load_settings
 from ..supervise.claim import check_claim
 from ..supervise.handoff_text import handoff_line
-from ..supervise.host import AgentHost, HostSpec
+from ..supervise.host import AgentHost
+from ..supervise.hostspec import HostSpec
 from ..supervise.master import TASK_STATES, ActivationReport, Decision, TtyPrompter
 from ..supervise.master_session import BRIDGE_FLAG, MasterSession, MasterTerms, bridged_pi
 from ..supervise.relaunch import Relauncher

@@ -49,15 +49,20 @@ from .watch import InHost, Watcher, drain_pipe
 if TYPE_CHECKING:
     import pluggy
 
-__all__ = ["FINISH_WAIT_S", "IDLE_LOOK_S", "RoundWatch"]
+__all__ = ["FINISH_WAIT_S", "HOSTED_LOOK_S", "IDLE_LOOK_S", "RoundWatch"]
 
 log = logging.getLogger(__name__)
 # How long the host waits for its round thread at the end: the open round's claim wait (5 s)
 # and the last drain of the pane, with margin.
 FINISH_WAIT_S: Final = 10.0
-# With no round open, the job is looked at this often even unwoken (a host whose inotify was
-# refused polls its mail; a wake is the fast path, this the net).
+# With no round open, or an open round quiet, the job is looked at this often even unwoken: the
+# net under the wakes. Beside no host (the matrix off) nothing wakes the thread, so this is how
+# soon it sees a follow-up.
 IDLE_LOOK_S: Final = 30.0
+# In a host, which wakes the thread whenever it takes mail (a follow-up's prompt, a stop; by
+# inotify, or by its own polls when inotify is refused), the net only has to catch what came
+# without mail: a long one keeps an idle fleet quiet (docs/decisions.md#an-idle-fleet-is-quiet).
+HOSTED_LOOK_S: Final = 120.0
 RETRY_S: Final = (1.0, 5.0, 30.0)  # pauses before the thread starts over after a failure
 
 
@@ -77,6 +82,7 @@ class RoundWatch:
     # switch changes it; None: nothing registered, the matrix is off).
     on_deadline: Callable[[], None] | None = None
     host_key: Callable[[], str] | None = None
+    look_s: float = IDLE_LOOK_S  # the net: HOSTED_LOOK_S once a host pokes the thread on mail
     _fifo: tuple[int, int] | None = None
     _fifo_path: Path | None = None
     _piped: bool = False
@@ -173,7 +179,7 @@ class RoundWatch:
         jobs, watched = JobStore(self.store), self.skip_through
         in_host = InHost(
             os.getpid(), self._done[0], self._wake[0], self._deadline_stop,
-            key=self.host_key, exit_code=lambda: self._exit_code,
+            key=self.host_key, exit_code=lambda: self._exit_code, look_s=self.look_s,
         )  # fmt: skip
         loaded: list[pluggy.PluginManager] = []
 
@@ -217,7 +223,7 @@ class RoundWatch:
             fifo = self._read_fd()
             if fifo is not None:
                 selector.register(fifo, selectors.EVENT_READ)
-            until = time.monotonic() + IDLE_LOOK_S
+            until = time.monotonic() + self.look_s
             while time.monotonic() < until:
                 ready = {key.fd for key, _ in selector.select(max(0.0, until - time.monotonic()))}
                 if self._done[0] in ready:

@@ -71,6 +71,7 @@ class InHost:
     # matrix is off), and ``exit_code`` says how the agent ended.
     key: Callable[[], str] | None = None
     exit_code: Callable[[], int | None] = lambda: None
+    look_s: float = 30.0  # a quiet round's job is looked at this often unwoken (the thread's net)
 
 
 @attrs.define
@@ -265,7 +266,8 @@ class Watcher:
         if remaining <= 0:
             self.on_deadline()
             return True
-        ready = selector.select(timeout=min(remaining, FOLLOW_POLL_S if follow_fd is not None else 30.0))
+        quiet = self.in_host.look_s if self.in_host is not None else 30.0
+        ready = selector.select(timeout=min(remaining, FOLLOW_POLL_S if follow_fd is not None else quiet))
         for key, _ in ready:
             if key.data == "host":
                 self._drain(self.pipe_fd if self.follow is None else None, follow_fd)
@@ -284,6 +286,8 @@ class Watcher:
                 drain_pipe(key.fd)
                 if self.superseded():
                     return True
+                # Just looked: not again below (an idle fleet's every wake read the job twice).
+                self._next_look = time.monotonic() + SUPERSEDED_EVERY_S
         if follow_fd is None and self.in_host is None:
             return self.superseded()
         if follow_fd is not None and self._read_follow(follow_fd):

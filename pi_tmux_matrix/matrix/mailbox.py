@@ -28,11 +28,12 @@ import attrs
 
 from .. import strictjson
 from ..errors import ContractError, CorruptEntry, PiMatrixError, StateDirError, StoreError
+from ..identity import Role, entry_key
 from ..settings import EVENTS_MAX_BYTES
 from ..strictjson import JSONObject
 from .fsio import DIR_FLAGS, durable_write, open_append, opened_dir, read_bounded, read_tail
 from .layout import MAILBOX, inbox_name, notices_name
-from .model import MAX_REASON, MAX_TEXT, Outcome
+from .model import MAX_REASON, MAX_TEXT, Entry, Outcome
 from .store import MatrixStore, now_ms
 
 __all__ = [
@@ -44,6 +45,7 @@ __all__ = [
     "Message",
     "RoundEnd",
     "addressee",
+    "announce_handoffs",
     "encode_message",
     "parse_round",
     "round_message",
@@ -52,10 +54,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # Owner commands, what the pi bridge reports from inside the session (identity, result, bridge),
-# the job watcher's word that a round ended with the agent's marker (round), and a background
-# fork's result for the session (fork_result).
+# the job watcher's word that a round ended with the agent's marker (round), a background fork's
+# result for the session (fork_result), and a worker's word to its master that its entry holds a
+# new handoff (handoff: see :func:`announce_handoffs`).
 MESSAGE_KINDS: Final = frozenset(
     {
+        "handoff",
         "steer",
         "prompt",
         "abort",
@@ -214,16 +218,31 @@ class Inbox:
         """Queue a command (durable: temp, fsync, rename, fsync the folder, so the host never reads
         half of it and an acknowledged message survives a crash), addressed to the host generation
         ``to`` when the sender knows it (see :class:`Message`)."""
+        posted = self._post(kind, text, sender, to=to, durable=True)
+        assert posted is not None  # a durable post makes the folder
+        return posted
+
+    def nudge(self, kind: str, text: str, sender: str) -> Path | None:
+        """A word that only says "look now" at what is durable elsewhere: whole, not made durable
+        (a crash that undoes it leaves the host's next full pass to find the same), and only into
+        a mailbox its host already made (None otherwise: no folder is made for nobody)."""
+        return self._post(kind, text, sender, to=None, durable=False)
+
+    def _post(
+        self, kind: str, text: str, sender: str | None, *, to: str | None, durable: bool
+    ) -> Path | None:
         body = encode_message(kind, text, sender, to=to)
         name = f"{now_ms():015d}-{os.urandom(4).hex()}.json"
-        directory = self.store.side_dir(MAILBOX, inbox_name(self.key))
+        directory = self.store.side_dir(MAILBOX, inbox_name(self.key)) if durable else self.path
         final = directory / name
         try:
             with opened_dir(directory, create=False) as dir_fd:
-                if dir_fd is None:  # pragma: no cover - side_dir just made it
+                if dir_fd is None:
+                    if not durable:
+                        return None  # no host made this mailbox: nobody to tell
                     raise StoreError(f"{directory}: the mailbox folder is gone", path=str(directory))
                 # The one durable write of the state dir (a unique name: no lock needed).
-                durable_write(dir_fd, name, body, exclusive=False, path=str(final))
+                durable_write(dir_fd, name, body, exclusive=False, path=str(final), sync_dir=durable)
         except StateDirError:
             raise  # an unsafe mailbox folder says so itself (and exits as a usage error)
         except StoreError as exc:
@@ -311,6 +330,21 @@ def addressee(store: MatrixStore, key: str, host_pid: int | None = None) -> str 
     if entry is None or (host_pid is not None and entry.pid != host_pid):
         return None
     return entry.registration
+
+
+def announce_handoffs(store: MatrixStore, before: Entry | None, after: Entry) -> None:
+    """After a write that gave ``after`` a handoff ``before`` did not have: a word to the inbox of
+    each master it is addressed to, whose host then delivers it at once. Masters are not woken by
+    every write of every worker's entry (a hundred workers' heartbeats), only by this; a word
+    lost (a crash, a full disk, a master not there yet) leaves the handoff to the master's next
+    full pass (docs/decisions.md#handoffs-are-pushed-not-polled)."""
+    known = {h.id for h in before.handoffs} if before is not None else set()
+    sessions = {h.parent_session_id for h in after.undelivered if h.id not in known and h.parent_session_id}
+    for session in sorted(sessions):
+        try:
+            Inbox(store, entry_key(Role.MASTER, session)).nudge("handoff", after.key, sender=after.key)
+        except PiMatrixError as exc:
+            log.info("%s: its master %s was not told of its handoff: %s", after.key, session, exc)
 
 
 class AgentNotices:

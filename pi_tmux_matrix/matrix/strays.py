@@ -16,6 +16,7 @@ from .. import procs
 from ..errors import NotFound, PiMatrixError
 from ..identity import Mode, ProcessIdentity
 from . import lifecycle
+from .mailbox import announce_handoffs
 from .model import Entry, ExitKind, ExitRecord, Status
 from .store import MatrixStore, now_ms
 
@@ -76,4 +77,7 @@ def stop_stray(store: MatrixStore, entry: Entry, *, grace_s: float) -> Entry | N
         written = store.update(entry.key, finish)
     except NotFound:
         return None
-    return written if written.exit == ended else None
+    if written.exit != ended:
+        return None
+    announce_handoffs(store, entry, written)
+    return written

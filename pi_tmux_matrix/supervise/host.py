@@ -31,9 +31,8 @@ from typing import IO, Final
 import attrs
 
 from .. import procs, strictjson
-from ..contract import LaunchContract
 from ..errors import PiMatrixError
-from ..identity import AgentIdentityContract, Mode, ProcessIdentity, Role, validate_id, validate_task_ref
+from ..identity import Mode, ProcessIdentity, Role, validate_id, validate_task_ref
 from ..matrix import lifecycle
 from ..matrix.mailbox import MAX_MESSAGE_BYTES, AgentNotices, EventLog, Message
 from ..matrix.model import Entry, ExitKind, Status
@@ -43,13 +42,14 @@ from ..settings import MatrixSettings
 from .bridge_reports import BRIDGE_KINDS, BridgeReports, SessionReport
 from .child import AgentChild, child_env, exit_code_of
 from .claim import Yielding
+from .hostspec import HostHooks, HostSpec
 from .record import OwnRecord
 from .rounds import Rounds
 from .rpc import RPC_TAG
 from .timers import Timers
 from .worker import PARENT_TAG, Phase, WorkerSide
 
-__all__ = ["AgentHost", "HostHooks", "HostSpec", "Phase", "exit_code_of"]
+__all__ = ["AgentHost", "Phase", "exit_code_of"]
 
 log = logging.getLogger(__name__)
 # The selector's tags for what the loop waits on (the parent's pidfd and rpc stdout are tagged
@@ -58,43 +58,6 @@ CHILD_TAG: Final = "child"
 SIGNAL_TAG: Final = "signal"
 INOTIFY_TAG: Final = "inotify"  # the process's one inotify instance: our inbox, a master's state dir
 ROUND_END_WAIT_S: Final = 1.5  # an agent that ended by itself: how long its round's marker may lag
-
-
-@attrs.frozen(kw_only=True)
-class HostSpec:
-    """Everything the host needs to know before it starts."""
-
-    argv: tuple[str, ...]
-    identity: AgentIdentityContract
-    contract: LaunchContract
-    mode: Mode = Mode.INTERACTIVE
-    task_summary: str = ""
-    deadline_s: float | None = None
-    stop_grace_s: float = 3.0
-    rpc_prompt: str | None = None
-    role: Role | None = None  # None: worker iff the contract declares a valid parent
-    # Rehosting: the live agent of a dead host, taken over instead of starting ``argv``, and the
-    # generation of the launcher's claim on the entry (the registration is fenced by it).
-    take_over: ProcessIdentity | None = None
-    claim: str | None = None
-    rounds_watched: bool = False  # a job's watcher reports the agent's marker rounds (supervise/rounds)
-
-
-@attrs.define
-class HostHooks:
-    """Extension points the master uses (activation, delivery on every tick)."""
-
-    on_registered: Callable[[AgentHost], None] | None = None
-    on_tick: Callable[[AgentHost], None] | None = None
-    on_switch: Callable[[AgentHost, str], None] | None = None
-    # The agent's session shut down (its child ended): what depends on it is ended too, e.g. its
-    # running fork runs (docs/decisions.md#a-fork-stops-with-its-parent-session); fork/ sits
-    # above supervise/, so the program wires it in.
-    on_agent_end: Callable[[AgentHost], None] | None = None
-    # Sees the record the first registration replaces, under its lock; raising refuses it.
-    may_register: Callable[[Entry | None], None] | None = None
-    # After each look at the inbox (new mail, at once with inotify): e.g. a handoff pi took.
-    on_wake: Callable[[AgentHost], None] | None = None
 
 
 class AgentHost:
@@ -129,6 +92,7 @@ class AgentHost:
         )  # fmt: skip
         self.reports = BridgeReports(artifacts=str(store.root / "artifacts"))
         self.rounds = Rounds(self.record, self.reports, self.record.events)
+        self.handoffs_told: set[str] = set()  # the workers whose word of a new handoff came
         self._selector: selectors.BaseSelector | None = None
 
     # What the program reads of its host (cli/master.py: its hooks, and ``reports`` for delivery).
@@ -296,17 +260,22 @@ class AgentHost:
                 self.agent.tell("fork_result", message.text)
             elif message.kind == "switch":
                 self._switch_from_message(message.text)
+            elif message.kind == "handoff":
+                self.handoffs_told.add(message.text)  # a master's delivery takes them (on_wake)
             elif message.kind in BRIDGE_KINDS:
                 report = self.reports.receive(message.kind, message.text, self.events)
                 if report is not None:
                     self._follow_session(report)
                 self.rounds.settle(time.monotonic())  # the artifact a round waits for may be in
 
-    def wake(self) -> None:
-        """New mail, or a directive announced: look now rather than at the next tick."""
-        self.handle_messages(self.record.mail())
-        self.worker.check_entry()
-        if self.hooks.on_wake is not None and not self.record.superseded:
+    def wake(self, *, net: bool = False) -> None:
+        """New mail, or a directive announced: look now rather than at the next tick. ``net``: the
+        poll's look, the safety net under inotify; it tells ``on_wake`` only when it found mail,
+        so an idle host's tick wakes nothing else (docs/decisions.md#an-idle-fleet-is-quiet)."""
+        current, messages = self.record.look()
+        self.handle_messages(messages)
+        self.worker.check_entry(current)
+        if self.hooks.on_wake is not None and not self.record.superseded and (messages or not net):
             self.hooks.on_wake(self)
 
     # -- the loop -------------------------------------------------------------------------------------
@@ -417,12 +386,13 @@ class AgentHost:
     def _on_timers(self, timers: Timers) -> None:
         now = time.monotonic()
         self.rounds.settle(now)
-        if timers.poll.due(now):
+        polled = timers.poll.due(now)
+        if polled:
             self.worker.poll()
-            self.wake()
+            self.wake(net=True)
         if self.record.mail_watch is None and timers.inbox.due(now):
-            self.handle_messages(self.record.mail())
-        if timers.beat.due(now):
+            self.wake(net=True)
+        if timers.beat_due(now, polled=polled):
             beat = now_ms()
             # Whole, not durable: a crash that undoes a beat ended this host too
             # (docs/decisions.md#a-heartbeat-is-whole-but-not-made-durable).

@@ -21,15 +21,15 @@ import attrs
 
 from .. import procs
 from ..errors import Conflict, ContractError
-from ..identity import AgentIdentityContract, Role
+from ..identity import KEY_PATTERN, AgentIdentityContract, Role
 from ..matrix import lifecycle
 from ..matrix.model import Entry, Handoff, Status
 from ..matrix.store import MatrixStore, now_ms
 from ..piversion import program_length
 from .claim import check_claim, live_master, stray_agent, take_over
-from .feed import EntryFeed
 from .handoff_text import handoff_message
-from .host import AgentHost, HostHooks
+from .host import AgentHost
+from .hostspec import HostHooks
 from .master import ActivationReport, Decision, Master, Prompter, one_shot
 
 if TYPE_CHECKING:
@@ -256,14 +256,15 @@ class MasterSession:
         self.acks = ThreadPoolExecutor(ACK_THREADS, thread_name_prefix="handoff-ack")
         self.master = self._master_at(host.me, deliver=True)
         self.view.activated(self.master.activate())
-        # A worker's handoff is seen as it is written, not at the heartbeat: on the host's own
-        # inotify instance (a master holds one, like every agent).
-        EntryFeed(str(self.terms.store.root), host.key, host.record.watches, self._deliver)
 
     def on_wake(self, host: AgentHost) -> None:
-        # pi took some handoffs (its bridge's report came in): acknowledge them now. At the first
-        # report (pi is ready) what was held is posted (docs/decisions.md#handoffs-go-in-when-pi-is-ready).
+        # A worker's word that its entry holds a new handoff, and pi's taking of some (its
+        # bridge's report came in): delivered and acknowledged now
+        # (docs/decisions.md#handoffs-are-pushed-not-polled). At the first report (pi is ready)
+        # what was held is posted (docs/decisions.md#handoffs-go-in-when-pi-is-ready).
         keys: set[str] | None = {k for h, k in self.awaiting.items() if h in host.reports.handoffs_accepted}
+        keys = (keys or set()) | {k for k in host.handoffs_told if KEY_PATTERN.fullmatch(k)}
+        host.handoffs_told.clear()
         if host.reports.seen and not self.ready:
             self.ready, keys = True, None
         self._deliver(keys)

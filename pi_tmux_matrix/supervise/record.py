@@ -14,7 +14,7 @@ import attrs
 
 from ..errors import Conflict, PiMatrixError
 from ..inotify import Watches, errno_name
-from ..matrix.mailbox import AgentNotices, EventLog, Inbox, Message
+from ..matrix.mailbox import AgentNotices, EventLog, Inbox, Message, announce_handoffs
 from ..matrix.model import Entry
 from ..matrix.store import MatrixStore
 from ..settings import EVENTS_MAX_BYTES
@@ -77,7 +77,8 @@ class OwnRecord:
         ``durable=False``: whole but not made durable (a heartbeat: see the host's beat)."""
         if self.superseded:
             return None
-        before = self.entry.status if self.entry is not None else None
+        known = self.entry
+        before = known.status if known is not None else None
         try:
             entry = self.store.update(self.key, change, registration=self.registration, sync_dir=durable)
         except Conflict as exc:
@@ -89,6 +90,7 @@ class OwnRecord:
         self.entry = entry
         if entry.status is not before:
             self.events.write("status", status=entry.status.value, reason=entry.reason)
+        announce_handoffs(self.store, known, entry)  # a new handoff: its master looks now
         return entry
 
     def read(self) -> Entry | None:
@@ -142,13 +144,18 @@ class OwnRecord:
         """Our owner's messages. None once a newer generation owns the key (it reads them now);
         a message addressed to another generation of our key (a host that died before reading
         it) is dropped, never acted on: a stale stop must not stop a freshly resumed agent."""
-        self.read()  # a newer generation's mail is its own: look before taking any
+        return self.look()[1]
+
+    def look(self) -> tuple[Entry | None, list[Message]]:
+        """Our entry as it is on disk now (as :meth:`read`) and our mail (as :meth:`mail`), from
+        one read of the entry: a host's every look needs both."""
+        current = self.read()  # a newer generation's mail is its own: look before taking any
         if self.superseded:
-            return []
+            return None, []
         kept: list[Message] = []
         for message in self.inbox.take():
             if message.to is not None and message.to != self.registration:
                 self.events.write("message_dropped", kind=message.kind, to=message.to)
                 continue
             kept.append(message)
-        return kept
+        return current, kept

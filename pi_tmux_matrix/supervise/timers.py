@@ -29,8 +29,9 @@ class Every:
     def starting(cls, period: float, now: float) -> Every:
         return cls(period, now + period)
 
-    def due(self, now: float) -> bool:
-        if now < self.next:
+    def due(self, now: float, early: float = 0.0) -> bool:
+        """Due now; or, with ``early``, due within that long (then taken now, never later)."""
+        if now < self.next - early:
             return False
         self.next = now + self.period
         return True
@@ -65,6 +66,13 @@ class Timers:
             due.append(self.deadline)
         due.extend(at for at in others if at is not None)
         return max(0.0, min(due) - now)
+
+    def beat_due(self, now: float, *, polled: bool) -> bool:
+        """The heartbeat: due, or, on a poll's wake, due before the next poll: it rides that wake,
+        early, rather than waking the loop again (never late). With the default 25 s poll and
+        30 s beat an idle host wakes once per poll, not twice per 30 s: each wake of a sleeping
+        process costs more than its work (docs/decisions.md#an-idle-fleet-is-quiet)."""
+        return self.beat.due(now, self.poll.period if polled else 0.0)
 
     def deadline_passed(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline

@@ -330,10 +330,11 @@ class WorkerSide:
         self.grace_deadline = time.monotonic() + self.grace_s
 
     # -- how the grace window ends ------------------------------------------------------------------
-    def check_entry(self) -> None:
-        """Read our entry (lock-free) and act on a master's directive: a cleanup stops the child, a
-        grant to a live master adopts the worker."""
-        current = self.record.read()
+    def check_entry(self, current: Entry | None = None) -> None:
+        """Act on a master's directive in our entry (``current``, else read now, lock-free): a
+        cleanup stops the child, a grant to a live master adopts the worker."""
+        if current is None:
+            current = self.record.read()
         if current is None:
             return
         directive = current.directive
