@@ -34,8 +34,8 @@ from pi_tmux_matrix.matrix.mailbox import Inbox
 from pi_tmux_matrix.matrix.model import Entry
 from pi_tmux_matrix.matrix.store import ListResult, MatrixStore, now_ms
 from pi_tmux_matrix.settings import MatrixSettings
-from pi_tmux_matrix.supervise.host import AgentHost
-from pi_tmux_matrix.supervise.hostspec import HostHooks, HostSpec
+from pi_tmux_matrix.supervise.host import AgentHost, HostHooks
+from pi_tmux_matrix.supervise.hostspec import HostSpec
 from pi_tmux_matrix.supervise.record import OwnRecord
 from pi_tmux_matrix.supervise.worker import ParentState, WorkerSide
 

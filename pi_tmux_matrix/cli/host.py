@@ -30,8 +30,8 @@ from ..matrix.tickets import LaunchTickets, Taken
 from ..piversion import is_pi_program
 from ..programs import agent_argv
 from ..settings import load_settings
-from ..supervise.host import AgentHost
-from ..supervise.hostspec import HostHooks, HostSpec
+from ..supervise.host import AgentHost, HostHooks
+from ..supervise.hostspec import HostSpec
 from .base import add_verb, store_of
 from .host_rounds import job_agent_of, rounds_for, run_unregistered, run_with_rounds
 

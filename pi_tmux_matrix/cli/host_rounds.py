@@ -31,8 +31,7 @@ from ..errors import PiMatrixError
 from ..identity import Role
 from ..matrix.model import ExitKind
 from ..programs import agent_argv
-from ..supervise.host import AgentHost
-from ..supervise.hostspec import HostHooks
+from ..supervise.host import AgentHost, HostHooks
 
 if TYPE_CHECKING:
     from ..dispatch.roundwatch import RoundWatch

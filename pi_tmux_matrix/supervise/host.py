@@ -42,14 +42,14 @@ from ..settings import MatrixSettings
 from .bridge_reports import BRIDGE_KINDS, BridgeReports, SessionReport
 from .child import AgentChild, child_env, exit_code_of
 from .claim import Yielding
-from .hostspec import HostHooks, HostSpec
+from .hostspec import HostSpec
 from .record import OwnRecord
 from .rounds import Rounds
 from .rpc import RPC_TAG
 from .timers import Timers
 from .worker import PARENT_TAG, Phase, WorkerSide
 
-__all__ = ["AgentHost", "Phase", "exit_code_of"]
+__all__ = ["AgentHost", "HostHooks", "Phase", "exit_code_of"]
 
 log = logging.getLogger(__name__)
 # The selector's tags for what the loop waits on (the parent's pidfd and rpc stdout are tagged
@@ -58,6 +58,23 @@ CHILD_TAG: Final = "child"
 SIGNAL_TAG: Final = "signal"
 INOTIFY_TAG: Final = "inotify"  # the process's one inotify instance: our inbox, a master's state dir
 ROUND_END_WAIT_S: Final = 1.5  # an agent that ended by itself: how long its round's marker may lag
+
+
+@attrs.define
+class HostHooks:
+    """Extension points the master uses (activation, delivery on every tick)."""
+
+    on_registered: Callable[[AgentHost], None] | None = None
+    on_tick: Callable[[AgentHost], None] | None = None
+    on_switch: Callable[[AgentHost, str], None] | None = None
+    # The agent's session shut down (its child ended): what depends on it is ended too, e.g. its
+    # running fork runs (docs/decisions.md#a-fork-stops-with-its-parent-session); fork/ sits
+    # above supervise/, so the program wires it in.
+    on_agent_end: Callable[[AgentHost], None] | None = None
+    # Sees the record the first registration replaces, under its lock; raising refuses it.
+    may_register: Callable[[Entry | None], None] | None = None
+    # After each look at the inbox (new mail, at once with inotify): e.g. a handoff pi took.
+    on_wake: Callable[[AgentHost], None] | None = None
 
 
 class AgentHost:

@@ -28,8 +28,7 @@ from ..matrix.store import MatrixStore, now_ms
 from ..piversion import program_length
 from .claim import check_claim, live_master, stray_agent, take_over
 from .handoff_text import handoff_message
-from .host import AgentHost
-from .hostspec import HostHooks
+from .host import AgentHost, HostHooks
 from .master import ActivationReport, Decision, Master, Prompter, one_shot
 
 if TYPE_CHECKING:
