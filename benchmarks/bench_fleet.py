@@ -177,13 +177,7 @@ def spawn_master(env: dict[str, str], state: Path) -> subprocess.Popen[bytes]:
 
 def stop_all(identities: Iterable[ProcessIdentity]) -> None:
     """TERM, then KILL what is left, each process by its identity (a reused pid is left alone)."""
-    targets = list(identities)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for ident in targets:
-            procs.send_signal(ident, sig)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(procs.is_alive(t) for t in targets):
-            time.sleep(0.05)
+    procs.stop(identities, 5.0, kill_wait_s=5.0)
 
 
 def fleet_processes(store: MatrixStore) -> list[ProcessIdentity]:

@@ -15,7 +15,7 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from .identity import ProcessIdentity
@@ -23,7 +23,7 @@ from .identity import ProcessIdentity
 __all__ = [
     "ProcessIdentity", "SignalWakeup", "ancestors", "boot_id", "cpu_seconds", "current", "die_with_parent",
     "group_members", "identify", "is_alive", "open_pidfd", "process_state", "rss_bytes", "running_pids",
-    "send_signal", "signal_group", "stop_group", "usage", "wait_for_exit", "with_argument",
+    "send_signal", "signal_group", "stop", "stop_group", "usage", "wait_for_exit", "with_argument",
 ]  # fmt: skip
 
 _BOOT_ID_PATH: Final = "/proc/sys/kernel/random/boot_id"
@@ -299,6 +299,35 @@ def group_members(leader: ProcessIdentity) -> list[ProcessIdentity]:
                 grew = True
     chosen.discard(os.getpid())  # never this process, whatever it belongs to
     return [ProcessIdentity(pid, table[pid][3], leader.boot_id) for pid in sorted(chosen)]
+
+
+KILL_WAIT_S: Final = 2.0  # after SIGKILL: only the kernel's own work is left
+
+
+def stop(
+    targets: Iterable[ProcessIdentity | None],
+    grace_s: float,
+    *,
+    group: bool = False,
+    kill_wait_s: float = KILL_WAIT_S,
+) -> list[ProcessIdentity]:
+    """The one stop by identity: SIGTERM to each of ``targets`` still alive (with ``group``, to
+    the group each leads), up to ``grace_s`` for all to leave, then SIGKILL to whoever is left and
+    up to ``kill_wait_s`` more. Each signal goes only to the very process (checked right before the
+    send: :func:`send_signal`). Returns those still alive after all that (none, normally)."""
+    alive = [t for t in targets if t is not None and is_alive(t)]
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, kill_wait_s)):
+        for target in alive:
+            send_signal(target, sig, group=group)
+        deadline = time.monotonic() + wait_s
+        while alive and time.monotonic() < deadline:
+            alive = [t for t in alive if is_alive(t)]
+            if alive:
+                time.sleep(0.05)
+        alive = [t for t in alive if is_alive(t)]
+        if not alive:
+            break
+    return alive
 
 
 def stop_group(leader: ProcessIdentity, grace_s: float = 5.0) -> bool:

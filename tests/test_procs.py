@@ -330,3 +330,34 @@ def test_send_signal_refuses_a_stale_identity(
     gone = dead_pid(owned)
     ghost = ProcessIdentity(gone, identity.start_ticks, identity.boot_id)
     assert procs.send_signal(ghost, signal.SIGTERM) is False
+
+
+# --- the one stop by identity ----------------------------------------------------------------------
+
+
+def test_stop_terms_then_kills_what_stays_and_leaves_a_reused_pid_alone(
+    owned: list[subprocess.Popen[bytes]],
+) -> None:
+    """SIGTERM to each, the grace, SIGKILL to whoever ignored it; an identity whose pid now names
+    another process (other start ticks) is never signalled."""
+    ignore_term = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('ready', flush=True); time.sleep(60)"
+    )
+    stubborn = subprocess.Popen(
+        [sys.executable, "-c", ignore_term], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
+    )
+    owned.append(stubborn)
+    assert stubborn.stdout is not None and stubborn.stdout.readline() == b"ready\n"
+    polite, polite_id = sleeper(owned)
+    bystander, bystander_id = sleeper(owned)
+    stubborn_id = procs.identify(stubborn.pid)
+    assert stubborn_id is not None
+    impostor = ProcessIdentity(bystander_id.pid, bystander_id.start_ticks + 1, bystander_id.boot_id)
+    t0 = time.monotonic()
+    assert procs.stop([stubborn_id, polite_id, impostor, None], 0.5) == []
+    assert time.monotonic() - t0 < 30  # a generous bound: the grace, then SIGKILL
+    assert stubborn.wait(10) == -signal.SIGKILL
+    assert polite.wait(10) == -signal.SIGTERM
+    assert procs.is_alive(bystander_id)  # not the impostor's to stop
+    assert bystander.poll() is None

@@ -283,13 +283,7 @@ class Demo:
         with suppress(PiMatrixError, OSError):
             for entry in self.store.list().entries:
                 targets += [i for i in (entry.process, entry.child_process) if i is not None]
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            alive = [t for t in targets if procs.is_alive(t)]
-            for identity in alive:
-                procs.send_signal(identity, sig)
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and any(procs.is_alive(t) for t in alive):
-                time.sleep(0.05)
+        procs.stop(targets, 5.0, kill_wait_s=5.0)
         if self.tmux:
             from ..dispatch.tmux import TmuxServer
 

@@ -147,11 +147,7 @@ def run_unregistered(argv: list[str], rounds: RoundWatch, io: Io) -> int:
     identity = procs.identify(child.pid)
 
     def stop() -> None:  # the round thread: SIGTERM, a grace, then SIGKILL, by identity
-        if identity is None:
-            return
-        procs.send_signal(identity, signal.SIGTERM)
-        if not procs.wait_for_exit(identity, UNREGISTERED_STOP_GRACE_S):
-            procs.send_signal(identity, signal.SIGKILL)
+        procs.stop([identity], UNREGISTERED_STOP_GRACE_S)
 
     rounds.on_deadline = stop
     # As the agent would have: a stop or hang-up ends it; Ctrl-C already reached it from the tty.

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import signal
 import time
 from collections.abc import Sequence
 from typing import Final
@@ -24,6 +23,7 @@ __all__ = ["STOP_WAIT_S", "STRAY_GRACE_S", "stop_agent", "stop_agents"]
 log = logging.getLogger(__name__)
 
 STOP_WAIT_S: Final = 15.0  # host stop sequence: request + grace + SIGTERM + SIGKILL, with margin
+HOST_TERM_GRACE_S: Final = 5.0  # a host that did not finish its stop: SIGTERM, this long, SIGKILL
 STRAY_GRACE_S: Final = 5.0  # an agent without its host: SIGTERM, this long, then SIGKILL
 
 
@@ -52,16 +52,10 @@ def stop_agents(
                 asked += 1
             except PiMatrixError as exc:
                 log.warning("%s; its host gets SIGTERM instead", exc)
-    for sig, grace in ((None, wait_s if asked else 0.0), (signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
-        alive = [(a, h) for a, h in hosts if h is not None and procs.is_alive(h)]
-        if not alive:
-            break
-        if sig is not None:
-            for _, host in alive:
-                procs.send_signal(host, sig)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(procs.is_alive(h) for _, h in alive):
-            time.sleep(0.05)
+    deadline = time.monotonic() + (wait_s if asked else 0.0)  # each host's own stop sequence first
+    while time.monotonic() < deadline and any(procs.is_alive(h) for _, h in hosts):
+        time.sleep(0.05)
+    procs.stop([h for _, h in hosts], HOST_TERM_GRACE_S)  # then SIGTERM (a host forwards it), SIGKILL
     survivors = [a for a, h in hosts if h is not None and procs.is_alive(h)]
     survivors += [a for a in _stop_unsupervised(store, [a for a, h in hosts if not procs.is_alive(h)])]
     for agent, host in hosts:

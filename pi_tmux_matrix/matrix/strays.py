@@ -9,9 +9,6 @@ takes such an agent over with a new host instead (``recovery.rehost``).
 
 from __future__ import annotations
 
-import signal
-from typing import Final
-
 from .. import procs
 from ..errors import NotFound, PiMatrixError
 from ..identity import Mode, ProcessIdentity
@@ -22,7 +19,6 @@ from .store import MatrixStore, now_ms
 
 __all__ = ["stop_agent", "stop_stray", "stray_agent", "unsupervised"]
 
-_KILL_WAIT_S: Final = 2.0  # after SIGKILL: only the kernel's own work is left
 
 
 def stray_agent(entry: Entry) -> ProcessIdentity | None:
@@ -44,11 +40,7 @@ def stop_agent(agent: ProcessIdentity, mode: Mode | None, grace_s: float) -> boo
     (identity checked right before the send), a print or rpc agent with its process group as its
     host would. True once it is gone."""
     group = (mode or Mode.INTERACTIVE) is not Mode.INTERACTIVE  # a print/rpc agent leads its group
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, _KILL_WAIT_S)):
-        procs.send_signal(agent, sig, group=group)
-        if procs.wait_for_exit(agent, wait_s):
-            return True
-    return not procs.is_alive(agent)
+    return not procs.stop([agent], grace_s, group=group)
 
 
 def stop_stray(store: MatrixStore, entry: Entry, *, grace_s: float) -> Entry | None:
