@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pi_tmux_matrix.cli.app import MODULES, VERB_MODULES, build_parser, verb_of
+from pi_tmux_matrix.cli.verbs import GROUPS, HIDDEN, SUMMARY
 
 IMPORT_BUDGET_US = 1_500_000  # 1.5 s of imports: ten times today's, on the slowest machine
 
@@ -69,6 +70,29 @@ def test_version_and_ls_load_only_what_they_need(tmp_path: Path) -> None:
     # An empty state dir is answered without the model, the store or attrs (about half of ls).
     assert not {"attrs", "pi_tmux_matrix.matrix.store", "pi_tmux_matrix.cli.listing"} & set(modules)
     assert sum(t for m, t in modules.items() if "." not in m) < IMPORT_BUDGET_US
+
+
+def test_help_groups_every_verb_once_and_loads_no_verb_module(tmp_path: Path) -> None:
+    """``pi-matrix --help`` for people: the verbs by group (everyday, recovery, teams and tmux,
+    setup), each verb the parser has exactly once with the summary its own parser shows, the
+    product's own verbs (host, complete-names) out of sight; and no verb's module loaded (it
+    loaded all 15 on main: 281-443 ms)."""
+    modules, out = loaded("--help", cwd=tmp_path)
+    verb_modules = {m for m in modules if m.startswith("pi_tmux_matrix.cli.") and m.split(".")[-1] in MODULES}
+    assert verb_modules == set(), sorted(verb_modules)
+    assert not {"attrs", "pi_tmux_matrix.matrix.store"} & set(modules)
+    titles = [line for line in out.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert titles[:4] == ["everyday:", "recovery:", "teams and tmux:", "setup:"], titles
+    whole = build_parser()
+    sub = next(a for a in whole._actions if isinstance(a, argparse._SubParsersAction))
+    shown = {action.dest: action.help for action in sub._choices_actions}
+    assert set(shown) == set(sub.choices) - HIDDEN == set(SUMMARY)
+    listed = [line.split()[0] for line in out.splitlines() if line.startswith("  ") and line[2] != " "]
+    for verb, summary in shown.items():
+        assert summary == SUMMARY[verb]
+        assert listed.count(verb) == 1, verb
+    assert not HIDDEN & set(listed)
+    assert sorted(v for _title, verbs in GROUPS for v in verbs) == sorted(SUMMARY)
 
 
 def test_listing_real_entries_needs_no_cattrs(tmp_path: Path) -> None:

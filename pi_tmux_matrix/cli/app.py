@@ -13,6 +13,7 @@ from typing import IO, Final
 from .. import __version__
 from ..errors import EXIT_FAILED, EXIT_USAGE, PiMatrixError, UsageError, exit_code_for
 from .base import EPILOG, Io, Parser
+from .verbs import top_help
 
 __all__ = ["Io", "build_parser", "main", "run"]
 
@@ -37,6 +38,7 @@ VERB_MODULES: Final = {
     "complete-names": "completion", "top": "top_screen",
     # completion walks the whole parser: not here, so it gets every verb.
 }  # fmt: skip
+DESCRIPTION: Final = "The durable process matrix for pi coding agents in tmux."
 # Verbs whose process leaves by os._exit once its command returned (see run()).
 QUICK_EXIT_VERBS: Final = frozenset({"host"})
 
@@ -62,7 +64,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     verbs of the cli module ``only``."""
     parser = Parser(
         prog="pi-matrix",
-        description="The durable process matrix for pi coding agents in tmux.",
+        description=DESCRIPTION,
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -106,6 +108,10 @@ def main(argv: Sequence[str] | None = None, *, io: Io | None = None) -> int:
     verb = verb_of(words)
     if verb is None and "--version" in words and "-h" not in words and "--help" not in words:
         io.out.write(f"pi-matrix {__version__}\n")  # what argparse would print, without the verbs
+        return 0
+    if verb is None and ("-h" in words or "--help" in words):
+        # The verbs by group from their one table, without loading a verb's module.
+        io.out.write(top_help(EPILOG, DESCRIPTION))
         return 0
     parser = build_parser(VERB_MODULES.get(verb or ""))
     try:

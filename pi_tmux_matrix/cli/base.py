@@ -20,6 +20,7 @@ from ..errors import (
     PiMatrixError,
     UsageError,
 )
+from .verbs import HIDDEN, SUMMARY
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -67,20 +68,16 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message}\n(see '{self.prog} --help')")
 
 
-def add_verb(
-    sub: Verbs, name: str, epilog: str, *, help: str | None = None, usage: str | None = None
-) -> argparse.ArgumentParser:
-    """A verb's parser, ending its help with the shared epilog (kept as written, not re-wrapped).
-
-    ``help``: leave it out to hide a verb the product runs for itself; ``usage``: argparse's own
-    when left out.
-    """
+def add_verb(sub: Verbs, name: str, epilog: str, *, usage: str | None = None) -> argparse.ArgumentParser:
+    """A verb's parser, its summary from :data:`.verbs.SUMMARY` (the one place a verb is
+    described), ending its help with the shared epilog (kept as written, not re-wrapped). A verb
+    the product runs for itself (:data:`.verbs.HIDDEN`) has no summary and is not listed."""
     raw = argparse.RawDescriptionHelpFormatter
     # argparse lists a verb in --help whenever ``help`` is passed, even as None: only a verb
     # given one gets it.
-    if help is None:
+    if name in HIDDEN:
         return sub.add_parser(name, epilog=epilog, formatter_class=raw, usage=usage)
-    return sub.add_parser(name, help=help, epilog=epilog, formatter_class=raw, usage=usage)
+    return sub.add_parser(name, help=SUMMARY[name], epilog=epilog, formatter_class=raw, usage=usage)
 
 
 def report_problems(problems: Iterable[Problem], io: Io) -> None:

@@ -7,7 +7,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from ..errors import EXIT_OK
-from .base import public_verbs, store_of
+from .base import add_verb, public_verbs, store_of
 from .names import Kind, candidates
 
 if TYPE_CHECKING:
@@ -17,17 +17,12 @@ __all__ = ["register", "verbs_and_options"]
 
 
 def register(sub: Verbs, epilog: str) -> None:
-    completion = sub.add_parser(
-        "completion",
-        help="print a shell completion script (bash, zsh or fish)",
-        epilog='bash: eval "$(pi-matrix completion bash)"   zsh: eval "$(pi-matrix completion zsh)"\n'
-        "fish: pi-matrix completion fish | source\n\n" + epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    shells = 'bash: eval "$(pi-matrix completion bash)"   zsh: eval "$(pi-matrix completion zsh)"\n'
+    completion = add_verb(sub, "completion", shells + "fish: pi-matrix completion fish | source\n\n" + epilog)
     completion.add_argument("shell", choices=["bash", "zsh", "fish"])
     completion.set_defaults(handler=cmd_completion)
     # Hidden (no help): what the completion scripts run to offer the keys and job ids on disk.
-    names = sub.add_parser("complete-names", epilog=epilog)
+    names = add_verb(sub, "complete-names", epilog)
     names.add_argument("kinds", nargs="+", choices=[kind.value for kind in Kind])
     names.set_defaults(handler=cmd_complete_names)
 

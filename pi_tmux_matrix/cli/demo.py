@@ -31,6 +31,7 @@ from ..matrix.store import MatrixStore
 from ..programs import pi_command
 from ..settings import agent_dir, load_settings
 from ..strictjson import JSONObject
+from .base import add_verb
 
 if TYPE_CHECKING:
     from .base import Io, Verbs
@@ -44,12 +45,7 @@ STEP_TIMEOUT = 20.0
 
 
 def register(sub: Verbs, epilog: str) -> None:
-    demo = sub.add_parser(
-        "demo",
-        help="the main job end to end on its own tmux socket (a master, 3 agents, a crash, a recovery)",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    demo = add_verb(sub, "demo", epilog)
     demo.add_argument(
         "--agent",
         choices=["stand-in", "pi"],

@@ -38,7 +38,6 @@ def default_socket() -> str:
 def register(sub: Verbs, epilog: str) -> None:
     fire = add_verb(
         sub, "fire", epilog,
-        help="launch agents from a launch profile or team into tmux panes (fire_task)",
         usage="pi-matrix fire (--profile NAME | --team NAME | --agent JSON... | --agents-file FILE) "
         "[options] -- TASK...",
     )
@@ -89,7 +88,7 @@ def register(sub: Verbs, epilog: str) -> None:
     )  # fmt: skip
     fire.set_defaults(handler=cmd_fire, takes_argv=True)
 
-    jobs = add_verb(sub, "jobs", epilog, help="dispatcher jobs, reconciled with tmux and process identity")
+    jobs = add_verb(sub, "jobs", epilog)
     jobs.add_argument("--all", action="store_true", help="include dismissed jobs")
     jobs.add_argument(
         "--socket",
@@ -105,14 +104,13 @@ def register(sub: Verbs, epilog: str) -> None:
     )  # fmt: skip
     jobs.set_defaults(handler=cmd_jobs)
 
-    job = add_verb(sub, "job", epilog, help="one job: its agents, their results, hosts and panes")
+    job = add_verb(sub, "job", epilog)
     job.add_argument("job_id", metavar="ID")
     job.add_argument("--json", action="store_true")
     job.set_defaults(handler=cmd_job)
 
     followup = add_verb(
-        sub, "followup", epilog, help="more work for a job's live agents (a fresh marker round)",
-        usage="pi-matrix followup ID [--agent A] -- TEXT...",
+        sub, "followup", epilog, usage="pi-matrix followup ID [--agent A] -- TEXT...",
     )  # fmt: skip
     followup.add_argument("job_id", metavar="ID")
     followup.add_argument("--agent", metavar="A", help="only this agent of the job")
@@ -120,14 +118,14 @@ def register(sub: Verbs, epilog: str) -> None:
     followup.set_defaults(handler=cmd_followup, takes_argv=True)
 
     dismiss = add_verb(
-        sub, "dismiss", epilog, help="done with a finished job: stop its idle agents, hide it"
+        sub, "dismiss", epilog
     )
     dismiss.add_argument("job_id", metavar="ID")
     dismiss.add_argument("--json", action="store_true")
     dismiss.set_defaults(handler=cmd_dismiss)
 
     resume = add_verb(
-        sub, "resume", epilog, help="relaunch a resumable worker into its exact session file"
+        sub, "resume", epilog
     )
     resume.add_argument("key", metavar="KEY")
     resume.add_argument("--dry-run", action="store_true", help="print argv, env and cwd; start nothing")
@@ -145,7 +143,7 @@ def register(sub: Verbs, epilog: str) -> None:
     resume.set_defaults(handler=cmd_resume)
 
     profiles = add_verb(
-        sub, "profiles", epilog, help="the launch profiles and teams in force, and their files"
+        sub, "profiles", epilog
     )
     profiles.add_argument("--json", action="store_true")
     profiles.set_defaults(handler=cmd_profiles)

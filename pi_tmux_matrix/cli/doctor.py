@@ -19,6 +19,7 @@ from ..piversion import node_for, parse_version, pi_info, supported, supported_r
 from ..programs import pi_command
 from ..settings import FIELDS, agent_dir, load_settings, resolve_state_dir
 from ..strictjson import JSONObject
+from .base import add_verb
 
 if TYPE_CHECKING:
     from .base import Io, Verbs
@@ -27,12 +28,7 @@ __all__ = ["register"]
 
 
 def register(sub: Verbs, epilog: str) -> None:
-    doctor = sub.add_parser(
-        "doctor",
-        help="check tmux, pidfd, the state dir, node, pi and its fd and rg, and show the settings in force",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    doctor = add_verb(sub, "doctor", epilog)
     doctor.add_argument("--json", action="store_true")
     doctor.set_defaults(handler=cmd_doctor)
 

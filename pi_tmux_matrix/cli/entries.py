@@ -21,7 +21,7 @@ __all__ = ["register"]
 
 def register(sub: Verbs, epilog: str) -> None:
     """Add the entry verbs to the top-level subparsers."""
-    ls = add_verb(sub, "ls", epilog, help="list every entry; 'alive' is judged by process identity")
+    ls = add_verb(sub, "ls", epilog)
     shape = ls.add_mutually_exclusive_group()  # one output shape: both is a usage error (exit 2)
     shape.add_argument(
         "--json", action="store_true", help="print a JSON array of the stored entries plus 'alive'"
@@ -30,8 +30,7 @@ def register(sub: Verbs, epilog: str) -> None:
     ls.set_defaults(handler=cmd_ls)
 
     show = add_verb(
-        sub, "show", epilog,
-        help="one entry: status, identity, directive, payload, handoffs, blocked tool calls"
+        sub, "show", epilog
     )
     show.add_argument("key", metavar="KEY", help="the entry key, <role>-<sessionId>")
     show.add_argument(
@@ -41,8 +40,7 @@ def register(sub: Verbs, epilog: str) -> None:
 
     repair = add_verb(
         sub, "repair", epilog,
-        help="move corrupt or foreign files to quarantine/ and remove dead writers' temp files",
-    )
+        )
     repair.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
     repair.add_argument("--json", action="store_true", help="print the actions as JSON")
     repair.set_defaults(handler=cmd_repair)

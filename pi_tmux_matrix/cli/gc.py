@@ -12,11 +12,12 @@ import argparse
 import json
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from ..errors import EXIT_OK, EXIT_USAGE
 from ..safetext import printable
 from .base import add_verb, confirmed, require_matrix, store_of
+from .verbs import GC_WORD
 
 if TYPE_CHECKING:
     from ..matrix.retention import Found, Plan
@@ -24,15 +25,12 @@ if TYPE_CHECKING:
 
 __all__ = ["GC_WORD", "cmd_gc", "register"]
 
-GC_WORD: Final = "yes-gc"
 
 
 def register(sub: Verbs, epilog: str) -> None:
     gc = add_verb(
         sub, "gc", epilog,
-        help=f"remove history past the retention window and what removed entries left (a preview "
-        f"without --confirm {GC_WORD})",
-    )  # fmt: skip
+        )  # fmt: skip
     gc.add_argument(
         "--older-than", type=float, metavar="DAYS",
         help="the window in days, for this run (default: processMatrix.historyRetentionDays, 30)",

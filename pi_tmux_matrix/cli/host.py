@@ -51,7 +51,6 @@ def register(sub: Verbs, epilog: str) -> None:
         sub,
         "host",
         epilog,
-        help="the agent host: register, run ARGV (after --) as its one child, supervise",
         usage="pi-matrix host [options] -- ARGV...",
     )
     add_contract_arguments(host)

@@ -17,7 +17,7 @@ from .. import procs
 from ..dispatch.lanes import LaneState, lane_states, remove_lane
 from ..errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, PiMatrixError
 from ..safetext import printable
-from .base import confirmed, store_of
+from .base import add_verb, confirmed, store_of
 from .dispatch import dump_json
 
 if TYPE_CHECKING:
@@ -31,10 +31,9 @@ PRUNE_WORD: Final = "yes-prune"
 
 def register(sub: Verbs, epilog: str) -> None:
     """Add ``lanes``."""
-    lanes = sub.add_parser(
-        "lanes", help="the lanes (git worktrees) of a repository and who uses them; prune idle ones",
+    lanes = add_verb(
+        sub, "lanes", epilog,
         usage=f"pi-matrix lanes [prune [--abandoned] [--confirm {PRUNE_WORD}]] [--path DIR] [--json]",
-        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     lanes.add_argument(
         "action", nargs="?", choices=["prune"], help="remove idle lanes (a preview without the word)"

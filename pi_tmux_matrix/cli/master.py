@@ -49,7 +49,6 @@ def register(sub: Verbs, epilog: str) -> None:
         sub,
         "master",
         epilog,
-        help="master activation: register, reconcile, scan for orphans, recover or ask, heartbeat",
         usage="pi-matrix master [options] [-- ARGV...]",
     )
     master.add_argument("--session-id", metavar="ID", help="this master's session id (default: a new one)")

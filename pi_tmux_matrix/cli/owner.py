@@ -47,28 +47,28 @@ __all__ = ["cmd_adopt", "cmd_cleanup", "cmd_reconcile", "cmd_scan", "cmd_send", 
 
 def register(sub: Verbs, epilog: str) -> None:
     """Add scan, reconcile, adopt, cleanup, send and stop."""
-    scan = add_verb(sub, "scan", epilog, help="orphan report (workers whose parent is dead); writes nothing")
+    scan = add_verb(sub, "scan", epilog)
     scan.add_argument("--json", action="store_true")
     scan.set_defaults(handler=cmd_scan)
 
     rec = add_verb(
-        sub, "reconcile", epilog, help="the reconciliation plan, applied under CAS unless --dry-run"
+        sub, "reconcile", epilog
     )
     rec.add_argument("--dry-run", action="store_true")
     rec.add_argument("--json", action="store_true")
     rec.set_defaults(handler=cmd_reconcile)
 
-    adopt = add_verb(sub, "adopt", epilog, help="owner-approved adoption grant for a worker")
+    adopt = add_verb(sub, "adopt", epilog)
     adopt.add_argument("key", metavar="KEY")
     adopt.add_argument("--parent-pid", type=int, metavar="PID", help="the adopting master's pid")
     adopt.add_argument("--parent-session", metavar="ID", help="the adopting master's session id")
     adopt.set_defaults(handler=cmd_adopt)
 
-    cleanup = add_verb(sub, "cleanup", epilog, help="owner-approved cooperative wind-down request")
+    cleanup = add_verb(sub, "cleanup", epilog)
     cleanup.add_argument("key", metavar="KEY")
     cleanup.set_defaults(handler=cmd_cleanup)
 
-    send = add_verb(sub, "send", epilog, help="a message to the agent through its host's mailbox")
+    send = add_verb(sub, "send", epilog)
     send.add_argument("key", metavar="KEY")
     what = send.add_mutually_exclusive_group(required=True)
     what.add_argument("--steer", metavar="TEXT")
@@ -80,8 +80,7 @@ def register(sub: Verbs, epilog: str) -> None:
         sub,
         "stop",
         epilog,
-        help="stop an agent (KEY) or a whole job (ID); needs --confirm yes-tmux-stop",
-    )
+        )
     stop.add_argument("key", nargs="?", metavar="KEY|ID", help="an entry key (worker-…) or a job id (job-…)")
     stop.add_argument(
         "--confirm",

@@ -11,8 +11,11 @@ __all__ = ["reference"]
 
 
 def reference() -> str:
-    from .app import build_parser
-    from .base import public_verbs
+    import argparse
+
+    from .app import DESCRIPTION, build_parser
+    from .base import EPILOG
+    from .verbs import GROUPS, top_help
 
     os.environ["COLUMNS"] = "100"  # argparse wraps to the terminal: fix it for a stable file
     parser = build_parser()
@@ -21,11 +24,14 @@ def reference() -> str:
         "Generated from the parser by `python -m pi_tmux_matrix.cli.reference > docs/cli-reference.md`;",
         "a test keeps it in step. The overview with examples is [cli.md](cli.md).\n",
         "```text",
-        parser.format_help().rstrip(),
+        top_help(EPILOG, DESCRIPTION, width=100).rstrip(),
         "```\n",
     ]
-    for name, sub in public_verbs(parser):
-        parts += [f"## pi-matrix {name}\n", "```text", sub.format_help().rstrip(), "```\n"]
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    # By group, as --help lists them; then the host, which the product starts (and a person may,
+    # by hand: docs/cli.md), out of --help's sight.
+    for name in [*(verb for _title, verbs in GROUPS for verb in verbs), "host"]:
+        parts += [f"## pi-matrix {name}\n", "```text", sub.choices[name].format_help().rstrip(), "```\n"]
     return "\n".join(parts)
 
 

@@ -33,7 +33,6 @@ NOTIFY_CHARS = 6000  # of a background fork's answer sent to its parent: fits th
 def register(sub: Verbs, epilog: str) -> None:
     fork = add_verb(
         sub, "fork", epilog,
-        help="run a task in a fork of a pi session (a child pi beside you in tmux)",
         usage="pi-matrix fork --session FILE [--wait | --background] [options] -- TASK...",
     )
     fork.add_argument("--session", metavar="FILE", required=True, help="the pi session file to fork")
@@ -56,7 +55,7 @@ def register(sub: Verbs, epilog: str) -> None:
     fork.add_argument("--json", action="store_true", help="the run record as JSON")
     fork.set_defaults(handler=cmd_fork, takes_argv=True)
 
-    runs = add_verb(sub, "runs", epilog, help="fork runs with their status and a cost/usage total")
+    runs = add_verb(sub, "runs", epilog)
     runs.add_argument("run_id", nargs="?", metavar="RUN", help="one run (default: all)")
     runs.add_argument("--wait", action="store_true", help="wait for RUN to end")
     runs.add_argument("--timeout", type=float, metavar="SECONDS", help="--wait: stop the fork after this")

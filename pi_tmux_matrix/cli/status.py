@@ -24,13 +24,8 @@ __all__ = ["register"]
 
 def register(sub: Verbs, epilog: str) -> None:
     """Add ``status``, ``setup-help`` and ``guard``."""
-    helps = {
-        "status": "tmux here (binary, version, the dispatcher's server, your session) and the matrix summary",
-        "setup-help": "how to use the tmux route, or how to get tmux when it is missing",
-        "guard": "is the tmux route open? (exit 0 yes, 1 no; diagnostic only, blocks nothing)",
-    }
-    for verb, text in helps.items():
-        parser = add_verb(sub, verb, epilog, help=text)
+    for verb in ("status", "setup-help", "guard"):
+        parser = add_verb(sub, verb, epilog)
         parser.add_argument(
             "--socket",
             metavar="S",

@@ -31,7 +31,6 @@ def register(sub: Verbs, epilog: str) -> None:
     _register_workspace(sub, epilog)
     var = add_verb(
         sub, "var", epilog,
-        help="a job's variables: list, read or set one (its workers read them when told to)",
         usage="pi-matrix var ID [NAME [VALUE]] [--json]",
     )  # fmt: skip
     var.add_argument("job_id", metavar="ID")
@@ -42,7 +41,6 @@ def register(sub: Verbs, epilog: str) -> None:
 
     stop_session = add_verb(
         sub, "stop-session", epilog,
-        help="stop every job with agents in tmux session NAME (a preview without the word)",
         usage=f"pi-matrix stop-session NAME [--socket S] [--confirm {STOP_WORD}]",
     )  # fmt: skip
     stop_session.add_argument("name", metavar="NAME", help="the tmux session (a fire's --workspace)")
@@ -55,7 +53,6 @@ def register(sub: Verbs, epilog: str) -> None:
 
     notify = add_verb(
         sub, "notify", epilog,
-        help="show a one-line message to the clients of a tmux session (tmux display-message)",
         usage="pi-matrix notify SESSION [--socket S] -- TEXT...",
     )  # fmt: skip
     notify.add_argument("session", metavar="SESSION")
@@ -64,7 +61,6 @@ def register(sub: Verbs, epilog: str) -> None:
 
     status = add_verb(
         sub, "set-status", epilog,
-        help="set (or with no VALUE clear) a tmux session's @pi_KEY option for its status line",
         usage="pi-matrix set-status SESSION KEY [VALUE] [--socket S]",
     )  # fmt: skip
     status.add_argument("session", metavar="SESSION")
@@ -74,7 +70,7 @@ def register(sub: Verbs, epilog: str) -> None:
     status.set_defaults(handler=cmd_set_status)
 
     templates = add_verb(
-        sub, "templates", epilog, help="team templates: list them, or show one with its members' instructions"
+        sub, "templates", epilog
     )
     templates.add_argument("name", nargs="?", metavar="NAME", help="the template to show")
     templates.add_argument("--json", action="store_true")
@@ -200,8 +196,6 @@ def cmd_set_status(args: argparse.Namespace, io: Io) -> int:
 def _register_workspace(sub: Verbs, epilog: str) -> None:
     ws = add_verb(
         sub, "workspace", epilog,
-        help="a team template's agents, interactive, as the tiled panes of a fresh tmux session "
-        "(launch_workspace; no watcher, no deadline)",
         usage="pi-matrix workspace TEMPLATE --name SESSION [--path DIR] [--lane L] [--goal-id G] "
         "[--socket S] "
         "[--launch-key K [--force]] [--dry-run] [--json] [-- TASK...]",

@@ -32,6 +32,7 @@ from ..inotify import Watches
 from ..matrix.model import Entry
 from ..matrix.store import MatrixStore
 from ..settings import resolve_state_dir
+from .base import add_verb
 from .render import Layout, console_for, fit, lines, print_table, shorten, table_width
 from .top import COLUMNS, Item, Snapshot, Usage, collect, detail_lines, pack
 from .top_acts import Acts
@@ -401,12 +402,7 @@ class _Capture:
 
 
 def register(sub: Verbs, epilog: str) -> None:
-    top = sub.add_parser(
-        "top",
-        help="the live view: masters and workers, CPU and memory, with keys to adopt, clean up, resume, stop",
-        epilog=epilog,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    top = add_verb(sub, "top", epilog)
     top.add_argument("--once", action="store_true", help="print one snapshot and exit")
     top.add_argument(
         "--parent-pid", type=int, metavar="PID", help="the adopting master (default: the caller's)"

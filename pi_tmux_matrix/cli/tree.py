@@ -29,7 +29,7 @@ TREE_COLUMNS = (
 
 def register(sub: Verbs, epilog: str) -> None:
     """Add the ``tree`` verb."""
-    tree = add_verb(sub, "tree", epilog, help="masters with their workers: status, age, lane, task")
+    tree = add_verb(sub, "tree", epilog)
     shape = tree.add_mutually_exclusive_group()  # one output shape: both is a usage error (exit 2)
     shape.add_argument("--json", action="store_true")
     shape.add_argument("--ndjson", action="store_true", help="one entry per line, with its master")
