@@ -40,6 +40,7 @@ from .matrix.model import Entry, ResumablePayload, Status, bounded
 from .matrix.store import MatrixStore
 from .settings import MatrixSettings, load_settings
 from .strictjson import JSONObject
+from .supervise.master import settle_dead
 
 __all__ = [
     "RESUME",
@@ -93,7 +94,9 @@ def relaunch(
     """Relaunch ``request.entry`` through the backend asked for (None: its job's) and publish the
     new host's pid as ``launching``; returns it. :class:`ResumeRefused` says why not."""
     store = MatrixStore(request.state_dir)
-    entry = request.entry
+    # A worker whose host and agent were both killed still says it runs until a reconcile: the
+    # same one-entry pass here, so resume works at once.
+    observed = entry = settle_dead(store, request.entry)
     payload = check_resumable(entry)
     dispatcher = Dispatcher(store, settings or load_settings(payload.identity.cwd), env=env)
     backend = backend_named(dispatcher.backends, request.backend or _job_backend(store, entry.key) or TMUX)
@@ -107,7 +110,7 @@ def relaunch(
             f"{entry.key}: its agent process (pid {entry.child_pid}) outlived its host and still runs; "
             "a second one would write the same session file; stop it first"
         )
-    claimed = _claim(store, request.entry, plan)
+    claimed = _claim(store, observed, plan)
     try:
         if plan.session_file is not None and not os.path.lexists(plan.session_file):
             identity = entry.identity
@@ -257,6 +260,7 @@ def plan_resume(
     mode: Mode | None = None,
 ) -> ResumePlan:
     """Everything about the relaunch of ``entry``, nothing started (what ``--dry-run`` prints)."""
+    entry = settle_dead(store, entry, write=False)
     payload = check_resumable(entry)
     dispatcher = Dispatcher(store, settings or load_settings(payload.identity.cwd), env=env)
     request = Relaunch(entry=entry, parent=parent, parent_session=parent_session, state_dir=str(store.root))

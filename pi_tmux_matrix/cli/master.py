@@ -147,6 +147,15 @@ class _Shown:
         if decisions:
             self.io.out.flush()
 
+    def died(self, entries: list[Entry]) -> None:
+        for entry in entries:
+            self.io.out.write(
+                f"worker {entry.key} (agent {entry.identity.agent_id}): its host and agent are gone; "
+                f"resumable: pi-matrix resume {entry.key}\n"
+            )
+        if entries:
+            self.io.out.flush()
+
     def handoff(self, entry: Entry, handoff: Handoff) -> None:
         # On a terminal the agent's prompt (a shell's "$ ") may hold the cursor mid-line: the
         # handoff starts a line of its own rather than continuing the prompt.

@@ -44,6 +44,7 @@ __all__ = [
     "is_exact",
     "one_shot",
     "recorded_goal",
+    "settle_dead",
 ]
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,30 @@ def apply_plan(store: MatrixStore, plan: Plan) -> list[tuple[str, str, str]]:
             continue
         done.append((action.key, action.kind.value, action.reason))
     return done
+
+
+# What a live host says of its agent; a record in one of these whose host and agent are both gone
+# is news nobody wrote (a kill -9 of both): the same one-entry pass as reconcile settles it.
+# Not ``launching``: a launcher between its claim and its host's start holds that one.
+_SAYS_LIVE: Final = frozenset({Status.RUNNING, Status.WINDING_DOWN, Status.ADOPTED})
+
+
+def settle_dead(store: MatrixStore, entry: Entry, *, write: bool = True) -> Entry:
+    """``entry`` as the reconcile pass leaves a worker that says it runs while its host and agent
+    are both gone: ``resumable`` (``interrupted``), under CAS, so ``resume`` works at once and a
+    live master notices at its next look (docs/decisions.md#a-dead-worker-is-noticed-by-its-master).
+    Anything else, or a pass that would not make it resumable, is left as it is. ``write=False``:
+    only what it would be (a dry run)."""
+    if entry.status not in _SAYS_LIVE or procs.is_alive(entry.process) or procs.is_alive(entry.child_process):
+        return entry
+    plan = reconcile([entry], gather_facts([entry]))
+    resumable = plan.of(ActionKind.MARK_RESUMABLE)
+    if not resumable or resumable[0].entry is None:
+        return entry
+    if not write:
+        return resumable[0].entry
+    apply_plan(store, Plan(resumable, ()))
+    return store.find(entry.key) or entry
 
 
 def handshake(
@@ -385,6 +410,18 @@ class Master:
             decision = Decision(entry.key, identity.agent_id, identity.lane, True, alive, "reported")
             decisions.append(self._recover(entry, decision, adopted="re-claimed"))
         return decisions
+
+    def notice_dead(self) -> list[Entry]:
+        """Its own workers that died outright (host and agent gone, the record still saying they
+        run), made resumable now rather than at the next activation; on every heartbeat."""
+        noticed: list[Entry] = []
+        for entry in self.store.list().entries:
+            mine = (entry.parent_pid, entry.parent_proc_start) == (self.me.pid, self.me.start_ticks)
+            if mine and entry.role is Role.WORKER:
+                settled = settle_dead(self.store, entry)
+                if settled.status is Status.RESUMABLE and entry.status is not Status.RESUMABLE:
+                    noticed.append(settled)
+        return noticed
 
     # -- handoffs -----------------------------------------------------------------------------------
     def deliver_handoffs(self, keys: Iterable[str] | None = None) -> list[tuple[str, Handoff]]:

@@ -107,6 +107,9 @@ class MasterView(Protocol):
     def reclaimed(self, decisions: list[Decision]) -> None:
         """What a master that came back took back (its workers had counted it hung or lost)."""
 
+    def died(self, entries: list[Entry]) -> None:
+        """Its workers found dead outright (host and agent gone), now resumable."""
+
     def handoff(self, entry: Entry, handoff: Handoff) -> None:
         """A handoff for a master that is not a bridged pi: shown on its terminal."""
 
@@ -275,6 +278,7 @@ class MasterSession:
     def on_tick(self, _host: AgentHost) -> None:
         if self.master is not None:
             self.master.deliver_handoffs()
+            self.view.died(self.master.notice_dead())
             self.view.reclaimed(self.master.reclaim())
 
     def close(self) -> None:
