@@ -222,14 +222,37 @@ class Planner:
         return [e for e in self.store.list().entries if e.status in LIVE and procs.is_alive(e.process)]
 
     def check_cap(self, cwd: str, adding: int) -> None:
+        """The cap counts live agent processes, a finished interactive worker idling in its pane
+        too (it holds its memory and its pane): the refusal names those, and how to free them
+        (docs/decisions.md#the-cap-counts-live-agents-and-names-the-finished-ones)."""
         cap = self.settings.max_concurrent_agents
         live = [e for e in self.live_entries() if e.role is Role.WORKER and e.identity.cwd == cwd]
         if len(live) + adding > cap:
+            idle = self._finished({e.key for e in live})
+            dismiss = ", ".join(f"'pi-matrix dismiss {job}' ({', '.join(ids)})" for job, ids in idle.items())
+            count = sum(len(ids) for ids in idle.values())
+            free = (
+                f"{count} of them finished their round and idle: {dismiss} frees them; or "
+                if idle
+                else "wait for one to finish ('pi-matrix jobs'), "
+            )
             raise DispatchError(
                 f"fire: {len(live)} live agent(s) already run in {cwd} and this launch adds {adding}, over "
-                f"processMatrix.maxConcurrentAgents={cap}; wait for one to finish ('pi-matrix jobs'), stop "
-                "one, or raise the setting"
+                f"processMatrix.maxConcurrentAgents={cap}; {free}stop one, or raise the setting"
             )
+
+    def _finished(self, keys: set[str]) -> dict[str, list[str]]:
+        """Of the agents ``keys``, those whose job's current round has its result: job id -> agent
+        ids (jobs not dismissed or stopped)."""
+        jobs = JobStore(self.store)
+        found: dict[str, list[str]] = {}
+        for job in jobs.list_jobs()[0]:
+            if job.dismissed_at is not None or job.stopped_at is not None:
+                continue
+            for agent in job.agents:
+                if agent.key in keys and jobs.result(job.id, agent.agent_id, agent.round) is not None:
+                    found.setdefault(job.id, []).append(agent.agent_id)
+        return found
 
     def check_lane_free(self, lane: str, worktree: str) -> None:
         for entry in self.live_entries():
