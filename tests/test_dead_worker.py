@@ -99,3 +99,26 @@ def test_a_dry_run_resume_of_a_worker_killed_outright_writes_nothing(dlab: Lab) 
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"would resume {worker.key}")
     assert lab.store.get(worker.key).generation == before.generation  # untouched
+
+
+def test_a_master_killed_outright_is_gone_in_every_view_not_running(dlab: Lab) -> None:
+    """Issue 31.7: ``ls`` listed a master killed -9 ``running`` beside ALIVE ``no``. Every view now
+    says the same true word for it: ``gone (recorded running)``; its record is left as it is."""
+    lab = dlab
+    lab.start_master()
+    found = lambda: e if (e := lab.store.find("master-boss")) and e.child_pid else None  # noqa: E731
+    master = wait_for("the master's agent", found)
+    for identity in (master.process, master.child_process):
+        assert identity is not None
+        procs.send_signal(identity, signal.SIGKILL)
+        assert procs.wait_for_exit(identity, 10)
+    for verb in (["ls"], ["tree"], ["top", "--once"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "pi_tmux_matrix", *verb], cwd=lab.work, env=dict(lab.env, COLUMNS="200"),
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        (line,) = [row for row in done.stdout.splitlines() if master.key in row]
+        assert "gone (recorded running)" in line, (verb, done.stdout)
+        assert " running " not in f"{line} ".replace("recorded running", ""), (verb, line)
+    assert lab.store.get(master.key).status is Status.RUNNING  # a view writes nothing

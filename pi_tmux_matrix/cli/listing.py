@@ -18,7 +18,7 @@ from ..safetext import printable
 from ..settings import load_settings
 from .base import STOP_WORD, age, report_problems, store_of
 from .names import resolve_key
-from .render import STATUS_STYLES, Column, Row, print_table
+from .render import Column, Row, print_table, status_cell
 
 if TYPE_CHECKING:
     from .base import Io
@@ -79,12 +79,12 @@ def cmd_ls(args: argparse.Namespace, io: Io) -> int:
             Row(
                 (
                     entry.key, entry.role.value,
-                    entry.status_text,
+                    status_cell(entry, live)[0],
                     "yes" if live else (unsupervised(entry) or "no"), str(entry.pid or "-"),
                     str(entry.parent_pid or "-"), entry.identity.lane or "-", entry.task_ref or "-",
                     age(entry.created_at, now), age(entry.heartbeat_at, now),
                 ),
-                ("", "", STATUS_STYLES.get(entry.status.value, ""), "green" if live else "red"),
+                ("", "", status_cell(entry, live)[1], "green" if live else "red"),
             )
         )  # fmt: skip
     if table:

@@ -17,17 +17,32 @@ from typing import IO, TYPE_CHECKING, Final
 
 import attrs
 
+from ..matrix.strays import shown_status
 from ..safetext import printable
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.text import Text
 
+    from ..matrix.model import Entry
     from .base import Io
 
 __all__ = [
-    "ELLIPSIS", "STATUS_STYLES", "Column", "Layout", "Row", "console_for", "fit", "lines",
-    "print_table", "shorten", "table_width", "tree_indent", "unique_prefix_length",
+    "ELLIPSIS",
+    "STATUS_STYLES",
+    "Column",
+    "Layout",
+    "Row",
+    "console_for",
+    "fit",
+    "lines",
+    "print_table",
+    "shorten",
+    "status_cell",
+    "status_style",
+    "table_width",
+    "tree_indent",
+    "unique_prefix_length",
 ]  # fmt: skip
 
 ELLIPSIS: Final = "…"
@@ -38,8 +53,20 @@ MIN_ID_CHARS: Final = 8
 
 STATUS_STYLES: Final[dict[str, str]] = {
     "running": "green", "launching": "cyan", "adopted": "cyan", "winding_down": "yellow",
-    "resumable": "yellow", "terminal": "magenta", "closed": "dim",
+    "resumable": "yellow", "terminal": "magenta", "closed": "dim", "gone": "red",
 }  # fmt: skip
+
+
+def status_cell(entry: Entry, host_alive: bool, *, reason: bool = True) -> tuple[str, str]:
+    """The status cell of ``ls``, ``tree`` and ``top`` alike: its words
+    (:func:`~..matrix.strays.shown_status`) and their style."""
+    text = shown_status(entry, host_alive, reason=reason)
+    return text, status_style(entry.status.value, text)
+
+
+def status_style(status: str, text: str) -> str:
+    """The style of a status cell showing ``text`` for a record in ``status``."""
+    return STATUS_STYLES["gone" if text.startswith("gone") else status]
 
 
 @attrs.frozen

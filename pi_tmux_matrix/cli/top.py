@@ -23,7 +23,7 @@ from ..matrix.store import MatrixStore, Problem, now_ms
 from ..safetext import printable
 from ..supervise.claim import unsupervised
 from .base import age
-from .render import STATUS_STYLES, Column, Row, tree_indent
+from .render import STATUS_STYLES, Column, Row, status_cell, tree_indent
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -169,8 +169,9 @@ def collect(store: MatrixStore, usage: Usage) -> Snapshot:
     def item(entry: Entry, indent: str) -> Item:
         live = alive[entry.key]
         cpu, rss = used.get(entry.key, (None, None))
+        shown, style = status_cell(entry, live, reason=False)  # the REASON column has it
         cells = (
-            entry.key, entry.status.value + (f" ({entry.readiness})" if entry.readiness else ""),
+            entry.key, shown,
             "yes" if live else (unsupervised(entry) or "no"),
             "-" if cpu is None else f"{cpu:.1f}", "-" if rss is None else _bytes(rss),
             age(entry.created_at, now), entry.identity.lane or "-", entry.task_ref or "-",
@@ -178,7 +179,7 @@ def collect(store: MatrixStore, usage: Usage) -> Snapshot:
             entry.reason or "-",
         )  # fmt: skip
         styles = (
-            "bold" if entry.role is Role.MASTER else "", STATUS_STYLES.get(entry.status.value, ""),
+            "bold" if entry.role is Role.MASTER else "", style,
             "green" if live else "red",
         )  # fmt: skip
         return Item(entry, Row(cells, styles, indent))

@@ -13,7 +13,7 @@ from ..matrix.model import Entry
 from ..matrix.store import now_ms
 from ..matrix.strays import unsupervised
 from .base import add_verb, age, report_problems, store_of
-from .render import STATUS_STYLES, Column, Row, print_table, tree_indent
+from .render import Column, Row, print_table, status_cell, status_style, tree_indent
 
 if TYPE_CHECKING:
     from .base import Io, Verbs
@@ -37,12 +37,15 @@ def register(sub: Verbs, epilog: str) -> None:
 
 
 def _node(entry: Entry, now: int) -> dict[str, Any]:
+    alive = procs.is_alive(entry.process)
+    shown, _style = status_cell(entry, alive)
     return {
         "key": entry.key,
         "agentId": entry.identity.agent_id,
         "status": entry.status.value,
+        "statusText": shown,  # what the views show: the record's words, or the truth when its host is gone
         "reason": entry.reason,
-        "alive": procs.is_alive(entry.process),
+        "alive": alive,
         "childAlive": procs.is_alive(entry.child_process),
         "unsupervised": unsupervised(entry),  # the agent runs on while its host is gone
         "lane": entry.identity.lane,
@@ -66,13 +69,12 @@ def _write_ndjson(io: Io, tree: list[dict[str, Any]], unparented: list[dict[str,
 def _write_text(io: Io, tree: list[dict[str, Any]], unparented: list[dict[str, Any]]) -> None:
     def row(node: dict[str, Any], indent: str = "") -> Row:
         alive = "yes" if node["alive"] else (node["unsupervised"] or "no")
-        status = node["status"] + (f" ({node['reason']})" if node["reason"] else "")
         cells = (
-            node["key"], status, alive, node["lane"] or "-", node["taskRef"] or "-",
+            node["key"], node["statusText"], alive, node["lane"] or "-", node["taskRef"] or "-",
             age(now_ms() - node["ageMs"]), str(node["pendingHandoffs"]),
         )  # fmt: skip
         styles = (
-            "bold" if not indent else "", STATUS_STYLES.get(node["status"], ""),
+            "bold" if not indent else "", status_style(node["status"], node["statusText"]),
             "green" if node["alive"] else "red",
         )  # fmt: skip
         return Row(cells, styles, indent)

@@ -17,7 +17,10 @@ from .mailbox import announce_handoffs
 from .model import Entry, ExitKind, ExitRecord, Status
 from .store import MatrixStore, now_ms
 
-__all__ = ["stop_agent", "stop_stray", "stray_agent", "unsupervised"]
+__all__ = ["shown_status", "stop_agent", "stop_stray", "stray_agent", "unsupervised"]
+
+# What a live host writes of its agent: a record in one of these whose host is gone is not true.
+_SAYS_RUNNING = frozenset({Status.RUNNING, Status.ADOPTED, Status.WINDING_DOWN})
 
 
 
@@ -33,6 +36,21 @@ def unsupervised(entry: Entry) -> str | None:
     """What every view says of an agent running without its host, or None."""
     agent = stray_agent(entry)
     return None if agent is None else f"agent pid {agent.pid} unsupervised"
+
+
+def shown_status(entry: Entry, host_alive: bool, *, reason: bool = True) -> str:
+    """The status every view shows (``ls``, ``tree``, ``top``): the record's words; but for a
+    record that says its agent runs while its host is gone, what is true: ``running, host gone``
+    while the agent runs on unsupervised, else ``gone (recorded running)``: nothing of it runs
+    (``resume`` or ``reconcile`` settles it). ``reason=False``: without the record's reason (a
+    view with a column of its own for it)."""
+    if host_alive or entry.status not in _SAYS_RUNNING:
+        if reason:
+            return entry.status_text
+        return entry.status.value + (f" ({entry.readiness})" if entry.readiness else "")
+    if stray_agent(entry) is not None:
+        return f"{entry.status.value}, host gone"
+    return f"gone (recorded {entry.status.value})"
 
 
 def stop_agent(agent: ProcessIdentity, mode: Mode | None, grace_s: float) -> bool:
