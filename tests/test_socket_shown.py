@@ -49,14 +49,14 @@ def test_targets_name_the_socket_in_text_and_json(lab: Lab) -> None:
 
     shown = json.loads(cli(lab, "job", job_id, "--json").stdout)
     assert shown["agents"][0]["socket"] == lab.socket
-    where = f"tmux -L {lab.socket} {agent['target']}"
+    where = f"tmux -L {lab.socket} attach -t {agent['target']}"  # a command a person can paste
     for words in (["job", job_id], ["jobs"]):
         done = cli(lab, *words)
         assert done.returncode == 0 and where in done.stdout, done.stdout + done.stderr
 
     text = cli(lab, *fire, "--", "HANG text")
     assert text.returncode == 0, text.stderr
-    assert f"tmux -L {lab.socket} pi-matrix:" in text.stdout, text.stdout
+    assert f"tmux -L {lab.socket} attach -t pi-matrix:" in text.stdout, text.stdout
     for line in text.stdout.splitlines()[1:]:
         key = line.split()[1]
         lab.worker(key)

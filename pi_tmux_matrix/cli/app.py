@@ -24,7 +24,7 @@ __all__ = ["Io", "build_parser", "main", "run"]
 # tests/test_cli.py holds the map equal to the whole parser.
 MODULES: Final = (
     "entries", "host", "master", "owner", "gc", "tree", "dispatch", "teamwork", "lanes", "status", "runs",
-    "demo", "doctor", "completion", "top_screen",
+    "demo", "doctor", "completion", "top_screen", "attach",
 )  # fmt: skip
 VERB_MODULES: Final = {
     "ls": "entries", "show": "entries", "repair": "entries", "host": "host", "master": "master",
@@ -35,7 +35,7 @@ VERB_MODULES: Final = {
     "templates": "teamwork", "workspace": "teamwork", "lanes": "lanes", "status": "status",
     "setup-help": "status",
     "guard": "status", "fork": "runs", "runs": "runs", "demo": "demo", "doctor": "doctor",
-    "complete-names": "completion", "top": "top_screen",
+    "complete-names": "completion", "top": "top_screen", "attach": "attach",
     # completion walks the whole parser: not here, so it gets every verb.
 }  # fmt: skip
 DESCRIPTION: Final = "The durable process matrix for pi coding agents in tmux."

@@ -247,7 +247,7 @@ def _job_rows(io: Io, view: ListedJob) -> list[Row]:
     if view.state == "untracked":
         pane = view.pane
         host = f"pid {pane.host_pid} {'alive' if pane.host_alive else 'gone'}"
-        where = f"tmux -L {pane.socket} {pane.target}"
+        where = f"tmux -L {pane.socket} attach -t {pane.target}"
         untracked = (view.job_id, "untracked (tmux tags only)", pane.key or "", host, "", where)
         return [Row((*untracked, "", "", ""))]
     job = view.job

@@ -74,6 +74,16 @@ class JobStore:
     def list_jobs(self) -> tuple[list[Job], list[Problem]]:
         return self.jobs.list()
 
+    def agent_of(self, key: str) -> JobAgent | None:
+        """The job agent the entry ``key`` is, in the newest job that has it (a resumed worker
+        may be in a later one), or None (a host started by hand)."""
+        found: tuple[int, JobAgent] | None = None
+        for job in self.list_jobs()[0]:
+            for agent in job.agents:
+                if agent.key == key and (found is None or job.created_at >= found[0]):
+                    found = (job.created_at, agent)
+        return found[1] if found is not None else None
+
     def archive(self, job: Job) -> str:
         """Move ``job``'s record and results aside (``fire --launch-key K --force``): under
         ``archived-jobs/<name>`` and ``archived-results/<name>.<n>``, each result carrying its

@@ -104,14 +104,15 @@ class JobAgent:
 
     @property
     def where(self) -> str:
-        """Where a person finds it, its tmux server named (``tmux -L SOCKET SESSION:WINDOW``: the
-        session alone could be on any server, and the default one is not it), ``pid N`` when
-        detached, ``-`` before it started."""
+        """Where a person finds it, as a command they can paste (``tmux -L SOCKET attach -t
+        SESSION:WINDOW``: the session alone could be on any server, and the default one is not
+        it; ``pi-matrix attach KEY`` does the same from inside tmux too), ``pid N`` when detached,
+        ``-`` before it started."""
         if self.target is None:
             return "-"
         if self.tmux_socket is None:
             return self.target
-        return f"tmux -L {self.tmux_socket} {self.target}"
+        return f"tmux -L {self.tmux_socket} attach -t {self.target}"
 
     @property
     def pane_ref(self) -> tuple[str, str] | None:

@@ -21,7 +21,7 @@ import shutil
 import stat
 import subprocess
 from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import Final, NoReturn
 
 import attrs
 
@@ -209,6 +209,49 @@ class TmuxServer:
         if result.returncode != 0:
             raise self._failed(result, f"capture-pane of {pane_id}")
         return result.stdout
+
+    # --- a person's terminal ----------------------------------------------------------------------
+    def attach_argv(self, pane_id: str) -> list[str]:
+        """The command a person runs to watch ``pane_id`` from outside tmux (paste-able)."""
+        where = ["-S", self.socket_path] if self.socket_path else ["-L", self.socket]
+        return ["tmux", *where, "attach-session", "-t", check_pane_id(pane_id)]
+
+    def show(self, pane_id: str, *, switch: bool) -> None:
+        """Bring ``pane_id`` to the front of its window and session; with ``switch``, also move
+        the calling client there (the caller runs inside this server: ``$TMUX`` names it)."""
+        pane = check_pane_id(pane_id)
+        args: list[str | Then] = ["select-window", "-t", pane, THEN, "select-pane", "-t", pane]
+        if switch:
+            args += [THEN, "switch-client", "-t", pane]
+        result = self._run(*args, what="select-pane")
+        if result.returncode != 0:
+            raise self._failed(result, f"select-pane of {pane}")
+
+    def open_window(self, name: str, argv: Sequence[str]) -> None:
+        """A new window in the calling client's session (this server is the caller's own) running
+        ``argv`` (a person's view of another server's pane: tmux does not nest one server's client
+        in another's pane unless told, so the inner one runs without ``$TMUX``)."""
+        result = self._run("new-window", "-n", name, "--", "env", "-u", "TMUX", *argv, what="new-window")
+        if result.returncode != 0:
+            raise self._failed(result, "new-window")
+
+    def same_as(self, other: TmuxServer) -> bool:
+        """Whether the two name one server (one socket file)."""
+        return socket_file(self.socket, self.socket_path) == socket_file(other.socket, other.socket_path)
+
+    def attach(self, pane_id: str) -> NoReturn:
+        """Become ``tmux attach`` to ``pane_id`` (outside tmux: this process's terminal is the
+        client's). Only returns by raising."""
+        self.show(pane_id, switch=False)
+        argv = self.attach_argv(pane_id)
+        binary = shutil.which("tmux")
+        if binary is None:
+            raise TmuxUnavailable(self.socket, "tmux is not installed (not on PATH); install tmux")
+        env = {k: v for k, v in os.environ.items() if k not in self.scrub_env}
+        try:
+            os.execve(binary, [binary, *argv[1:]], env)
+        except OSError as exc:
+            raise TmuxUnavailable(self.socket, f"cannot run {binary}: {exc.strerror}") from None
 
     # --- changes ----------------------------------------------------------------------------------
     def launch(
