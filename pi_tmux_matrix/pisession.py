@@ -37,6 +37,7 @@ __all__ = [
     "SessionHeader",
     "SessionLine",
     "branch_of",
+    "conversation",
     "encode_entry",
     "estimate_tokens",
     "header_cwd",
@@ -270,6 +271,18 @@ def _text(message: JSONObject) -> str:
             if isinstance(part, dict) and part.get("type") == "text"
         )
     return ""
+
+
+def conversation(session_file: str) -> list[tuple[str, str]]:
+    """The session's messages as ``(role, text)``, oldest first: what a person reads of an agent
+    that has no pane (rpc). Bad lines and messages without text are left out."""
+    told: list[tuple[str, str]] = []
+    for line in session_lines(whole_lines(session_file)):
+        entry = line.entry
+        message = entry.get("message") if entry is not None and entry.get("type") == "message" else None
+        if isinstance(message, dict) and isinstance(message.get("role"), str) and (text := _text(message)):
+            told.append((str(message["role"]), text))
+    return told
 
 
 def _summed_usage(messages: list[JSONObject]) -> JSONObject | None:

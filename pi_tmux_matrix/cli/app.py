@@ -36,6 +36,7 @@ VERB_MODULES: Final = {
     "setup-help": "status",
     "guard": "status", "fork": "runs", "runs": "runs", "demo": "demo", "doctor": "doctor",
     "complete-names": "completion", "top": "top_screen", "attach": "attach",
+    "logs": "attach",
     # completion walks the whole parser: not here, so it gets every verb.
 }  # fmt: skip
 DESCRIPTION: Final = "The durable process matrix for pi coding agents in tmux."

@@ -27,6 +27,7 @@ SUMMARY: Final[dict[str, str]] = {
     "show": "one entry: status, identity, directive, payload, handoffs, blocked tool calls",
     "send": "a message to the agent through its host's mailbox",
     "attach": "into the agent's tmux pane, on its server (inside tmux: switch or a new window)",
+    "logs": "the agent's recent output (its pane, its log or its conversation); -f to follow",
     "stop": "stop an agent (KEY) or a whole job (ID); needs --confirm yes-tmux-stop",
     "master": "master activation: register, reconcile, scan for orphans, recover or ask, heartbeat",
     "resume": "relaunch a resumable worker into its exact session file",
@@ -60,7 +61,7 @@ SUMMARY: Final[dict[str, str]] = {
 }
 # The groups of ``--help``, each in the order a person reaches for them.
 _EVERYDAY: Final = ("demo", "fire", "jobs", "job", "followup", "dismiss", "top", "tree", "ls", "show")
-_EVERYDAY_TOO: Final = ("attach", "send", "stop", "master")
+_EVERYDAY_TOO: Final = ("attach", "logs", "send", "stop", "master")
 GROUPS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
     ("everyday", _EVERYDAY + _EVERYDAY_TOO),
     ("recovery", ("resume", "adopt", "cleanup", "scan", "reconcile", "repair", "gc")),
