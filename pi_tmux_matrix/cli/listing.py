@@ -18,7 +18,7 @@ from ..safetext import printable
 from ..settings import load_settings
 from .base import STOP_WORD, age, report_problems, store_of
 from .names import resolve_key
-from .render import Column, Row, print_table, status_cell
+from .render import Column, Row, print_table, status_cell, task_cell
 
 if TYPE_CHECKING:
     from .base import Io
@@ -52,8 +52,9 @@ class _Liveness:
 
 
 LS_COLUMNS = (
-    Column("KEY", 100, key=True), Column("ROLE", 60), Column("STATUS", 90, shrink=9),
-    Column("ALIVE", 80, shrink=5), Column("PID", 55, right=True), Column("PARENT", 30, right=True),
+    Column("KEY", 100, key=True), Column("NAME", 70, shrink=12, cut_first=True), Column("ROLE", 60),
+    Column("STATUS", 90, shrink=9), Column("ALIVE", 80, shrink=5), Column("PID", 55, right=True),
+    Column("PARENT", 30, right=True),
     Column("LANE", 50, shrink=8), Column("TASK", 45, shrink=10), Column("AGE", 70, right=True),
     Column("BEAT", 40, right=True),
 )  # fmt: skip
@@ -78,13 +79,13 @@ def cmd_ls(args: argparse.Namespace, io: Io) -> int:
         table.append(
             Row(
                 (
-                    entry.key, entry.role.value,
+                    entry.key, entry.identity.agent_id, entry.role.value,
                     status_cell(entry, live)[0],
                     "yes" if live else (unsupervised(entry) or "no"), str(entry.pid or "-"),
-                    str(entry.parent_pid or "-"), entry.identity.lane or "-", entry.task_ref or "-",
+                    str(entry.parent_pid or "-"), entry.identity.lane or "-", task_cell(entry),
                     age(entry.created_at, now), age(entry.heartbeat_at, now),
                 ),
-                ("", "", status_cell(entry, live)[1], "green" if live else "red"),
+                ("", "", "", status_cell(entry, live)[1], "green" if live else "red"),
             )
         )  # fmt: skip
     if table:
@@ -107,7 +108,13 @@ def cmd_show(args: argparse.Namespace, io: Io) -> int:
     if args.json:
         io.out.write(json.dumps(raw, ensure_ascii=False, indent=2) + "\n")
         return EXIT_OK
-    io.out.write("\n".join(describe(entry, alive, blocked, start_failure)) + "\n")
+    lines = describe(entry, alive, blocked, start_failure)
+    from ..dispatch.jobs import JobStore
+
+    agent = JobStore(store).agent_of(entry.key)
+    if agent is not None and agent.where != "-":
+        lines.insert(1, f"  place        {printable(agent.where)} (or: pi-matrix attach {entry.key})")
+    io.out.write("\n".join(lines) + "\n")
     return EXIT_OK
 
 
@@ -145,8 +152,8 @@ def describe(
         lines.append(f"  parent       pid {entry.parent_pid} session {entry.parent_session_id or '-'}")
     if entry.child_pid is not None:
         lines.append(f"  child        pid {entry.child_pid} start {entry.child_proc_start}")
-    if entry.task_ref:
-        lines.append(f"  task         {entry.task_ref}")
+    if entry.task_ref or entry.task_summary:
+        lines.append(f"  task         {entry.task_ref or '-'}: {task_cell(entry)}")
     if entry.agent_version is not None:
         lines.append(f"  version      {entry.identity.provider or 'agent'} {entry.agent_version}")
     lines.append(f"  ready        {_ready_text(entry, now)}")

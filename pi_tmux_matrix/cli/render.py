@@ -64,6 +64,14 @@ def status_cell(entry: Entry, host_alive: bool, *, reason: bool = True) -> tuple
     return text, status_style(entry.status.value, text)
 
 
+def task_cell(entry: Entry) -> str:
+    """What the agent was asked, as the views show it: the first line of its task summary, else
+    its task ref (the goal, the same on every row of a team), else ``-``."""
+    summary = entry.task_summary or (entry.resumable.task_summary if entry.resumable else "")
+    first = summary.strip().split("\n", 1)[0].strip()
+    return first or entry.task_ref or "-"
+
+
 def status_style(status: str, text: str) -> str:
     """The style of a status cell showing ``text`` for a record in ``status``."""
     return STATUS_STYLES["gone" if text.startswith("gone") else status]
@@ -79,6 +87,8 @@ class Column:
     shrink: int | None = None
     key: bool = False
     right: bool = False
+    # Cut to ``shrink`` before any key is shortened (an agent's name: the key says who it is).
+    cut_first: bool = False
 
 
 @attrs.frozen
@@ -165,6 +175,10 @@ def fit(
     def total() -> int:
         return Layout(tuple(widths)).total()
 
+    for i, column in enumerate(columns):
+        least, current = column.shrink, widths[i]
+        if column.cut_first and least is not None and current is not None and total() > width:
+            widths[i] = max(least, current - (total() - width))
     key_col = next((i for i, c in enumerate(columns) if c.key), None)
     if key_col is not None and (total() > width or abbrev is not None):
         pool = list(keys) or [r.cells[key_col] for r in rows if not r.label]

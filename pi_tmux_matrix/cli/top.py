@@ -23,7 +23,7 @@ from ..matrix.store import MatrixStore, Problem, now_ms
 from ..safetext import printable
 from ..supervise.claim import unsupervised
 from .base import age
-from .render import STATUS_STYLES, Column, Row, status_cell, tree_indent
+from .render import STATUS_STYLES, Column, Row, status_cell, task_cell, tree_indent
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 __all__ = ["COLUMNS", "Item", "Snapshot", "Usage", "collect", "detail_lines", "pack"]
 
 COLUMNS = (
-    Column("KEY", 100, key=True), Column("STATUS", 90, shrink=9), Column("ALIVE", 80, shrink=5),
+    Column("KEY", 100, key=True), Column("NAME", 52, shrink=12, cut_first=True),
+    Column("STATUS", 90, shrink=9), Column("ALIVE", 80, shrink=5),
     Column("CPU%", 75, right=True), Column("RSS", 70, right=True), Column("AGE", 60, right=True),
     Column("LANE", 55, shrink=8), Column("TASK", 50, shrink=10), Column("BEAT", 40, right=True),
     Column("HANDOFFS", 35, right=True), Column("TMUX", 30, shrink=10), Column("REASON", 20, shrink=8),
@@ -171,15 +172,15 @@ def collect(store: MatrixStore, usage: Usage) -> Snapshot:
         cpu, rss = used.get(entry.key, (None, None))
         shown, style = status_cell(entry, live, reason=False)  # the REASON column has it
         cells = (
-            entry.key, shown,
+            entry.key, entry.identity.agent_id, shown,
             "yes" if live else (unsupervised(entry) or "no"),
             "-" if cpu is None else f"{cpu:.1f}", "-" if rss is None else _bytes(rss),
-            age(entry.created_at, now), entry.identity.lane or "-", entry.task_ref or "-",
+            age(entry.created_at, now), entry.identity.lane or "-", task_cell(entry),
             age(entry.heartbeat_at, now), str(len(entry.undelivered)), targets.get(entry.key, "-"),
             entry.reason or "-",
         )  # fmt: skip
         styles = (
-            "bold" if entry.role is Role.MASTER else "", style,
+            "bold" if entry.role is Role.MASTER else "", "", style,
             "green" if live else "red",
         )  # fmt: skip
         return Item(entry, Row(cells, styles, indent))

@@ -13,7 +13,7 @@ from ..matrix.model import Entry
 from ..matrix.store import now_ms
 from ..matrix.strays import unsupervised
 from .base import add_verb, age, report_problems, store_of
-from .render import Column, Row, print_table, status_cell, status_style, tree_indent
+from .render import Column, Row, print_table, status_cell, status_style, task_cell, tree_indent
 
 if TYPE_CHECKING:
     from .base import Io, Verbs
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 __all__ = ["TREE_COLUMNS", "cmd_tree", "register"]
 
 TREE_COLUMNS = (
-    Column("KEY", 100, key=True), Column("STATUS", 90, shrink=9), Column("ALIVE", 80, shrink=5),
+    Column("KEY", 100, key=True), Column("NAME", 70, shrink=12, cut_first=True),
+    Column("STATUS", 90, shrink=9), Column("ALIVE", 80, shrink=5),
     Column("LANE", 50, shrink=8), Column("TASK", 45, shrink=10), Column("AGE", 70, right=True),
     Column("HANDOFFS", 40, right=True),
 )  # fmt: skip
@@ -50,6 +51,7 @@ def _node(entry: Entry, now: int) -> dict[str, Any]:
         "unsupervised": unsupervised(entry),  # the agent runs on while its host is gone
         "lane": entry.identity.lane,
         "taskRef": entry.task_ref,
+        "task": task_cell(entry),
         "ageMs": now - entry.created_at,
         "pendingHandoffs": len(entry.undelivered),
     }
@@ -70,11 +72,11 @@ def _write_text(io: Io, tree: list[dict[str, Any]], unparented: list[dict[str, A
     def row(node: dict[str, Any], indent: str = "") -> Row:
         alive = "yes" if node["alive"] else (node["unsupervised"] or "no")
         cells = (
-            node["key"], node["statusText"], alive, node["lane"] or "-", node["taskRef"] or "-",
-            age(now_ms() - node["ageMs"]), str(node["pendingHandoffs"]),
+            node["key"], node["agentId"], node["statusText"], alive, node["lane"] or "-",
+            node["task"], age(now_ms() - node["ageMs"]), str(node["pendingHandoffs"]),
         )  # fmt: skip
         styles = (
-            "bold" if not indent else "", status_style(node["status"], node["statusText"]),
+            "bold" if not indent else "", "", status_style(node["status"], node["statusText"]),
             "green" if node["alive"] else "red",
         )  # fmt: skip
         return Row(cells, styles, indent)
@@ -87,7 +89,7 @@ def _write_text(io: Io, tree: list[dict[str, Any]], unparented: list[dict[str, A
         rows.append(row(node))
         rows.extend(children(node["workers"]))
     if unparented:
-        rows.append(Row(("(no master)", *[""] * 6), ("dim",), label=True))
+        rows.append(Row(("(no master)", *[""] * (len(TREE_COLUMNS) - 1)), ("dim",), label=True))
         rows.extend(children(unparented))
     if rows:
         print_table(io, TREE_COLUMNS, rows)
