@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import TYPE_CHECKING, TypedDict
 
 import attrs
@@ -246,6 +247,14 @@ def cmd_repair(args: argparse.Namespace, io: Io) -> int:
         if action.action == "quarantine":
             line = f"{verb}quarantine {action.path}: {action.reason} -> {action.target}"
             io.out.write(printable(line) + "\n")
+            key = os.path.basename(action.path).removesuffix(".json")
+            if action.resumable is not None:
+                back = f"  {verb}keep {key} resumable from its session file {action.resumable}"
+                back += f": pi-matrix resume {key}"
+                io.out.write(printable(back) + "\n")
+            elif key.startswith("worker-"):
+                lost = f"  {key} cannot be resumed afterwards: its bytes name no session file that is there"
+                io.out.write(printable(lost) + "\n")
         elif action.action == "remove-temp":
             io.out.write(printable(f"{verb}remove {action.path}: {action.reason}") + "\n")
         else:

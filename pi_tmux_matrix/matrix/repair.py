@@ -5,28 +5,33 @@ moved aside, what belonged to that entry alone (its mailbox, its lock file: see
 ``MatrixStore.drop_leftovers``): a file that is not a valid entry is evidence, moved to
 ``quarantine/<name>.<ms>.<random>`` under the entry's lock after a re-check (a writer may have
 repaired it meanwhile). Files written by a newer pi-matrix are
-reported and left alone. The entry store (:class:`~.store.MatrixStore`) is reached through the
-small :class:`EntryFiles` protocol, because ``MatrixStore.repair`` delegates here and this
-module must not import ``store``.
+reported and left alone. A quarantined worker whose bytes still name its identity and a session
+file that is there is not lost: a ``resumable`` entry is written for it from them
+(docs/decisions.md#quarantine-keeps-the-way-back). The entry store
+(:class:`~.store.MatrixStore`) is reached through the small :class:`EntryFiles` protocol,
+because ``MatrixStore.repair`` delegates here and this module must not import ``store``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from pathlib import Path
 from typing import Protocol
 
 import attrs
 
-from ..errors import CorruptEntry, StoreError
-from .fsio import open_dir
-from .model import Entry
+from .. import strictjson
+from ..errors import CorruptEntry, PiMatrixError, StoreError
+from ..identity import AgentIdentityContract, Role, parse_key
+from .codec import structure
+from .fsio import open_dir, read_state_file
+from .model import Entry, ResumablePayload, Status
 from .statedir import QUARANTINE, SUFFIX, TMP_SUFFIX, Problem, is_key
 from .tokens import now_ms
 
-__all__ = ["EntryFiles", "RepairAction", "repair"]
+__all__ = ["EntryFiles", "RepairAction", "repair", "salvage"]
 
 
 @attrs.frozen
@@ -37,6 +42,8 @@ class RepairAction:
     action: str  # "quarantine" | "remove-temp" | "skip"
     reason: str
     target: str | None = None
+    # A quarantined worker made resumable again from its own bytes: its session file (else None).
+    resumable: str | None = None
 
 
 class _Listing(Protocol):
@@ -57,6 +64,8 @@ class EntryFiles(Protocol):
     def find(self, key: str) -> Entry | None: ...
 
     def drop_leftovers(self, root_fd: int, key: str) -> object: ...
+
+    def create(self, entry: Entry, *, sync_dir: bool = True) -> Entry: ...
 
     def list(self) -> _Listing: ...
 
@@ -79,10 +88,51 @@ def repair(store: EntryFiles, *, dry_run: bool = False) -> tuple[RepairAction, .
             continue
         name = os.path.basename(problem.path)
         target = str(store.root / QUARANTINE / f"{name}.{now_ms()}.{os.urandom(3).hex()}")
-        actions.append(RepairAction(problem.path, "quarantine", problem.reason, target))
+        salvaged = salvage(problem.path)
+        resumable = salvaged.identity.session_file if salvaged is not None else None
+        actions.append(RepairAction(problem.path, "quarantine", problem.reason, target, resumable))
         if not dry_run:
             _quarantine(store, name, target)
+            if salvaged is not None:
+                with suppress(PiMatrixError):  # a writer made the key anew meanwhile: its record stands
+                    store.create(salvaged)
     return tuple(actions)
+
+
+def salvage(path: str) -> Entry | None:
+    """A ``resumable`` entry for the worker whose corrupt entry file is ``path``, built from what
+    its bytes still say: its identity (a pi agent with its cwd, whose session file is there),
+    parent, task ref and summary. None when they say too little to resume it by."""
+    name = os.path.basename(path)
+    key = name[: -len(SUFFIX)] if name.endswith(SUFFIX) else ""
+    if not is_key(key) or parse_key(key)[0] is not Role.WORKER:
+        return None
+    try:
+        raw = strictjson.loads(read_state_file(path, max_bytes=1024 * 1024), max_bytes=1024 * 1024)
+        identity = structure(raw.get("identity") if isinstance(raw, dict) else None, AgentIdentityContract)
+    except (PiMatrixError, strictjson.StrictJSONError, ValueError, OSError):
+        return None
+    assert isinstance(raw, dict)
+    session = identity.session_file
+    if identity.key(Role.WORKER) != key or not identity.relaunchable:
+        return None
+    if not session or not os.path.isfile(session):
+        return None
+    task_ref = raw.get("taskRef") if isinstance(raw.get("taskRef"), str) else None
+    summary = str(raw["taskSummary"]) if isinstance(raw.get("taskSummary"), str) else ""
+    parent = raw.get("parentSessionId") if isinstance(raw.get("parentSessionId"), str) else None
+    now = now_ms()
+    try:
+        payload = ResumablePayload(
+            identity=identity, reason="repaired", at=now, task_ref=task_ref, task_summary=summary
+        )
+        return Entry(
+            key=key, role=Role.WORKER, status=Status.RESUMABLE, identity=identity, created_at=now,
+            updated_at=now, reason="repaired", parent_session_id=parent, task_ref=task_ref,
+            task_summary=summary, resumable=payload,
+        )  # fmt: skip
+    except (PiMatrixError, ValueError, TypeError):
+        return None
 
 
 def _sweep_temps(store: EntryFiles, names: list[str], *, dry_run: bool) -> Iterator[RepairAction]:
