@@ -12,12 +12,12 @@ import json
 import os
 import sys
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
 from .. import procs
-from ..contract import parse_env
+from ..contract import ENV_TMUX, ENV_TMUX_PANE, parse_env
 from ..errors import EXIT_OK, PiMatrixError
 from ..identity import AgentIdentityContract, Mode, Role, validate_id, validate_task_ref
 from ..matrix.model import Entry, Handoff
@@ -157,10 +157,13 @@ class _Shown:
             self.io.out.flush()
 
     def handoff(self, entry: Entry, handoff: Handoff) -> None:
+        line = handoff_line(entry, handoff)
+        if self.io.out.isatty() and _on_status_line(line):
+            return  # the line a person is typing in the pane stays intact; the text is in jobs/show
         # On a terminal the agent's prompt (a shell's "$ ") may hold the cursor mid-line: the
         # handoff starts a line of its own rather than continuing the prompt.
         start = "\r\n" if self.io.out.isatty() else ""
-        self.io.out.write(f"{start}{handoff_line(entry, handoff)}\n")
+        self.io.out.write(f"{start}{line}\n")
         self.io.out.flush()
 
     def taking_over(self, old: Entry) -> None:
@@ -169,6 +172,26 @@ class _Shown:
 
     def took_over(self, done: str) -> None:
         self.io.out.write(done + "\n")
+
+
+MAX_STATUS_CHARS: Final = 1000  # tmux's own notices take at most 1024 characters
+
+
+def _on_status_line(line: str) -> bool:
+    """A master in a tmux pane: the handoff on its clients' status line, not printed into the
+    middle of what a person types at a shell there
+    (docs/decisions.md#a-handoff-never-breaks-the-line-being-typed). False when not in tmux or
+    tmux would not show it (then it is printed)."""
+    tmux_env, pane = os.environ.get(ENV_TMUX), os.environ.get(ENV_TMUX_PANE)
+    if not tmux_env or not pane:
+        return False
+    from ..dispatch.tmux import TmuxServer
+
+    shown = line if len(line) <= MAX_STATUS_CHARS else line[: MAX_STATUS_CHARS - 1] + "…"
+    try:
+        return TmuxServer.of_client(tmux_env).notify_pane(pane, shown)
+    except PiMatrixError:
+        return False
 
 
 def _report_json(report: ActivationReport) -> dict[str, Any]:

@@ -432,6 +432,18 @@ class TmuxServer:
         if result.returncode != 0:
             raise self._failed(result, f"display-message to session {session!r}")
 
+    def notify_pane(self, pane_id: str, text: str, *, duration_ms: int = 8000) -> bool:
+        """``display-message`` on the status line of the clients showing ``pane_id``'s session, as
+        written (formats escaped); False when tmux would not show it (no client, no such pane)."""
+        pane = check_pane_id(pane_id)
+        shown = check_notice(text).replace("#", "##")
+        # With no client attached tmux drops the message without a word: a person sees nothing.
+        attached = self._run("display-message", "-p", "-t", pane, "#{session_attached}")
+        if attached.returncode != 0 or attached.stdout.strip() in ("", "0"):
+            return False
+        result = self._run("display-message", "-d", str(duration_ms), "-t", pane, "--", shown)
+        return result.returncode == 0
+
     def set_status(self, session: str, key: str, value: str | None) -> None:
         """Set (or with None unset) the session's user option ``@pi_<key>`` for a status line."""
         check_session(session, "session")
