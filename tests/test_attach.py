@@ -151,3 +151,18 @@ def test_attach_inside_another_server_opens_a_window_there(alab: Lab, tmux_socke
     finally:
         time.sleep(0.1)
         kill_tmux_server(mine)
+
+
+def test_top_t_takes_the_client_to_the_selected_agents_pane(alab: Lab) -> None:
+    """top's ``t`` (issue 31.1's key in top): inside tmux the client goes to the agent's pane."""
+    lab = alab
+    key, pane_id, _printed = _worker(lab)
+    top = shlex.join([*PYTHON_PI_MATRIX, "--state-dir", str(lab.state), "top"])
+    _tmux(lab.socket, "new-session", "-d", "-s", "watch", "-c", str(lab.work), top)
+    outside = {k: v for k, v in lab.env.items() if k != "TMUX"}
+    _terminal(lab, ["tmux", "-L", lab.socket, "attach", "-t", "watch"], outside)
+    wait_for("top's table", lambda: key[:12] in _tmux(lab.socket, "capture-pane", "-p", "-t", "watch"))
+    _tmux(lab.socket, "send-keys", "-t", "watch", "j")  # the master's row is first: its worker below
+    _tmux(lab.socket, "send-keys", "-t", "watch", "t")
+    there = lambda: _client_panes(lab.socket) == [pane_id]  # noqa: E731
+    wait_for("the client on the agent's pane", there, timeout=15)

@@ -27,10 +27,11 @@ from .names import resolve_key
 if TYPE_CHECKING:
     import argparse
 
+    from ..dispatch.tmux import TmuxServer
     from ..matrix.store import MatrixStore
     from .base import Io, Verbs
 
-__all__ = ["cmd_attach", "cmd_logs", "register"]
+__all__ = ["cmd_attach", "cmd_logs", "pane_of", "register", "show_inside"]
 
 
 def register(sub: Verbs, epilog: str) -> None:
@@ -43,38 +44,47 @@ def register(sub: Verbs, epilog: str) -> None:
 
 
 def cmd_attach(args: argparse.Namespace, io: Io) -> int:
-    from ..dispatch.jobs import JobStore
-    from ..dispatch.tmux import TmuxServer
-
     store = store_of(args)
     key = resolve_key(store, args.key)
-    agent = JobStore(store).agent_of(key)
-    ref = agent.pane_ref if agent is not None else None
-    if ref is None:
-        how = f"its log: pi-matrix show {key}" if agent is not None else "it was not fired into tmux"
-        raise NotFound(f"{key} has no tmux pane ({how})")
-    socket, pane_id = ref
-    server = TmuxServer(socket)
+    server, pane_id = pane_of(store, key)
     command = shlex.join(server.attach_argv(pane_id))
     if args.print:
         io.out.write(command + "\n")
         return EXIT_OK
     if server.pane(pane_id) is None:
-        raise NotFound(f"{key}'s pane {pane_id} is gone from tmux -L {socket} (its agent ended?)")
-    inside = os.environ.get("TMUX")
-    if inside:
-        mine = TmuxServer.of_client(inside)
-        if server.same_as(mine):
-            server.show(pane_id, switch=True)
-            io.out.write(f"switched to {key} ({pane_id})\n")
-        else:
-            server.show(pane_id, switch=False)
-            mine.open_window(key[:32], server.attach_argv(pane_id))
-            io.out.write(f"opened a window attached to {key} on tmux -L {socket}\n")
+        raise NotFound(f"{key}'s pane {pane_id} is gone from tmux -L {server.socket} (its agent ended?)")
+    if os.environ.get("TMUX"):
+        io.out.write(show_inside(server, pane_id, key) + "\n")
         return EXIT_OK
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise DispatchError(f"attach: not on a terminal; run it in one, or: {command}")
     server.attach(pane_id)
+
+
+def pane_of(store: MatrixStore, key: str) -> tuple[TmuxServer, str]:
+    """The tmux server and pane the agent ``key`` runs in (its newest job's record of it)."""
+    from ..dispatch.jobs import JobStore
+    from ..dispatch.tmux import TmuxServer
+
+    agent = JobStore(store).agent_of(key)
+    ref = agent.pane_ref if agent is not None else None
+    if ref is None:
+        how = f"its output: pi-matrix logs {key}" if agent is not None else "it was not fired into tmux"
+        raise NotFound(f"{key} has no tmux pane ({how})")
+    return TmuxServer(ref[0]), ref[1]
+
+
+def show_inside(server: TmuxServer, pane_id: str, key: str) -> str:
+    """From inside tmux (``$TMUX``): the agent's pane for the calling client, what was done."""
+    from ..dispatch.tmux import TmuxServer
+
+    mine = TmuxServer.of_client(os.environ["TMUX"])
+    if server.same_as(mine):
+        server.show(pane_id, switch=True)
+        return f"switched to {key} ({pane_id})"
+    server.show(pane_id, switch=False)
+    mine.open_window(key[:32], server.attach_argv(pane_id))
+    return f"opened a window attached to {key} on tmux -L {server.socket}"
 
 
 # -- logs ---------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from .top import COLUMNS, Item, Snapshot, Usage, collect, detail_lines, pack
 from .top_acts import Acts
 
 if TYPE_CHECKING:
+    from ..dispatch.tmux import TmuxServer
     from .base import Io, Verbs
 
 __all__ = ["run_screen", "split_keys"]
@@ -48,7 +49,7 @@ _NAMED: Final = {
     "\x1b[1~": "home", "\x1b[4~": "end", "\r": "enter", "\n": "enter", "\x7f": "backspace",
     "\x08": "backspace", "\x1b": "esc", "\x03": "ctrl-c",
 }  # fmt: skip
-HELP: Final = "j/k move  Enter detail  / filter  a adopt  c clean up  r resume  s stop  q quit"
+HELP: Final = "j/k move  Enter detail  / filter  t attach  a adopt  c clean up  r resume  s stop  q quit"
 REFRESH_S: Final = 1.0
 ESC_WAIT_S: Final = 0.05
 
@@ -108,6 +109,7 @@ class Screen:
         self.floor: Layout | None = None
         self.floor_width = 0
         self.quit = False
+        self.attach_after: tuple[TmuxServer, str] | None = None  # t outside tmux: after the screen
 
     # --- the rows ------------------------------------------------------------------------------
     def visible(self) -> list[Item]:
@@ -182,6 +184,28 @@ class Screen:
             self.open_detail()
         elif key in ("a", "c", "r", "s"):
             self.ask(key)
+        elif key == "t":
+            self.attach()
+
+    def attach(self) -> None:
+        """Into the selected agent's pane: inside tmux the client goes there and top stays;
+        outside, top ends and its terminal becomes the agent's client (``pi-matrix attach``)."""
+        from .attach import pane_of, show_inside
+
+        entry = self.current()
+        if entry is None:
+            self.message = ("select an agent first", "yellow")
+            return
+        try:
+            server, pane_id = pane_of(self.store, entry.key)
+            if server.pane(pane_id) is None:
+                self.message = (f"{self.shown_key(entry.key)}: its pane {pane_id} is gone", "yellow")
+            elif os.environ.get("TMUX"):
+                self.message = (show_inside(server, pane_id, self.shown_key(entry.key)), "green")
+            else:
+                self.attach_after, self.quit = (server, pane_id), True
+        except PiMatrixError as exc:
+            self.message = (f"error: {exc}", "red")
 
     def answer(self, key: str) -> None:
         question, self.question = self.question, None
@@ -348,6 +372,9 @@ def run_screen(store: MatrixStore, io: Io, owner: tuple[ProcessIdentity, str] | 
         pass
     finally:
         watch.close()
+    if screen.attach_after is not None:  # the terminal is restored: it becomes the agent's client
+        server, pane_id = screen.attach_after
+        server.attach(pane_id)
     return EXIT_OK
 
 
