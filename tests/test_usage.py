@@ -321,3 +321,29 @@ def test_a_pi_rounds_result_waits_for_the_claim_of_the_run_that_printed_the_mark
     result = JobStore(store).result(job.id, agent.agent_id, 1)
     assert result is not None and result.usage is not None and result.usage.claimed is not None
     assert result.usage.claimed.total_tokens == 25
+
+
+# --- spend in view (issue 31.10) ------------------------------------------------------------------
+def test_top_and_jobs_show_each_agents_claimed_spend_and_the_masters_total(ulab: Lab) -> None:
+    lab = ulab
+    job, agent = _round(lab, "claims")
+    silent = lab.fire("Say hello.", profile="silent").job
+    (quiet,) = silent.agents
+    wait_for("the silent round's result", lambda: lab.result(silent.id, quiet.agent_id), timeout=60)
+    env = dict(lab.env, COLUMNS="250")
+    argv = [sys.executable, "-m", "pi_tmux_matrix"]
+    jobs = subprocess.run(
+        [*argv, "jobs"], env=env, capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    assert "SPEND" in jobs.splitlines()[0], jobs
+    (job_row,) = [line for line in jobs.splitlines() if line.startswith(job.id)]
+    (agent_row,) = [line for line in jobs.splitlines() if agent.key in line]
+    assert "$0.05" in job_row and "$0.05" in agent_row, jobs
+    (silent_row,) = [line for line in jobs.splitlines() if quiet.key in line]
+    assert "$" not in silent_row, jobs  # it claimed nothing: nothing is made up
+    top = subprocess.run(
+        [*argv, "top", "--once"], env=env, capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    (master_row,) = [line for line in top.splitlines() if line.startswith("master-boss")]
+    (worker_row,) = [line for line in top.splitlines() if agent.key in line]
+    assert "$0.05" in master_row and "$0.05" in worker_row, top

@@ -12,6 +12,7 @@ from ..contract import DEFAULT_SOCKET, ENV_TMUX_SOCKET
 from ..dispatch import BACKEND_NAMES, TMUX
 from ..dispatch.confirm import CONFIRM_S
 from ..dispatch.ready import READY_S
+from ..dispatch.usage import UsageTotal
 from ..errors import EXIT_OK, ContractError, DispatchError, NotConfirmed, ResumeRefused
 from ..matrix.codec import MAX_ENTRY_BYTES as INPUT_MAX_BYTES
 from ..settings import load_settings
@@ -19,7 +20,7 @@ from .base import STOP_WORD, add_verb, age, confirmed, store_of
 from .fire_report import check_wait_ready, report_fire
 from .names import resolve_job, resolve_key
 from .render import Column, Row, print_table, tree_indent
-from .usage import job_usage_lines, write_usage
+from .usage import job_usage_lines, spend_cell, write_usage
 
 if TYPE_CHECKING:
     from ..dispatch.adhoc import AdHocAgent
@@ -235,7 +236,8 @@ def _json(text: str | bytes, field: str) -> object:
 JOB_COLUMNS = (
     Column("JOB", 100), Column("STATE", 90, shrink=8), Column("KEY", 80, key=True),
     Column("HOST", 60), Column("TMUX", 50), Column("TARGET", 40, shrink=10),
-    Column("TEAM", 45, shrink=8), Column("TASK", 55, shrink=10), Column("AGE", 70, right=True),
+    Column("TEAM", 45, shrink=8), Column("TASK", 55, shrink=10), Column("SPEND", 42, right=True),
+    Column("AGE", 70, right=True),
 )  # fmt: skip
 
 
@@ -249,11 +251,12 @@ def _job_rows(io: Io, view: ListedJob) -> list[Row]:
         host = f"pid {pane.host_pid} {'alive' if pane.host_alive else 'gone'}"
         where = f"tmux -L {pane.socket} attach -t {pane.target}"
         untracked = (view.job_id, "untracked (tmux tags only)", pane.key or "", host, "", where)
-        return [Row((*untracked, "", "", ""))]
+        return [Row((*untracked, "", "", "", ""))]
     job = view.job
     rows = [
         Row(
             (job.id, view.state, "", "", "", "", job.team or job.profile or "ad-hoc", job.task_ref or "-",
+             spend_cell(UsageTotal.of([r.usage for r in a.results] for a in view.agents)),
              age(job.created_at)),
             ("bold",),
         )
@@ -270,7 +273,8 @@ def _job_rows(io: Io, view: ListedJob) -> list[Row]:
             outcome += f" ({result.detail})"
         cells = (
             agent.agent_id, f"round {agent.round}: {outcome}", agent.key,
-            "alive" if shown.host_alive else "gone", shown.tmux, agent.where, "", "", "",
+            "alive" if shown.host_alive else "gone", shown.tmux, agent.where, "", "",
+            spend_cell(UsageTotal.of([[r.usage for r in shown.results]])), "",
         )  # fmt: skip
         styles = ("", "", "", "green" if shown.host_alive else "red")
         rows.append(Row(cells, styles, tree_indent(i == len(view.agents) - 1)))

@@ -87,7 +87,8 @@ class Column:
     shrink: int | None = None
     key: bool = False
     right: bool = False
-    # Cut to ``shrink`` before any key is shortened (an agent's name: the key says who it is).
+    # Cut to ``shrink`` (without one: dropped) before any key is shortened: an agent's name (the
+    # key says who it is), its spend (``jobs`` and ``show`` have it whole).
     cut_first: bool = False
 
 
@@ -177,8 +178,10 @@ def fit(
 
     for i, column in enumerate(columns):
         least, current = column.shrink, widths[i]
-        if column.cut_first and least is not None and current is not None and total() > width:
-            widths[i] = max(least, current - (total() - width))
+        if not column.cut_first or current is None or total() <= width:
+            continue
+        # Cut to its least, or (a figure: nothing to cut) dropped, before any key is shortened.
+        widths[i] = max(least, current - (total() - width)) if least is not None else None
     key_col = next((i for i, c in enumerate(columns) if c.key), None)
     if key_col is not None and (total() > width or abbrev is not None):
         pool = list(keys) or [r.cells[key_col] for r in rows if not r.label]

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from .. import procs
+from ..dispatch.usage import UsageTotal
 from ..errors import PiMatrixError
 from ..identity import ProcessIdentity, Role
 from ..matrix.model import Entry, Status
@@ -24,6 +25,7 @@ from ..safetext import printable
 from ..supervise.claim import unsupervised
 from .base import age
 from .render import STATUS_STYLES, Column, Row, status_cell, task_cell, tree_indent
+from .usage import claimed_by_key, spend_cell
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -36,7 +38,8 @@ COLUMNS = (
     Column("STATUS", 90, shrink=9), Column("ALIVE", 80, shrink=5),
     Column("CPU%", 75, right=True), Column("RSS", 70, right=True), Column("AGE", 60, right=True),
     Column("LANE", 55, shrink=8), Column("TASK", 50, shrink=10), Column("BEAT", 40, right=True),
-    Column("HANDOFFS", 35, right=True), Column("TMUX", 30, shrink=10), Column("REASON", 20, shrink=8),
+    Column("HANDOFFS", 35, right=True), Column("SPEND", 33, right=True, cut_first=True),
+    Column("TMUX", 30, shrink=10), Column("REASON", 20, shrink=8),
 )  # fmt: skip
 
 
@@ -109,16 +112,21 @@ class Snapshot:
     problems: tuple[Problem, ...] = ()
 
 
-def _targets(store: MatrixStore) -> dict[str, str]:
+def _of_jobs(store: MatrixStore) -> tuple[dict[str, str], dict[str, UsageTotal]]:
+    """From the job records, read once: each agent's tmux place, and what it claimed it spent."""
     targets: dict[str, str] = {}
+    spent: dict[str, UsageTotal] = {}
     with contextlib.suppress(PiMatrixError, OSError):
         from ..dispatch.jobs import JobStore
 
-        for job in JobStore(store).list_jobs()[0]:
+        jobs = JobStore(store)
+        listed = jobs.list_jobs()[0]
+        for job in listed:
             for agent in job.agents:
                 if agent.target and agent.pane_id:
                     targets[agent.key] = f"{agent.socket}:{agent.pane_id}"
-    return targets
+        spent = claimed_by_key(jobs, listed)
+    return targets, spent
 
 
 def _summary(
@@ -163,7 +171,12 @@ def collect(store: MatrixStore, usage: Usage) -> Snapshot:
     listing = store.list()
     entries = list(listing.entries)
     now = now_ms()
-    targets = _targets(store)
+    targets, spent = _of_jobs(store)
+    # A master's spend: what its workers claimed (advisory), shown on its own row.
+    for master in (e for e in entries if e.role is Role.MASTER):
+        session = master.identity.session_id
+        mine = [spent[w.key] for w in entries if w.parent_session_id == session and w.key in spent]
+        spent[master.key] = sum(mine, UsageTotal())
     alive = {e.key: procs.is_alive(e.process) for e in entries}
     used = usage.sample(entries)
 
@@ -176,8 +189,8 @@ def collect(store: MatrixStore, usage: Usage) -> Snapshot:
             "yes" if live else (unsupervised(entry) or "no"),
             "-" if cpu is None else f"{cpu:.1f}", "-" if rss is None else _bytes(rss),
             age(entry.created_at, now), entry.identity.lane or "-", task_cell(entry),
-            age(entry.heartbeat_at, now), str(len(entry.undelivered)), targets.get(entry.key, "-"),
-            entry.reason or "-",
+            age(entry.heartbeat_at, now), str(len(entry.undelivered)), spend_cell(spent.get(entry.key)),
+            targets.get(entry.key, "-"), entry.reason or "-",
         )  # fmt: skip
         styles = (
             "bold" if entry.role is Role.MASTER else "", "", style,

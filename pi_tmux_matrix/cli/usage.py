@@ -8,14 +8,16 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..dispatch.usage import UsageTotal
+from ..dispatch.usage import ClaimedUsage, UsageTotal
 from ..dispatch.views import JobView, ListedJob
 from ..safetext import printable
 
 if TYPE_CHECKING:
+    from ..dispatch.jobs import JobStore
+    from ..dispatch.model import Job
     from .base import Io
 
-__all__ = ["job_usage_lines", "usage_report", "write_usage"]
+__all__ = ["claimed_by_key", "job_usage_lines", "spend_cell", "usage_report", "write_usage"]
 
 
 def job_usage_lines(io: Io, view: JobView) -> list[str]:
@@ -32,6 +34,26 @@ def job_usage_lines(io: Io, view: JobView) -> list[str]:
                     f"pi-matrix: warning: {view.job.id} {shown.agent.agent_id} round {result.round}: {line}\n"
                 )
     return lines
+
+
+def spend_cell(total: UsageTotal | None) -> str:
+    """A table's SPEND cell: the claimed dollars, else the claimed tokens, else ``-`` (advisory:
+    what the workers claimed, checked against nothing)."""
+    if total is None or not total.claimed_by:
+        return "-"
+    if total.priced:
+        return f"${total.dollars:.2f}" if total.dollars >= 0.01 else f"${total.dollars:.4f}"
+    return f"{total.tokens / 1000:.1f}k tok" if total.tokens >= 1000 else f"{total.tokens} tok"
+
+
+def claimed_by_key(jobs: JobStore, listed: Sequence[Job]) -> dict[str, UsageTotal]:
+    """What each agent (by matrix key) claimed over all its rounds in ``listed`` jobs."""
+    found: dict[str, list[ClaimedUsage | None]] = {}
+    for job in listed:
+        results = jobs.results_of(job)
+        for agent in job.agents:
+            found.setdefault(agent.key, []).extend(r.usage for r in results.get(agent.agent_id, []))
+    return {key: UsageTotal.of([rounds]) for key, rounds in found.items()}
 
 
 def _total(view: JobView) -> UsageTotal:
