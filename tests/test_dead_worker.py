@@ -46,6 +46,11 @@ def _running(lab: Lab, key: str) -> Entry | None:
     return found if found is not None and found.status is Status.RUNNING and found.child_pid else None
 
 
+def _closed(lab: Lab, key: str) -> Entry | None:
+    found = lab.store.find(key)
+    return found if found is not None and found.status is Status.CLOSED else None
+
+
 def _slow_master(lab: Lab) -> None:
     """A master that looks only once a minute: what is seen meanwhile is resume's own doing."""
     path = lab.agent_dir / "settings.json"
@@ -122,3 +127,29 @@ def test_a_master_killed_outright_is_gone_in_every_view_not_running(dlab: Lab) -
         assert "gone (recorded running)" in line, (verb, done.stdout)
         assert " running " not in f"{line} ".replace("recorded running", ""), (verb, line)
     assert lab.store.get(master.key).status is Status.RUNNING  # a view writes nothing
+
+
+def test_one_stop_reads_the_same_whether_its_handoff_was_owed_or_not(dlab: Lab) -> None:
+    """Issue 31.7: ``stop JOB`` on a working agent recorded ``closed (delivered)`` and top's ``s``
+    on an idle finished one ``closed (killed)`` for the same act. A closed record now keeps how its
+    agent ended: ``killed``, then ``delivered`` when a handoff was owed."""
+    lab = dlab
+    lab.start_master()
+    (working,) = lab.fire("HANG busy").job.agents
+    lab.worker(working.key)
+    finished_job = lab.fire("quick one").job
+    (finished,) = finished_job.agents
+    lab.worker(finished.key)
+    wait_for("the finished round", lambda: lab.result(finished_job.id, finished.agent_id))
+    delivered = lambda: all(h.delivered_at for h in lab.store.get(finished.key).handoffs)  # noqa: E731
+    wait_for("its handoff delivered", delivered)
+    for key in (working.key, finished.key):
+        done = subprocess.run(
+            [sys.executable, "-m", "pi_tmux_matrix", "stop", key, "--confirm", "yes-tmux-stop"],
+            cwd=lab.work, env=lab.env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    for key in (working.key, finished.key):
+        entry = wait_for(f"{key} closed", lambda k=key: _closed(lab, k))
+        # How it ended first, then (when its handoff was owed) that it was delivered.
+        assert entry.reason in ("killed", "killed, delivered"), entry

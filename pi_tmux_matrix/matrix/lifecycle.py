@@ -23,6 +23,7 @@ from ..errors import AdoptionRefused
 from ..identity import AgentIdentityContract, ProcessIdentity, Role
 from .model import (
     MAX_HANDOFFS,
+    MAX_REASON,
     Directive,
     DirectiveKind,
     Entry,
@@ -385,14 +386,18 @@ def record_terminal(
 
 
 def mark_delivered(entry: Entry, handoff_id: str, now: int) -> Entry:
-    """The owner accepted the handoff; once all are delivered the record is closed."""
+    """The owner accepted the handoff; once all are delivered the record is closed, its reason
+    still saying how the agent ended (``killed, delivered``): one act reads the same whether
+    its handoff was still owed or not (docs/decisions.md#a-closed-record-says-how-its-agent-ended)."""
     handoffs = tuple(
         attrs.evolve(h, delivered_at=now) if h.id == handoff_id and h.delivered_at is None else h
         for h in entry.handoffs
     )
     changed = attrs.evolve(entry, handoffs=handoffs)
     if entry.status is Status.TERMINAL and not changed.undelivered:
-        return changed.moved(Status.CLOSED, reason="delivered")
+        ended = entry.reason or (entry.exit.kind.value if entry.exit is not None else None)
+        reason = f"{ended}, delivered" if ended else "delivered"
+        return changed.moved(Status.CLOSED, reason=reason[:MAX_REASON])
     return changed
 
 
