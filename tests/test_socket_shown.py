@@ -50,9 +50,10 @@ def test_targets_name_the_socket_in_text_and_json(lab: Lab) -> None:
     shown = json.loads(cli(lab, "job", job_id, "--json").stdout)
     assert shown["agents"][0]["socket"] == lab.socket
     where = f"tmux -L {lab.socket} attach -t {agent['target']}"  # a command a person can paste
-    for words in (["job", job_id], ["jobs"]):
-        done = cli(lab, *words)
-        assert done.returncode == 0 and where in done.stdout, done.stdout + done.stderr
+    done = cli(lab, "job", job_id)
+    assert done.returncode == 0 and where in done.stdout, done.stdout + done.stderr
+    listed = cli(lab, "jobs")  # the table: the target, its server beside it
+    assert f"({lab.socket})" in listed.stdout and agent["target"] in listed.stdout, listed.stdout
 
     text = cli(lab, *fire, "--", "HANG text")
     assert text.returncode == 0, text.stderr

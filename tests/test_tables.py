@@ -158,7 +158,9 @@ def test_jobs_fits_80_columns_with_its_agents_drawn_under_it(lab: Lab) -> None:
     assert all(len(line) <= 80 for line in lines), narrow
     assert lines[1].startswith(fired.job.id)
     assert lines[2].startswith(f"└─ {agent.agent_id}")
-    assert agent.key[:15] + ELLIPSIS in narrow and agent.key not in narrow
+    # Issue 31.4: at 80 the job, its state, the agent's name and its tmux target stay whole.
+    assert "TARGET" in lines[0] and agent.target is not None, narrow
+    assert lines[2].rstrip().endswith(agent.target), narrow
     assert agent.key in _render(lab.store, *args, width=None)
 
 

@@ -233,9 +233,11 @@ def _json(text: str | bytes, field: str) -> object:
         raise ContractError(field, f"is not JSON ({exc})", fix) from None
 
 
+# At 80 columns: the job (its agents' names under it), the state and the tmux target stay
+# (docs/decisions.md#a-table-keeps-what-a-person-acts-on).
 JOB_COLUMNS = (
-    Column("JOB", 100), Column("STATE", 90, shrink=8), Column("KEY", 80, key=True),
-    Column("HOST", 60), Column("TMUX", 50), Column("TARGET", 40, shrink=10),
+    Column("JOB", 100), Column("STATE", 90, shrink=12), Column("KEY", 80, key=True),
+    Column("HOST", 60), Column("TMUX", 50, shrink=8), Column("TARGET", 95, shrink=12),
     Column("TEAM", 45, shrink=8), Column("TASK", 55, shrink=10), Column("SPEND", 42, right=True),
     Column("AGE", 70, right=True),
 )  # fmt: skip
@@ -249,8 +251,8 @@ def _job_rows(io: Io, view: ListedJob) -> list[Row]:
     if view.state == "untracked":
         pane = view.pane
         host = f"pid {pane.host_pid} {'alive' if pane.host_alive else 'gone'}"
-        where = f"tmux -L {pane.socket} attach -t {pane.target}"
-        untracked = (view.job_id, "untracked (tmux tags only)", pane.key or "", host, "", where)
+        socket = f"({pane.socket})"
+        untracked = (view.job_id, "untracked (tmux tags only)", pane.key or "", host, socket, pane.target)
         return [Row((*untracked, "", "", "", ""))]
     job = view.job
     rows = [
@@ -273,12 +275,18 @@ def _job_rows(io: Io, view: ListedJob) -> list[Row]:
             outcome += f" ({result.detail})"
         cells = (
             agent.agent_id, f"round {agent.round}: {outcome}", agent.key,
-            "alive" if shown.host_alive else "gone", shown.tmux, agent.where, "", "",
+            "alive" if shown.host_alive else "gone", _tmux_cell(shown.tmux, agent.tmux_socket),
+            agent.target or "-", "", "",
             spend_cell(UsageTotal.of([[r.usage for r in shown.results]])), "",
         )  # fmt: skip
         styles = ("", "", "", "green" if shown.host_alive else "red")
         rows.append(Row(cells, styles, tree_indent(i == len(view.agents) - 1)))
     return rows
+
+
+def _tmux_cell(state: str, socket: str | None) -> str:
+    """Whether tmux has the pane, and on which server (the target alone could be on any)."""
+    return state if socket is None else f"{state} ({socket})"
 
 
 def _all_keys(args: argparse.Namespace, rows: list[Row]) -> list[str]:
@@ -321,6 +329,10 @@ def cmd_job(args: argparse.Namespace, io: Io) -> int:
         rows = _job_rows(io, view)
         if rows:
             print_table(io, JOB_COLUMNS, rows, keys=_all_keys(args, rows))
+        for shown in view.agents:  # where each one is, as a command to paste
+            if shown.agent.tmux_socket is not None and shown.agent.target is not None:
+                agent = shown.agent
+                io.out.write(f"attach {agent.agent_id}: {agent.where} (or: pi-matrix attach {agent.key})\n")
         io.out.write("".join(f"usage of {line}\n" for line in job_usage_lines(io, view)))
     return EXIT_OK
 
