@@ -46,6 +46,7 @@ __all__ = [
     "ENV_HOST_PID",
     "ENV_KEY",
     "ENV_MAILBOX",
+    "ENV_OFFLINE",
     "ENV_PARENT_PID",
     "ENV_PARENT_SESSION",
     "ENV_PARENT_START",
@@ -113,6 +114,9 @@ ENV_BRIDGE_DEBUG: Final = "PI_MATRIX_BRIDGE_DEBUG"
 # How the bridge answers pi's project_trust event (pi >= 0.79): "yes", "no", or unset (pi decides).
 ENV_PROJECT_TRUST: Final = "PI_MATRIX_PROJECT_TRUST"
 ENV_TMUX_SOCKET: Final = "PI_MATRIX_TMUX_SOCKET"
+# pi's own switch: no network at start (update checks, model catalogs); a fork and the offline
+# fake model (docs/offline.md) set it.
+ENV_OFFLINE: Final = "PI_OFFLINE"
 DEFAULT_SOCKET: Final = "pi-matrix"  # the dispatcher's own tmux server (tmux -L) without the above
 ENV_TMUX: Final = "TMUX"  # set by tmux in every pane: "<socket path>,<server pid>,<session>"
 ENV_TMUX_PANE: Final = "TMUX_PANE"  # set by tmux in every pane: its id, e.g. %3
@@ -129,7 +133,7 @@ ENV_FORK_TASK: Final = "PI_FORK_TASK"
 FORK_RUN_ENV: Final = frozenset({ENV_FORK_RESULT_PATH, ENV_FORK_RUN_ID, ENV_FORK_TASK})
 FORK_FORCED_ENV: Final = {
     ENV_FORK: "1",
-    "PI_OFFLINE": "1",
+    ENV_OFFLINE: "1",
     "PI_SUBAGENT_DISABLE_SCHEDULER": "1",
     "PI_OBSERVATIONAL_MEMORY_PASSIVE": "1",
 }
@@ -146,7 +150,7 @@ FORK_NOT_INHERITED: Final = NEVER_INHERITED | FORK_RUN_ENV | frozenset({ENV_TMUX
 # (No test double's knob: the stand-in's reach a pane through the tmux server its test started.)
 PASS_ENV: Final = (
     "PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", ENV_AGENT_DIR,
-    "PI_OFFLINE", "NO_PROXY", "no_proxy", ENV_PI_COMMAND, ENV_BRIDGE_DEBUG,
+    ENV_OFFLINE, "NO_PROXY", "no_proxy", ENV_PI_COMMAND, ENV_BRIDGE_DEBUG,
 )  # fmt: skip
 
 # Linux caps pid_max at 2^22; anything above cannot be a pid on any Linux machine.

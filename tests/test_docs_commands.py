@@ -5,6 +5,7 @@ scratch git repo as cwd, the stand-in agent as "pi". Placeholders are filled in 
 the docs fired, `worker-<id>` → a worker of the matrix, `<task>` → the task, `[--flags]` dropped).
 A command may end 0-3 (the CLI's documented outcomes: a preview exits 2, a refusal 1) but must
 end, and never with a traceback. `pi-matrix master … -- bash` runs bash with no input, so it ends.
+A verb that serves until it is stopped (`fake-model`) must say it serves, then end 0 on SIGTERM.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from pi_tmux_matrix.matrix.store import MatrixStore
 
 ROOT = Path(__file__).resolve().parent.parent
 STANDIN = [sys.executable, "-m", "pi_tmux_matrix.testing.standin"]
+# Verbs that serve until stopped, and the line that says they serve.
+SERVING = {"fake-model": "export PI_CODING_AGENT_DIR="}
 
 
 def documented_commands() -> list[tuple[str, str]]:
@@ -49,6 +52,29 @@ def _fill(command: str, job_id: str, worker: str) -> list[str]:
     command = re.sub(r"<the same task>|<task>", "goal-7", command)
     words = shlex.split(command)
     return [job_id if w == "ID" else w for w in words]
+
+
+def _serve_and_stop(argv: list[str], ready: str, cwd: Path, env: dict[str, str], log: Path) -> str | None:
+    """Run a serving verb until it says ``ready``, stop it with SIGTERM: None, or what failed."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
+    identity = procs.identify(proc.pid)
+    try:
+        deadline = time.monotonic() + 30
+        while ready not in log.read_text() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if ready not in log.read_text():
+            return f"did not say {ready!r} in 30 s:\n{log.read_text()[-800:]}"
+        if identity is not None:
+            procs.send_signal(identity, signal.SIGTERM)
+        code = proc.wait(timeout=10)
+        return None if code == 0 else f"exit {code} on SIGTERM:\n{log.read_text()[-800:]}"
+    finally:
+        if proc.poll() is None and identity is not None:
+            procs.send_signal(identity, signal.SIGKILL)
+            proc.wait(timeout=10)
 
 
 def test_every_documented_command_runs(tmp_path: Path) -> None:
@@ -89,6 +115,12 @@ def test_every_documented_command_runs(tmp_path: Path) -> None:
             # Never the user's own dispatcher socket: ours.
             words = [socket if p == "--socket" else w for p, w in zip(["", *words], words, strict=False)]
             inner = [sys.executable, "-m", "pi_tmux_matrix", *words[1:]]
+            if words[1] in SERVING:
+                ran.append(" ".join(words))
+                failed = _serve_and_stop(inner, SERVING[words[1]], repo, env, tmp_path / f"{words[1]}.log")
+                if failed is not None:
+                    failures.append(f"{source}: {command}: {failed}")
+                continue
             argv = inner
             if words[1] != "master":
                 # Every other command runs under a master of the docs' session, as a user would.

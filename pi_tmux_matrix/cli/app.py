@@ -24,7 +24,7 @@ __all__ = ["Io", "build_parser", "main", "run"]
 # tests/test_cli.py holds the map equal to the whole parser.
 MODULES: Final = (
     "entries", "host", "master", "owner", "gc", "tree", "dispatch", "teamwork", "lanes", "status", "runs",
-    "demo", "doctor", "completion", "top_screen", "attach",
+    "demo", "doctor", "completion", "top_screen", "attach", "fake_model",
 )  # fmt: skip
 VERB_MODULES: Final = {
     "ls": "entries", "show": "entries", "repair": "entries", "host": "host", "master": "master",
@@ -36,7 +36,7 @@ VERB_MODULES: Final = {
     "setup-help": "status",
     "guard": "status", "fork": "runs", "runs": "runs", "demo": "demo", "doctor": "doctor",
     "complete-names": "completion", "top": "top_screen", "attach": "attach",
-    "logs": "attach",
+    "logs": "attach", "fake-model": "fake_model",
     # completion walks the whole parser: not here, so it gets every verb.
 }  # fmt: skip
 DESCRIPTION: Final = "The durable process matrix for pi coding agents in tmux."

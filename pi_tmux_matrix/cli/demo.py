@@ -5,6 +5,8 @@ the workers wind down to ``resumable``; one worker is then lost too; a new maste
 session and task recovers them without asking (the live ones re-adopted, the dead one resumed
 into its exact session file in a new pane); the tree is printed at every step. Everything it
 started (processes by identity, its own tmux server, its scratch folder) is gone at the end.
+With ``--agent pi`` the agents are real pi, on the user's model provider, or with ``--fake-model``
+on the bundled fake model (docs/offline.md), whose answers end each round before the crash.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from ..strictjson import JSONObject
 from .base import add_verb
 
 if TYPE_CHECKING:
+    from ..testing.fake_model import FakeModel
     from .base import Io, Verbs
 
 __all__ = ["register"]
@@ -42,6 +45,7 @@ T = TypeVar("T")
 SESSION = "demo-master"
 TASK = "demo-goal"
 STEP_TIMEOUT = 20.0
+PI_ANSWER_TIMEOUT = 60.0  # three pis start (node, extensions) and ask the fake model
 
 
 def register(sub: Verbs, epilog: str) -> None:
@@ -49,8 +53,12 @@ def register(sub: Verbs, epilog: str) -> None:
     demo.add_argument(
         "--agent",
         choices=["stand-in", "pi"],
-        default="stand-in",
-        help="the agents: the bundled stand-in or real pi",
+        help="the agents: the bundled stand-in (the default) or real pi",
+    )
+    demo.add_argument(
+        "--fake-model",
+        action="store_true",
+        help="real pi against the bundled fake model on 127.0.0.1: offline, no key (implies --agent pi)",
     )
     demo.add_argument("--keep", action="store_true", help="keep the scratch folder (state, repo, logs)")
     demo.set_defaults(handler=cmd_demo)
@@ -76,7 +84,8 @@ def pi_provider(source: Path, env: Mapping[str, str]) -> tuple[list[Path], JSONO
         raise ContractError(
             "--agent pi",
             f"no model provider for pi in {source} (no models.json, no auth.json, no *_API_KEY variable)",
-            "set one up as docs/real-provider.md shows, or run the demo with the stand-in (no --agent)",
+            "set one up as docs/real-provider.md shows, add --fake-model to run real pi offline against "
+            "the bundled fake model (docs/offline.md), or run the demo with the stand-in (no --agent)",
         )
     return files, settings
 
@@ -86,19 +95,22 @@ class DemoFailed(PiMatrixError):
 
 
 class Demo:
-    def __init__(self, io: Io, root: Path, agent: str) -> None:
+    def __init__(self, io: Io, root: Path, agent: str, fake_model_url: str | None = None) -> None:
         self.io = io
         self.root = root
         self.agent = agent
+        # The bundled fake model's base URL: its agents' pi asks it instead of the user's provider.
+        self.fake_model_url = fake_model_url
         self.socket = f"pi-matrix-demo-{os.getpid()}"
         self.state = root / "state"
         self.agent_dir = root / "agent"
         self.repo = root / "repo"
         self.store = MatrixStore(self.state)
         self.started: list[ProcessIdentity] = []
+        self.jobs: list[str] = []  # the ids of the jobs it fired
         self.tmux = shutil.which("tmux") is not None
         self.env = dict(os.environ)
-        from ..contract import ENV_AGENT_DIR, ENV_STATE_DIR, ENV_TMUX_SOCKET, NEVER_INHERITED
+        from ..contract import ENV_AGENT_DIR, ENV_OFFLINE, ENV_STATE_DIR, ENV_TMUX_SOCKET, NEVER_INHERITED
         from ..testing.standin import ENV_STEP_S, ENV_STEPS
 
         for name in NEVER_INHERITED:  # the demo's processes never inherit this shell's own contract
@@ -112,6 +124,13 @@ class Demo:
                 ENV_STEP_S: "0.25",
             }
         )
+        if fake_model_url is not None:
+            # Offline for real: no update check or model catalog, and no proxy between pi and
+            # the fake on this machine's loopback.
+            self.env[ENV_OFFLINE] = "1"
+            others = self.env.get("NO_PROXY") or self.env.get("no_proxy")
+            loopback = "127.0.0.1,localhost" + (f",{others}" if others else "")
+            self.env["NO_PROXY"] = self.env["no_proxy"] = loopback
 
     # -- output ---------------------------------------------------------------------------------------
     def say(self, text: str) -> None:
@@ -130,7 +149,13 @@ class Demo:
         settings: JSONObject = {
             "processMatrix": {"heartbeatMs": 1000, "watcherPollMs": 1000, "adoptionGraceMs": 60000}
         }
-        if self.agent == "pi":
+        if self.fake_model_url is not None:
+            from ..testing.fake_model import write_pi_agent_dir
+
+            (self.agent_dir / "settings.json").write_text(json.dumps(settings))
+            write_pi_agent_dir(self.agent_dir, self.fake_model_url)  # keeps processMatrix
+            settings = json.loads((self.agent_dir / "settings.json").read_text())
+        elif self.agent == "pi":
             # The demo's agent dir is a scratch one: real pi needs the user's provider in it.
             files, pi_settings = pi_provider(agent_dir(), os.environ)
             for path in files:
@@ -192,6 +217,7 @@ class Demo:
             team=team,
         )  # fmt: skip
         result = dispatcher.fire(request)
+        self.jobs.append(result.job.id)
         for agent in result.job.agents:
             host = agent.host
             if host is not None:
@@ -211,6 +237,18 @@ class Demo:
     def _entry(self, key: str, check: Callable[[Entry], bool]) -> Entry | None:
         entry = self.store.find(key)
         return entry if entry is not None and check(entry) else None
+
+    def answered(self) -> list[str] | None:
+        """Once every fired agent's round has its result: one line each."""
+        from ..dispatch.manager import Dispatcher
+
+        dispatcher = Dispatcher(self.store, load_settings(self.repo, self.env), env=self.env)
+        agents = [a for job in self.jobs for a in dispatcher.view(dispatcher.jobs.get(job)).agents]
+        if not agents or any(a.result is None for a in agents):
+            return None
+        return [
+            f"   {a.agent.agent_id}: round {a.agent.round} {a.result.kind.value}" for a in agents if a.result
+        ]
 
     def workers(self) -> list[Entry]:
         return [e for e in self.store.list().entries if e.role is Role.WORKER]
@@ -232,6 +270,12 @@ class Demo:
         self.fire(master, "lane-b", profile=profile)
         self.wait("three running workers", lambda: self.all_workers(lambda w: w.status is Status.RUNNING))
         self.tree()
+        if self.fake_model_url is not None:
+            # With the fake model every pi answers at once: its round's end is part of the story
+            # (a real model may work on the task for long; the demo does not wait for that).
+            self.say("each pi asks the fake model and ends its round with the marker it was given")
+            lines = self.wait("every pi's round to end", self.answered, timeout=PI_ANSWER_TIMEOUT)
+            self.io.out.write("".join(line + "\n" for line in lines))
 
         self.say(f"kill -9 the master (pid {master.pid}): its workers notice at once and wind down")
         self.kill(master)
@@ -295,6 +339,18 @@ class Demo:
 
 
 @contextmanager
+def _fake_model(wanted: bool) -> Iterator[FakeModel | None]:
+    """The bundled fake model, serving for the demo's length (None when not ``wanted``)."""
+    if not wanted:
+        yield None
+        return
+    from ..testing.fake_model import FakeModel
+
+    with FakeModel() as model:
+        yield model
+
+
+@contextmanager
 def _scratch(keep: list[bool]) -> Iterator[Path]:
     """A scratch folder, removed at the end unless ``keep[0]`` is true by then (``--keep``, or a
     failed step whose logs are the evidence)."""
@@ -307,20 +363,32 @@ def _scratch(keep: list[bool]) -> Iterator[Path]:
 
 
 def cmd_demo(args: argparse.Namespace, io: Io) -> int:
+    if args.fake_model and args.agent == "stand-in":
+        raise ContractError(
+            "--fake-model", "is for real pi: the stand-in asks no model", "drop --agent stand-in"
+        )
+    # Asked for by name, never a fallback: a demo of real pi that quietly talked to a fake would
+    # not be the demo asked for (docs/decisions.md#a-fake-model-is-asked-for-by-name).
+    args.agent = "pi" if args.fake_model else args.agent or "stand-in"
     if args.agent == "pi" and shutil.which(pi_command()[0]) is None:
         raise ContractError(
             "--agent pi", "no pi on PATH", "install it, set PI_MATRIX_PI_COMMAND, or drop --agent"
         )
     if shutil.which("git") is None:
         raise ContractError("git", "not found on PATH", "install git: the demo's lanes are git worktrees")
-    if args.agent == "pi":
+    if args.agent == "pi" and not args.fake_model:
         pi_provider(agent_dir(), os.environ)  # what is missing is said before anything starts
     started = time.monotonic()
     keep = [bool(args.keep)]
-    with _scratch(keep) as root:
-        demo = Demo(io, root, args.agent)
+    with _scratch(keep) as root, _fake_model(args.fake_model) as fake:
+        demo = Demo(io, root, args.agent, fake.base_url if fake is not None else None)
         if not demo.tmux:
             io.out.write("(tmux is not installed: the agents run detached, --backend subprocess)\n")
+        if fake is not None:
+            io.out.write(
+                f"(real pi answered by the bundled fake model at {fake.base_url}: offline, no key; "
+                "it answers a task with its marker, anything else with 'ok')\n"
+            )
         try:
             demo.run()
         except PiMatrixError as exc:
@@ -329,6 +397,9 @@ def cmd_demo(args: argparse.Namespace, io: Io) -> int:
             return exit_code_for(exc)
         finally:
             demo.cleanup()
+            if fake is not None:
+                answered = len(fake.requests)
+                io.out.write(f"\n== the fake model answered {answered} request(s) from the demo's pi\n")
             io.out.write(
                 f"\n== done in {time.monotonic() - started:.1f}s; every process it started is stopped"
                 + (f" and its tmux server (-L {demo.socket}) is gone" if demo.tmux else "")

@@ -58,6 +58,7 @@ SUMMARY: Final[dict[str, str]] = {
     "guard": "is the tmux route open? (exit 0 yes, 1 no; diagnostic only, blocks nothing)",
     "profiles": "the launch profiles and teams in force, and their files",
     "completion": "print a shell completion script (bash, zsh or fish)",
+    "fake-model": "real pi offline: serve the bundled fake model on 127.0.0.1 and point a pi agent dir at it",
 }
 # The groups of ``--help``, each in the order a person reaches for them.
 _EVERYDAY: Final = ("demo", "fire", "jobs", "job", "followup", "dismiss", "top", "tree", "ls", "show")
@@ -69,7 +70,7 @@ GROUPS: Final[tuple[tuple[str, tuple[str, ...]], ...]] = (
         "teams and tmux",
         ("workspace", "templates", "var", "stop-session", "notify", "set-status", "lanes", "fork", "runs"),
     ),
-    ("setup", ("doctor", "status", "setup-help", "guard", "profiles", "completion")),
+    ("setup", ("doctor", "status", "setup-help", "guard", "profiles", "completion", "fake-model")),
 )
 # What the product runs for itself: a fire's agent host, the completion scripts' name lookup.
 HIDDEN: Final = frozenset({"host", "complete-names"})
