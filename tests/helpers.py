@@ -12,7 +12,8 @@ from typing import Any
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.identity import AgentIdentityContract, Role
-from pi_tmux_matrix.matrix.model import Entry, Status
+from pi_tmux_matrix.matrix.codec import encode_entry
+from pi_tmux_matrix.matrix.model import Entry, Handoff, Outcome, Status
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
 
 
@@ -149,6 +150,21 @@ def job_on_host(store: Any, cwd: Path, host: Any, session: str) -> Any:
         profile="stand-in", team=None, agents=(agent,), backend=SUBPROCESS,
     )  # fmt: skip
     return JobStore(store).create(job)
+
+
+def sample_document() -> dict[str, Any]:
+    """An entry's JSON document with every kind of part (a handoff, pointers, a process)."""
+    handoff = Handoff(id="h1", generation="g-1", parent_session_id="m1", outcome=Outcome.EXITED, created_at=1)
+    entry = make_entry(
+        "s1",
+        identity=make_identity("s1", session_file="/s/s1.jsonl", cwd="/w", resource_pointers=["/r"]),
+        pid=10,
+        proc_start=5,
+        boot_id="b",
+        handoffs=[handoff],
+    )
+    document: dict[str, Any] = json.loads(encode_entry(entry))
+    return document
 
 
 class Reaper:

@@ -6,23 +6,10 @@ import json
 from typing import Any
 
 import pytest
-from helpers import make_entry, make_identity
+from helpers import sample_document
 
 from pi_tmux_matrix.matrix.codec import DecodeError, decode_entry, encode_entry
-from pi_tmux_matrix.matrix.model import Handoff, Outcome, Status
-
-
-def sample() -> dict[str, Any]:
-    handoff = Handoff(id="h1", generation="g-1", parent_session_id="m1", outcome=Outcome.EXITED, created_at=1)
-    entry = make_entry(
-        "s1",
-        identity=make_identity("s1", session_file="/s/s1.jsonl", cwd="/w", resource_pointers=["/r"]),
-        pid=10,
-        proc_start=5,
-        boot_id="b",
-        handoffs=[handoff],
-    )
-    return json.loads(encode_entry(entry))
+from pi_tmux_matrix.matrix.model import Outcome, Status
 
 
 def put(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
@@ -57,19 +44,19 @@ def put(doc: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     ],
 )
 def test_no_coercion(path: str, value: Any, needle: str) -> None:
-    doc = put(sample(), path, value)
+    doc = put(sample_document(), path, value)
     with pytest.raises(DecodeError, match=needle):
         decode_entry(json.dumps(doc).encode(), "worker-s1")
 
 
 def test_error_paths_use_the_on_disk_names() -> None:
-    doc = put(sample(), "parentPid", "x")
+    doc = put(sample_document(), "parentPid", "x")
     with pytest.raises(DecodeError, match=r"@ \$\.parentPid"):
         decode_entry(json.dumps(doc).encode(), "worker-s1")
 
 
 def test_round_trip_keeps_real_enums() -> None:
-    entry, raw = decode_entry(json.dumps(sample()).encode(), "worker-s1")
+    entry, raw = decode_entry(json.dumps(sample_document()).encode(), "worker-s1")
     assert entry.status is Status.RUNNING
     assert entry.handoffs[0].outcome is Outcome.EXITED
     assert raw["key"] == "worker-s1"

@@ -39,11 +39,7 @@ from typing import Any
 
 import attrs
 import pytest
-from helpers import make_entry, make_identity
-from hypothesis import given
-from hypothesis import strategies as st
-from test_codec import sample
-from test_loader_fuzz import (
+from entry_fuzz import (
     IDENTITY_KEYS,
     LAX_PRIMITIVES,
     POOL,
@@ -58,6 +54,9 @@ from test_loader_fuzz import (
     render,
     small_values,
 )
+from helpers import make_entry, make_identity, sample_document
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pi_tmux_matrix.dispatch.model import AgentResult, Job, JobAgent, ResultKind
 from pi_tmux_matrix.dispatch.usage import ClaimedUsage, Cost, Usage
@@ -259,7 +258,7 @@ def test_valid_entries_take_the_plain_path() -> None:
 def test_an_old_outcome_spelling_is_the_plain_paths_too() -> None:
     """The aliases are one mapping (``model.ENUM_ALIASES``) both decoders read: a handoff stored as
     ``crashed`` is listed without the converter, as the converter reads it."""
-    doc = sample()
+    doc = sample_document()
     doc["handoffs"][0]["outcome"] = "crashed"
     data = json.dumps(doc).encode()
     assert agree(data, "worker-s1") is not None
@@ -364,7 +363,7 @@ HOSTILE: list[tuple[str, Any, str]] = [
 
 @pytest.mark.parametrize(("path", "value", "named"), HOSTILE)
 def test_hostile_values_are_refused_alike_naming_the_field(path: str, value: Any, named: str) -> None:
-    doc = sample()
+    doc = sample_document()
     put(doc, tuple(int(p) if p.isdigit() else p for p in path.split(".")), value)
     data = json.dumps(doc).encode()
     assert agree(data, "worker-s1") is None
@@ -374,16 +373,16 @@ def test_hostile_values_are_refused_alike_naming_the_field(path: str, value: Any
 
 
 def test_structural_limits_are_refused_alike() -> None:
-    doc = sample()
+    doc = sample_document()
     doc["handoffs"] = doc["handoffs"] * (MAX_HANDOFFS + 1)
     assert agree(json.dumps(doc).encode(), "worker-s1") is None
-    doc = sample()
+    doc = sample_document()
     doc["resumable"] = {"identity": {**doc["identity"], "lane": "other"}, "reason": "r", "at": 1}
     assert agree(json.dumps(doc).encode(), "worker-s1") is None
-    doc = sample()
+    doc = sample_document()
     doc["extra"] = 1
     assert agree(json.dumps(doc).encode(), "worker-s1") is None
-    base = json.dumps(sample())
+    base = json.dumps(sample_document())
     for text in (base[:-1] + ', "pid": 3}', base.replace('"pid": 10', '"pid": NaN'), base[:-7]):
         assert agree(text.encode(), "worker-s1") is None
 
