@@ -95,3 +95,15 @@ def reaper() -> Iterator[Reaper]:
         yield tracked
     finally:
         tracked.cleanup()
+
+
+@pytest.fixture
+def git_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A committer identity, no system config, and no repository above tmp_path."""
+    for key in ("AUTHOR", "COMMITTER"):
+        monkeypatch.setenv(f"GIT_{key}_NAME", "Lane Test")
+        monkeypatch.setenv(f"GIT_{key}_EMAIL", "lane@example.invalid")
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+        monkeypatch.delenv(name, raising=False)

@@ -11,42 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
+from repos import git, lanes_cli, make_repo
 
 from pi_tmux_matrix.dispatch.lanes import Lane, ensure_lane, lane_path, list_lanes
 from pi_tmux_matrix.errors import LaneError
 
-pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
-
-
-@pytest.fixture(autouse=True)
-def git_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A committer identity, no system config, and no repository above tmp_path."""
-    for key in ("AUTHOR", "COMMITTER"):
-        monkeypatch.setenv(f"GIT_{key}_NAME", "Lane Test")
-        monkeypatch.setenv(f"GIT_{key}_EMAIL", "lane@example.invalid")
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
-    for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
-        monkeypatch.delenv(name, raising=False)
-
-
-def git(cwd: Path | str, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(cwd), *args], capture_output=True, text=True, timeout=60, check=True
-    )
-    return done.stdout.strip()
-
-
-def make_repo(path: Path, *, commit: bool = True) -> Path:
-    path.mkdir(parents=True)
-    git(path, "init", "-q", "-b", "main")
-    if commit:
-        (path / "README").write_text("hello\n")
-        (path / "src").mkdir()
-        (path / "src" / "a.py").write_text("x = 1\n")
-        git(path, "add", ".")
-        git(path, "commit", "-q", "-m", "init")
-    return path
+pytestmark = [
+    pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed"),
+    pytest.mark.usefixtures("git_env"),  # conftest.py: a committer, no system config, no repo above
+]
 
 
 @pytest.fixture
@@ -302,13 +275,6 @@ def test_two_processes_racing_for_a_new_lane_end_with_one_worktree(
 
 
 # === pi-matrix lanes / lanes prune (issue 20) =====================================================
-def lanes_cli(state: Path, *words: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(state), "lanes", *words],
-        capture_output=True, text=True, timeout=120, check=False, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-
-
 def test_lanes_lists_each_lane_with_its_user_and_prune_removes_only_what_no_work_needs(
     repo: Path, tmp_path: Path
 ) -> None:

@@ -15,10 +15,12 @@ import stat
 from pathlib import Path
 
 import pytest
-from test_lanes import git, git_env, lanes_cli, make_repo  # noqa: F401 - git_env: the autouse fixture
+from repos import git, lanes_cli, make_repo
 
 from pi_tmux_matrix.dispatch.lanes import LaneState, ensure_lane, list_lanes, remove_lane
 from pi_tmux_matrix.errors import LaneError
+
+pytestmark = pytest.mark.usefixtures("git_env")  # conftest.py: a committer, no system config, no repo above
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from pathlib import Path
 import attrs
 import pytest
 from fake_llm import FakeLLM, Reply
+from repos import git
 from test_dispatch import Lab, lab, sublab, wait_for  # noqa: F401 - fixtures
-from test_lanes import git
 from test_master_tool import Scripted, last_tool_result, mlab, run_print_master, tool  # noqa: F401
 
 from pi_tmux_matrix.dispatch.jobs import JobStore
