@@ -1,20 +1,35 @@
+"""The project's own fixtures. The shipped plugin (pi_tmux_matrix/pytest_plugin.py, loaded as the
+``pi_tmux_matrix`` entry point) gives ``tmux_server``, ``matrix_state_dir``, ``matrix_settings`` and
+``stand_in_agent``; these build on them. The labs themselves, and every other helper the test
+modules share, are in the support modules beside this file (no test module imports another)."""
+
 from __future__ import annotations
 
+import json
 import os
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
 import pi_support
+from fake_llm import FakeLLM, Scripted
+from forklab import Caller
 from helpers import Reaper
+from labs import STANDIN_PRINT, Lab
+from masterlab import MasterLab
+from pilabs import MLab, PiPair, on_the_fake_model, pi_lab
+from tmux_support import kill_tmux_server, require_tmux
 
 from pi_tmux_matrix.contract import ENV_STATE_DIR, NEVER_INHERITED
 from pi_tmux_matrix.matrix.store import MatrixStore
+
+if TYPE_CHECKING:
+    from pi_tmux_matrix.dispatch.tmux import TmuxServer
 
 
 @pytest.fixture(autouse=True)
@@ -45,40 +60,25 @@ def _real_pi_mark(request: pytest.FixtureRequest) -> Iterator[None]:
         pi_support.RUNNING_MARKED = None
 
 
-def kill_tmux_server(socket: str) -> None:
-    """Kill the tmux server on ``socket`` (one this test run started; never anyone else's)."""
-    if shutil.which("tmux") is None:
-        return
-    from pi_tmux_matrix.dispatch.tmux import TmuxServer
-
-    TmuxServer(socket).kill_server()  # also removes the socket file tmux leaves behind
-
-
 @pytest.fixture(autouse=True, scope="session")
 def _session_tmux_socket() -> Iterator[None]:
     yield
     kill_tmux_server(_SESSION_SOCKET)
 
 
-def require_tmux() -> None:
-    """Skip locally, fail under CI: the dispatcher's tests need a real tmux."""
-    if shutil.which("tmux") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("tmux is not installed; CI must have tmux for the dispatcher tests")
-        pytest.skip("tmux is not installed (the dispatcher tests need a real tmux)")
-
-
 @pytest.fixture
-def tmux_socket(request: pytest.FixtureRequest) -> Iterator[str]:
-    """A unique private tmux socket; its server is killed when the test ends."""
+def tmux_socket(request: pytest.FixtureRequest) -> str:
+    """The socket of the shipped plugin's ``tmux_server`` (private, its server killed when the test
+    ends); without tmux a skip, and under CI a failure."""
     require_tmux()
-    socket = f"pm-test-{os.getpid()}-{abs(hash(request.node.nodeid)) % 10**8}"
-    yield socket
-    kill_tmux_server(socket)
+    server: TmuxServer = request.getfixturevalue("tmux_server")
+    return server.socket
 
 
 @pytest.fixture
 def state_dir(tmp_path: Path) -> Path:
+    """A state dir of the test's own, named nowhere in the environment (``matrix_state_dir``, the
+    shipped plugin's, is in it)."""
     return tmp_path / "state" / "process-matrix"
 
 
@@ -107,3 +107,78 @@ def git_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
     for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
         monkeypatch.delenv(name, raising=False)
+
+
+# === the labs (labs.py and the labs that subclass it) =============================================
+@pytest.fixture
+def lab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
+    """The Lab: fast settings, a private tmux socket, the dispatcher (``lab.start_master()``)."""
+    the_lab = Lab(tmp_path, tmux_socket)
+    try:
+        yield the_lab
+    finally:
+        the_lab.cleanup()
+
+
+@pytest.fixture
+def sublab(tmp_path: Path) -> Iterator[Lab]:
+    """The Lab without tmux (fire with ``backend="subprocess"``)."""
+    the_lab = Lab(tmp_path, "pm-test-unused")
+    try:
+        yield the_lab
+    finally:
+        the_lab.cleanup()
+
+
+@pytest.fixture
+def master_lab(
+    tmp_path: Path, matrix_state_dir: Path, stand_in_agent: list[str], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[MasterLab]:
+    """The owner verbs' lab: the shipped plugin's state dir (in the environment, as a user's shell
+    would have it) and the stand-in as the default pi."""
+    monkeypatch.setenv("PI_MATRIX_PI_COMMAND", json.dumps(stand_in_agent))
+    the_lab = MasterLab(tmp_path, matrix_state_dir)
+    try:
+        yield the_lab
+    finally:
+        the_lab.cleanup()
+
+
+@pytest.fixture
+def pilab(tmp_path: Path, tmux_socket: str) -> Iterator[PiPair]:
+    """A master, the dispatcher, real pi on the fake model; all cleaned up."""
+    with pi_lab(tmp_path, tmux_socket) as the_lab:
+        yield the_lab, the_lab.llm
+
+
+@pytest.fixture
+def mlab(tmp_path: Path, tmux_socket: str) -> Iterator[MLab]:
+    """For a master's own pi: ``pilab`` whose model follows a script (its steps see the previous
+    tool result), the lab's socket as the default, and a print-mode stand-in profile."""
+    script = Scripted()
+    with pi_lab(tmp_path, tmux_socket, script, PI_MATRIX_TMUX_SOCKET=tmux_socket) as the_lab:
+        the_lab.profile("standin-print", STANDIN_PRINT)
+        yield the_lab, the_lab.llm, script
+
+
+@pytest.fixture
+def caller(tmp_path: Path, tmux_socket: str) -> Iterator[Caller]:
+    """A fork's world: the stand-in as pi, a tmux pane that plays the caller."""
+    world = Caller(tmp_path, tmux_socket)
+    try:
+        yield world
+    finally:
+        world.cleanup()
+
+
+@pytest.fixture
+def picaller(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Caller, FakeLLM]]:
+    """``caller`` with the real pi against the fake model."""
+    binary = pi_support.pi_bin()
+    with FakeLLM() as llm:
+        world = Caller(tmp_path, tmux_socket)
+        try:
+            on_the_fake_model(world, llm, binary)
+            yield world, llm
+        finally:
+            world.cleanup()

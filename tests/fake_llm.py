@@ -220,3 +220,47 @@ def write_pi_agent_dir(agent_dir: Path, base_url: str) -> None:
         }
     )
     settings_path.write_text(json.dumps(settings))
+
+
+# === reading and scripting the model's side =======================================================
+def _tool_text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content)
+
+
+def last_tool_result(request: dict[str, Any]) -> str:
+    """The text of the last tool result in ``request`` (what the model read last), or ``""``."""
+    for message in reversed(request.get("messages") or []):
+        if message.get("role") == "tool":
+            return _tool_text(message)
+    return ""
+
+
+def tool_results(llm: FakeLLM) -> list[str]:
+    """The text of every tool result in pi's last request, in order (what the model read)."""
+    messages = llm.requests[-1].get("messages", []) if llm.requests else []
+    return [_tool_text(m) for m in messages if m.get("role") == "tool"]
+
+
+def last_conversation(llm: FakeLLM) -> list[str]:
+    """The user-side messages of the model's latest request: the whole conversation it was sent."""
+    request = llm.requests[-1] if llm.requests else {}
+    return [_text_of(m) for m in request.get("messages", []) if m.get("role") == "user"]
+
+
+class Scripted:
+    """Replies computed from what pi sent: each step sees the previous tool result."""
+
+    def __init__(self, *steps: Callable[[str], Reply]) -> None:
+        self.steps = list(steps)
+
+    def __call__(self, request: dict[str, Any]) -> Reply:
+        step = self.steps.pop(0) if self.steps else (lambda _r: Reply(text="ok"))
+        return step(last_tool_result(request))
+
+
+def tool(**arguments: Any) -> Callable[[str], Reply]:
+    """A :class:`Scripted` step: call the bridge's ``tmux_agent_manager`` with ``arguments``."""
+    return lambda _previous: Reply(tool="tmux_agent_manager", arguments=arguments)

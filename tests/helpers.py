@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.identity import AgentIdentityContract, Role
 from pi_tmux_matrix.matrix.codec import encode_entry
 from pi_tmux_matrix.matrix.model import Entry, Handoff, Outcome, Status
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
+
+if TYPE_CHECKING:
+    from pi_tmux_matrix.dispatch.model import Job
 
 
 def make_identity(session: str = "s1", **changes: Any) -> AgentIdentityContract:
@@ -96,6 +100,24 @@ def spawn_registered_parent(
     return popen
 
 
+def dead_identity() -> procs.ProcessIdentity:
+    """The identity of a real process that has exited (and been reaped)."""
+    child = subprocess.Popen(["true"], stdin=subprocess.DEVNULL)
+    identity = procs.identify(child.pid)
+    child.wait()
+    assert identity is not None
+    assert not procs.is_alive(identity)
+    return identity
+
+
+def kill_now(*identities: procs.ProcessIdentity | None) -> None:
+    """SIGKILL each process (by identity) and see it gone."""
+    for ident in identities:
+        if ident is not None:
+            procs.send_signal(ident, signal.SIGKILL)
+            assert procs.wait_for_exit(ident, 5), f"pid {ident.pid} outlived SIGKILL"
+
+
 def dir_digest(root: str) -> dict[str, tuple[int, int, int, str]]:
     """Every name under ``root`` (not following links) with type, mode, size, content hash."""
     import hashlib
@@ -152,6 +174,40 @@ def job_on_host(store: Any, cwd: Path, host: Any, session: str) -> Any:
     return JobStore(store).create(job)
 
 
+def plant_job(store: MatrixStore, job_id: str, tmp_path: Path) -> Job:
+    """A one-agent subprocess job ``job_id`` (agent ``worker-j1``, no host) in the store's jobs."""
+    from pi_tmux_matrix.dispatch.jobs import JobStore, new_nonce
+    from pi_tmux_matrix.dispatch.model import SUBPROCESS, Job, JobAgent
+
+    agent = JobAgent(
+        agent_id="a1", key="worker-j1", session_id="j1", profile="stand-in", provider="pi", mode="print",
+        cwd=str(tmp_path), backend=SUBPROCESS, nonce=new_nonce(), round=1, deadline_at=now_ms() + 600_000,
+        deadline_s=600.0,
+    )  # fmt: skip
+    job = Job(
+        id=job_id, created_at=now_ms(), parent_pid=os.getpid(), parent_session_id="boss", task="t",
+        profile="stand-in", team=None, agents=(agent,), backend=SUBPROCESS,
+    )  # fmt: skip
+    return JobStore(store).create(job)
+
+
+def plant_hostile_files(root: Path, outside: Path) -> None:
+    """Beside a matrix's entries: a truncated entry, junk, a FIFO, a folder, a symlink out (to
+    ``outside``), another key's entry, a 100 MiB sparse file and names that are no entry's."""
+    (root / "worker-trunc.json").write_bytes(encode_entry(make_entry("trunc"))[:40])
+    (root / "worker-junk.json").write_bytes(os.urandom(512))
+    os.mkfifo(root / "worker-fifo.json")
+    (root / "worker-dir.json").mkdir()
+    target = outside / "secret.json"
+    target.write_bytes(encode_entry(make_entry("link")))
+    (root / "worker-link.json").symlink_to(target)
+    (root / "worker-other.json").write_bytes(encode_entry(make_entry("someone-else")))
+    with open(root / "worker-big.json", "wb") as handle:
+        handle.truncate(100 * 1024 * 1024)
+    (root / "notes.txt").write_text("hello")
+    (root / "bad name.json").write_text("{}")
+
+
 def sample_document() -> dict[str, Any]:
     """An entry's JSON document with every kind of part (a handoff, pointers, a process)."""
     handoff = Handoff(id="h1", generation="g-1", parent_session_id="m1", outcome=Outcome.EXITED, created_at=1)
@@ -165,6 +221,16 @@ def sample_document() -> dict[str, Any]:
     )
     document: dict[str, Any] = json.loads(encode_entry(entry))
     return document
+
+
+def run_main(*args: str) -> tuple[int, str, str]:
+    """``pi-matrix ARGS`` run in this process: (exit code, stdout, stderr)."""
+    from pi_tmux_matrix.cli import main
+    from pi_tmux_matrix.cli.app import Io
+
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(args), io=Io(out, err, width=200))
+    return code, out.getvalue(), err.getvalue()
 
 
 class Reaper:

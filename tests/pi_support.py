@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
+import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -140,27 +139,13 @@ def bridge_harness(bridge: Path, *, poll: bool = True, alive: bool = False) -> s
     )
 
 
-@contextmanager
-def pi_lab(tmp_path: Path, tmux_socket: str, **env: str) -> Iterator[tuple[Any, Any, str]]:
-    """A dispatcher ``Lab`` whose pi profiles run the real pi against a fake model started here:
-    ``(lab, llm, pi binary)``, everything cleaned up after (``env`` adds to the lab's)."""
-    from fake_llm import FakeLLM, write_pi_agent_dir
-    from test_dispatch import Lab
-
-    binary = pi_bin()
-    with FakeLLM() as llm:
-        lab = Lab(tmp_path, tmux_socket)
-        write_pi_agent_dir(lab.agent_dir, llm.base_url)
-        tmp = tmp_path / "tmp"
-        tmp.mkdir()
-        lab.env.update(
-            PI_MATRIX_PI_COMMAND=json.dumps([binary]),
-            PI_OFFLINE="1",
-            NO_PROXY="127.0.0.1,localhost",
-            TMPDIR=str(tmp),
-            **env,
-        )
-        try:
-            yield lab, llm, binary
-        finally:
-            lab.cleanup()
+def read_line(proc: subprocess.Popen[str], timeout: float) -> dict[str, object] | None:
+    """The next JSON line a harness (:func:`bridge_harness`) printed, or None if none came within
+    ``timeout`` seconds."""
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        if not selector.select(timeout):
+            return None
+        line = proc.stdout.readline()
+    return json.loads(line) if line.strip() else None

@@ -36,6 +36,7 @@ from typing import Any, Final, TypeVar
 import attrs
 import pytest
 from helpers import Reaper, read_events
+from waiting import poll, wait_for
 
 import pi_tmux_matrix
 from pi_tmux_matrix import procs
@@ -52,18 +53,8 @@ SETTINGS: Final = {
 WIND_DOWN_S: Final = 3.0  # the pidfd sees a death at once; the 1 s poll is the safety net
 CONTENDER: Final = Path(__file__).with_name("adoption_contender.py")
 WON: Final = ("re-adopted", "adopted")
+STEP_S: Final = 0.01  # a race: look often
 T = TypeVar("T")
-
-
-def wait_for(what: str, probe: Callable[[], T], timeout: float, detail: Callable[[], object] = str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}\n{detail()}")
-        time.sleep(0.01)
 
 
 def child_env() -> dict[str, str]:
@@ -128,16 +119,6 @@ def race_settings(isolated_env: Path) -> None:
     (agent_dir / "settings.json").write_text(json.dumps(SETTINGS))
 
 
-def wait_quietly(probe: Callable[[], object], timeout: float) -> bool:
-    """Whether ``probe`` comes true within ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not probe():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.01)
-    return True
-
-
 @attrs.define(eq=False)
 class Race:
     """The worker, its contenders, and what broke so far."""
@@ -199,7 +180,7 @@ class Race:
             e = self.entry()
             return e.child_process if e is not None and e.status is Status.RUNNING else None
 
-        agent = wait_for("the worker's agent", child, 30, self.diagnose)
+        agent = wait_for("the worker's agent", child, 30, self.diagnose, step=STEP_S)
         assert agent is not None
         self.reaper.identity(agent)
 
@@ -227,7 +208,7 @@ class Race:
             f"{said}: the worker re-parented",
             lambda: (e := self.entry()) is not None and e.status is Status.RUNNING
             and len(self.adopted_events()) > before,
-            10, self.diagnose,
+            10, self.diagnose, step=STEP_S,
         )  # fmt: skip
         time.sleep(0.1)  # a second grant landing late would show in the entry now
         self.judge(said, contenders, decisions, exact)
@@ -268,12 +249,12 @@ class Race:
         # watches another parent keeps running; killing that one is what winds it down.
         killed = [c for c in (winner, by_pid.get(watched)) if c is not None]
         killed[0].kill()
-        if not wait_quietly(self.resumable_under(now.parent_pid), WIND_DOWN_S):
+        if not poll(self.resumable_under(now.parent_pid), WIND_DOWN_S, step=STEP_S):
             bad("the recorded parent's death winds down", f"killing pid {now.parent_pid} wound nothing down")
             for c in killed[1:]:
                 c.kill()
             down = self.resumable_under(now.parent_pid)
-            wait_for(f"{said}: resumable at last", down, WIND_DOWN_S, self.diagnose)
+            wait_for(f"{said}: resumable at last", down, WIND_DOWN_S, self.diagnose, step=STEP_S)
 
 
 def test_one_adoption_grant_wins_the_losers_are_told_and_the_host_watches_its_entrys_parent(
@@ -284,7 +265,9 @@ def test_one_adoption_grant_wins_the_losers_are_told_and_the_host_watches_its_en
     race.start_worker(first)
     race.foreign = [race.contender("foreign1"), race.contender("foreign2")]
     first.kill()  # the worker winds down to resumable: the first orphan
-    wait_for("the first wind-down", race.resumable_under(first.popen.pid), WIND_DOWN_S, race.diagnose)
+    wait_for(
+        "the first wind-down", race.resumable_under(first.popen.pid), WIND_DOWN_S, race.diagnose, step=STEP_S
+    )
     for n in range(1, ROUNDS + 1):
         race.run(n)
     assert not race.broken, verdict(race.broken)

@@ -14,31 +14,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from conftest import kill_tmux_server
-from test_dispatch import Lab, wait_for
+from labs import Lab
+from tmux_support import kill_tmux_server
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 
 PYTHON_PI_MATRIX = [sys.executable, "-m", "pi_tmux_matrix"]
-
-
-@pytest.fixture
-def alab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
-    the_lab = Lab(tmp_path, tmux_socket)
-    terminals: list[subprocess.Popen[bytes]] = []
-    the_lab.terminals = terminals  # type: ignore[attr-defined]
-    try:
-        yield the_lab
-    finally:
-        for terminal in terminals:
-            if terminal.poll() is None:
-                terminal.kill()
-            terminal.wait(10)
-        the_lab.cleanup()
 
 
 def _tmux(socket: str, *args: str) -> str:
@@ -55,7 +39,7 @@ def _terminal(lab: Lab, argv: list[str], env: dict[str, str]) -> subprocess.Pope
         cwd=lab.work, start_new_session=True,
     )  # fmt: skip
     os.close(follower)
-    lab.terminals.append(proc)  # type: ignore[attr-defined]
+    lab.popens.append(proc)
     identity = procs.identify(proc.pid)
     assert identity is not None
     lab.started.append(identity)
@@ -98,8 +82,7 @@ def _client_panes(socket: str) -> list[str]:
     return [_tmux(socket, "display-message", "-p", "-c", name, "#{pane_id}") for name in clients]
 
 
-def test_the_printed_place_attaches_and_attach_from_a_terminal_becomes_the_client(alab: Lab) -> None:
-    lab = alab
+def test_the_printed_place_attaches_and_attach_from_a_terminal_becomes_the_client(lab: Lab) -> None:
     key, pane_id, printed = _worker(lab)
     assert printed.startswith(f"tmux -L {lab.socket} attach -t pi-matrix:"), printed
     said = subprocess.run(
@@ -121,8 +104,7 @@ def test_the_printed_place_attaches_and_attach_from_a_terminal_becomes_the_clien
     assert "tmux" in Path(f"/proc/{terminal.pid}/comm").read_text()  # it became tmux itself
 
 
-def test_attach_inside_the_same_server_switches_the_client(alab: Lab) -> None:
-    lab = alab
+def test_attach_inside_the_same_server_switches_the_client(lab: Lab) -> None:
     key, pane_id, _printed = _worker(lab)
     state = str(lab.state)
     inner = shlex.join([*PYTHON_PI_MATRIX, "--state-dir", state, "attach", key])
@@ -133,8 +115,7 @@ def test_attach_inside_the_same_server_switches_the_client(alab: Lab) -> None:
     wait_for("the client switched to the agent's pane", switched, timeout=30)
 
 
-def test_attach_inside_another_server_opens_a_window_there(alab: Lab, tmux_socket: str) -> None:
-    lab = alab
+def test_attach_inside_another_server_opens_a_window_there(lab: Lab, tmux_socket: str) -> None:
     key, pane_id, _printed = _worker(lab)
     mine = f"{lab.socket}-mine"
     try:
@@ -153,9 +134,8 @@ def test_attach_inside_another_server_opens_a_window_there(alab: Lab, tmux_socke
         kill_tmux_server(mine)
 
 
-def test_top_t_takes_the_client_to_the_selected_agents_pane(alab: Lab) -> None:
+def test_top_t_takes_the_client_to_the_selected_agents_pane(lab: Lab) -> None:
     """top's ``t`` (issue 31.1's key in top): inside tmux the client goes to the agent's pane."""
-    lab = alab
     key, pane_id, _printed = _worker(lab)
     top = shlex.join([*PYTHON_PI_MATRIX, "--state-dir", str(lab.state), "top"])
     _tmux(lab.socket, "new-session", "-d", "-s", "watch", "-c", str(lab.work), top)

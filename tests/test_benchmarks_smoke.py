@@ -54,7 +54,7 @@ def test_bench_supervise_quick_runs(tmp_path: Path) -> None:
 
 
 def test_bench_fire_quick_runs(tmp_path: Path) -> None:
-    from conftest import require_tmux
+    from tmux_support import require_tmux
 
     require_tmux()
     done = subprocess.run(
@@ -102,7 +102,7 @@ def test_bench_startup_quick_runs(tmp_path: Path) -> None:
 
 
 def test_bench_fleet_quick_runs(tmp_path: Path) -> None:
-    from conftest import require_tmux
+    from tmux_support import require_tmux
 
     require_tmux()
     done = subprocess.run(

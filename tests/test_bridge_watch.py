@@ -8,27 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from pi_support import bridge_harness, pi_jiti
+from pi_support import bridge_harness, pi_jiti, read_line
 
 from pi_tmux_matrix.bridge import bridge_path
 
 pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
-
-
-def read_line(proc: subprocess.Popen[str], timeout: float) -> dict[str, object] | None:
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        if not selector.select(timeout):
-            return None
-        line = proc.stdout.readline()
-    return json.loads(line) if line.strip() else None
 
 
 def test_a_notice_reaches_pi_as_it_is_appended_with_no_poll_at_all(tmp_path: Path) -> None:

@@ -6,28 +6,19 @@ A real headless master and stand-in workers in a private tmux server."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-from test_dispatch import Lab, wait_for
+from labs import Lab
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.errors import DispatchError
 
 
 @pytest.fixture
-def caplab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
-    the_lab = Lab(tmp_path, tmux_socket)
-    path = the_lab.agent_dir / "settings.json"
-    settings = json.loads(path.read_text())
-    settings["processMatrix"]["maxConcurrentAgents"] = 2
-    path.write_text(json.dumps(settings))
-    try:
-        yield the_lab
-    finally:
-        the_lab.cleanup()
+def caplab(lab: Lab) -> Lab:
+    """The Lab with room for two agents."""
+    lab.settings.set(maxConcurrentAgents=2)
+    return lab
 
 
 def test_the_refusal_names_the_finished_jobs_and_dismiss_frees_their_room(caplab: Lab) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
@@ -11,12 +10,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import dir_digest, make_entry, spawn_sleeper
-from test_store import _plant_hostile_files
+from helpers import dir_digest, make_entry, plant_hostile_files, run_main, spawn_sleeper
 
 from pi_tmux_matrix import procs
-from pi_tmux_matrix.cli import main
-from pi_tmux_matrix.cli.app import Io
 from pi_tmux_matrix.matrix.store import MatrixStore
 
 
@@ -30,12 +26,6 @@ def pi_matrix(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
         stdin=subprocess.DEVNULL,
         check=False,
     )
-
-
-def run_main(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    code = main(list(args), io=Io(out, err, width=200))
-    return code, out.getvalue(), err.getvalue()
 
 
 def test_ls_json_on_a_new_state_dir_prints_empty_array(tmp_path: Path) -> None:
@@ -54,7 +44,7 @@ def test_ls_lists_valid_entries_reports_the_rest_and_changes_nothing(
     store.create(make_entry("good2"))
     outside = tmp_path / "outside"
     outside.mkdir()
-    _plant_hostile_files(store.root, outside)
+    plant_hostile_files(store.root, outside)
     before = dir_digest(str(store.root))
 
     started = time.monotonic()

@@ -9,9 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import make_entry
-from test_cli import run_main
-from test_names import plant_job
+from helpers import make_entry, plant_job, run_main
 
 from pi_tmux_matrix.matrix.store import MatrixStore
 

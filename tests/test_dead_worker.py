@@ -11,23 +11,12 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-from test_dispatch import Lab, wait_for
+from labs import Lab
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.matrix.model import Entry, Status
-
-
-@pytest.fixture
-def dlab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
-    the_lab = Lab(tmp_path, tmux_socket)
-    try:
-        yield the_lab
-    finally:
-        the_lab.cleanup()
 
 
 def _killed_outright(lab: Lab) -> Entry:
@@ -59,8 +48,7 @@ def _slow_master(lab: Lab) -> None:
     path.write_text(json.dumps(settings))
 
 
-def test_a_living_master_notices_its_worker_killed_outright_and_says_how_to_resume(dlab: Lab) -> None:
-    lab = dlab
+def test_a_living_master_notices_its_worker_killed_outright_and_says_how_to_resume(lab: Lab) -> None:
     master = lab.start_master()
     worker = _killed_outright(lab)
     resumable = wait_for(
@@ -73,8 +61,7 @@ def test_a_living_master_notices_its_worker_killed_outright_and_says_how_to_resu
     wait_for("the master's word", lambda: f"resumable: pi-matrix resume {worker.key}" in said.read_text())
 
 
-def test_resume_works_at_once_without_a_reconcile(dlab: Lab) -> None:
-    lab = dlab
+def test_resume_works_at_once_without_a_reconcile(lab: Lab) -> None:
     _slow_master(lab)
     master = lab.start_master()
     worker = _killed_outright(lab)
@@ -90,8 +77,7 @@ def test_resume_works_at_once_without_a_reconcile(dlab: Lab) -> None:
     lab.started += [i for i in (back.process, back.child_process) if i is not None]
 
 
-def test_a_dry_run_resume_of_a_worker_killed_outright_writes_nothing(dlab: Lab) -> None:
-    lab = dlab
+def test_a_dry_run_resume_of_a_worker_killed_outright_writes_nothing(lab: Lab) -> None:
     _slow_master(lab)
     master = lab.start_master()
     worker = _killed_outright(lab)
@@ -106,10 +92,9 @@ def test_a_dry_run_resume_of_a_worker_killed_outright_writes_nothing(dlab: Lab) 
     assert lab.store.get(worker.key).generation == before.generation  # untouched
 
 
-def test_a_master_killed_outright_is_gone_in_every_view_not_running(dlab: Lab) -> None:
+def test_a_master_killed_outright_is_gone_in_every_view_not_running(lab: Lab) -> None:
     """Issue 31.7: ``ls`` listed a master killed -9 ``running`` beside ALIVE ``no``. Every view now
     says the same true word for it: ``gone (recorded running)``; its record is left as it is."""
-    lab = dlab
     lab.start_master()
     found = lambda: e if (e := lab.store.find("master-boss")) and e.child_pid else None  # noqa: E731
     master = wait_for("the master's agent", found)
@@ -129,11 +114,10 @@ def test_a_master_killed_outright_is_gone_in_every_view_not_running(dlab: Lab) -
     assert lab.store.get(master.key).status is Status.RUNNING  # a view writes nothing
 
 
-def test_one_stop_reads_the_same_whether_its_handoff_was_owed_or_not(dlab: Lab) -> None:
+def test_one_stop_reads_the_same_whether_its_handoff_was_owed_or_not(lab: Lab) -> None:
     """Issue 31.7: ``stop JOB`` on a working agent recorded ``closed (delivered)`` and top's ``s``
     on an idle finished one ``closed (killed)`` for the same act. A closed record now keeps how its
     agent ended: ``killed``, then ``delivered`` when a handoff was owed."""
-    lab = dlab
     lab.start_master()
     (working,) = lab.fire("HANG busy").job.agents
     lab.worker(working.key)

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import require_tmux
+from tmux_support import require_tmux
 
 
 def _processes_mentioning(text: str) -> list[int]:

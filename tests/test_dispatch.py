@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import attrs
 import pytest
-from conftest import kill_tmux_server
+from labs import Lab, lose_and_plan_resume, lose_worker
+from tmux_support import kill_tmux_server
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.contract import (
@@ -30,127 +30,10 @@ from pi_tmux_matrix.dispatch.manager import Dispatcher
 from pi_tmux_matrix.dispatch.model import ResultKind
 from pi_tmux_matrix.dispatch.request import FireRequest
 from pi_tmux_matrix.errors import TmuxUnavailable
-from pi_tmux_matrix.identity import ProcessIdentity, Role
+from pi_tmux_matrix.identity import Role
 from pi_tmux_matrix.matrix import lifecycle
-from pi_tmux_matrix.matrix.model import Entry, Status
-from pi_tmux_matrix.matrix.store import MatrixStore
+from pi_tmux_matrix.matrix.model import Status
 from pi_tmux_matrix.settings import load_settings
-from pi_tmux_matrix.testing.knobs import plugins_with_knobs
-
-T = TypeVar("T")
-STANDIN = [sys.executable, "-m", "pi_tmux_matrix.testing.standin"]
-
-
-def wait_for(
-    what: str, probe: Callable[[], T | None], timeout: float = 20.0, detail: Callable[[], str] | None = None
-) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            extra = f"\n{detail()}" if detail else ""
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}{extra}")
-        time.sleep(0.05)
-
-
-class Lab:
-    """A state dir, fast settings, a live master, a private tmux socket; all cleaned up."""
-
-    def __init__(self, tmp: Path, socket: str) -> None:
-        self.tmp = tmp
-        self.socket = socket
-        self.state = tmp / "state"
-        self.store = MatrixStore(self.state)
-        self.agent_dir = Path(os.environ["PI_CODING_AGENT_DIR"])
-        self.agent_dir.mkdir(parents=True, exist_ok=True)
-        settings = {"processMatrix": {"heartbeatMs": 1000, "watcherPollMs": 1000, "adoptionGraceMs": 5000}}
-        (self.agent_dir / "settings.json").write_text(json.dumps(settings))
-        self.work = tmp / "work"
-        self.work.mkdir()
-        self.started: list[ProcessIdentity] = []
-        self.env = dict(os.environ, PI_MATRIX_STATE_DIR=str(self.state), STANDIN_STEP_S="0.05")
-        self.master: Entry | None = None
-
-    def start_master(self, session: str = "boss", task_ref: str = "goal-1", *extra: str) -> Entry:
-        argv = [
-            sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", session, "--task-ref", task_ref,
-            "--headless", "--mode", "print", *extra, "--", *STANDIN, "-p", "HANG orchestrating",
-        ]  # fmt: skip
-        said = self.tmp / f"master-{session}.{len(self.started)}.out"
-        with said.open("wb") as out:
-            proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.DEVNULL,
-                cwd=self.work, env=self.env, start_new_session=True,
-            )  # fmt: skip
-        ident = procs.identify(proc.pid)
-        assert ident is not None
-        self.started.append(ident)
-        self.master = wait_for(
-            "the master to register",
-            lambda: e if (e := self.store.find(f"master-{session}")) and e.pid == proc.pid else None,
-        )
-        # Registered is not activated: the activation's reconcile (it removes a dead worker's
-        # record) would otherwise race what the test does next. Its report's first line is last.
-        active = f"master-{session} active"
-        wait_for("the master's activation", lambda: active in said.read_text(errors="replace"))
-        return self.master
-
-    def dispatcher(self, **env: str) -> Dispatcher:
-        # The stand-in's knobs (STANDIN_STEP_S above) reach its panes through a test-only plugin:
-        # the panes' tmux server started from this process's environment, not from self.env.
-        merged, settings = dict(self.env, **env), load_settings(self.work, self.env)
-        plugins = plugins_with_knobs(merged, matrix=settings.enabled)
-        return Dispatcher(self.store, settings, env=merged, plugins=plugins)
-
-    def fire(self, task: str, **fields: Any) -> Any:
-        assert self.master is not None
-        fields.setdefault("profile", "stand-in")
-        request = FireRequest(
-            task=task, path=str(self.work), socket=self.socket, parent_pid=self.master.pid,
-            parent_session=self.master.identity.session_id, **fields,
-        )  # fmt: skip
-        result = self.dispatcher().fire(request)
-        for agent in result.job.agents:
-            if agent.host is not None:
-                self.started.append(agent.host)
-        return result
-
-    def worker(self, key: str) -> Entry:
-        return wait_for(
-            f"{key} to register and start its agent",
-            lambda: e if (e := self.store.find(key)) and e.status is Status.RUNNING and e.child_pid else None,
-        )
-
-    def result(self, job_id: str, agent_id: str, round_: int = 1) -> Any:
-        return JobStore(self.store).result(job_id, agent_id, round_)
-
-    def cleanup(self) -> None:
-        targets = list(self.started)
-        for entry in self.store.list().entries:
-            targets += [i for i in (entry.process, entry.child_process) if i is not None]
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for identity in targets:
-                procs.send_signal(identity, sig)
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and any(procs.is_alive(t) for t in targets):
-                time.sleep(0.05)
-        kill_tmux_server(self.socket)
-        # A pane pipe whose host was killed before its writer opened the FIFO blocks in that
-        # open for good: a reader's open and close lets it end (as gc's removal of the FIFO does).
-        for fifo in (self.state / "pipes").glob("*.fifo") if (self.state / "pipes").is_dir() else ():
-            with contextlib.suppress(OSError):
-                os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
-
-
-@pytest.fixture
-def lab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
-    the_lab = Lab(tmp_path, tmux_socket)
-    try:
-        yield the_lab
-    finally:
-        the_lab.cleanup()
 
 
 def environ(pid: int) -> dict[str, str]:
@@ -312,34 +195,6 @@ def test_killing_the_tmux_server_never_marks_a_live_host_dead(lab: Lab) -> None:
 
 
 # === resume ======================================================================================
-def lose_worker(lab: Lab, master: Entry, key: str) -> Entry:
-    """Kill the master (the worker winds down to resumable), then the worker's host and agent:
-    the resumable record, nothing of it alive."""
-    procs.send_signal(master.process, signal.SIGKILL)  # type: ignore[arg-type]
-    resumable = wait_for(
-        "resumable", lambda: e if (e := lab.store.find(key)) and e.status is Status.RESUMABLE else None
-    )
-    for ident in (resumable.process, resumable.child_process):
-        procs.send_signal(ident, signal.SIGKILL)  # type: ignore[arg-type]
-        procs.wait_for_exit(ident, 5)  # type: ignore[arg-type]
-    return resumable
-
-
-def lose_and_plan_resume(
-    lab: Lab, master: Entry, key: str
-) -> tuple[Entry, Entry, subprocess.CompletedProcess[str]]:
-    """Kill the master (the worker winds down to resumable), then the worker; start a new master
-    (session boss2) and ask ``resume KEY --dry-run --json`` for it: (resumable, master, the run)."""
-    resumable = lose_worker(lab, master, key)
-    new_master = lab.start_master(session="boss2")
-    dry = subprocess.run(
-        [sys.executable, "-m", "pi_tmux_matrix", "resume", key, "--dry-run", "--json",
-         "--parent-pid", str(new_master.pid), "--parent-session", "boss2", "--socket", lab.socket],
-        capture_output=True, text=True, env=lab.env, timeout=30, check=False,
-    )  # fmt: skip
-    return resumable, new_master, dry
-
-
 def test_resume_of_a_dead_worker_runs_in_the_same_session_file_same_key_new_generation(lab: Lab) -> None:
     master = lab.start_master()
     fired = lab.fire("HANG resumable work")
@@ -408,15 +263,6 @@ def test_a_resume_is_built_by_the_same_door_as_its_fire_bridge_and_envelope_incl
 
 
 # === without tmux ================================================================================
-@pytest.fixture
-def sublab(tmp_path: Path) -> Iterator[Lab]:
-    the_lab = Lab(tmp_path, "pm-test-unused")
-    try:
-        yield the_lab
-    finally:
-        the_lab.cleanup()
-
-
 def test_the_subprocess_backend_fires_watches_and_times_out_without_tmux(sublab: Lab) -> None:
     sublab.start_master()
     done = sublab.fire("say hello", backend="subprocess")

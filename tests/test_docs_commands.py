@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import kill_tmux_server, require_tmux
+from tmux_support import kill_tmux_server, require_tmux
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.identity import ProcessIdentity, Role

@@ -9,78 +9,31 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from fake_llm import FakeLLM, Reply, write_pi_agent_dir
+from fake_llm import FakeLLM, Reply, tool_results, write_pi_agent_dir
 from helpers import read_events
-from pi_support import pi_bin, pi_jiti, pi_lab, pi_search_path
-from test_dispatch import Lab, wait_for
+from pi_support import pi_bin, pi_jiti, pi_search_path
+from pilabs import PiPair, run_worker, scoped_profile
+from waiting import wait_for
 
 from pi_tmux_matrix.bridge import bridge_path
 from pi_tmux_matrix.contract import ENV_ALLOWED_PATHS
 
-PiLab = tuple[Lab, FakeLLM]
-
-
-@pytest.fixture
-def envlab(tmp_path: Path, tmux_socket: str) -> Iterator[PiLab]:
-    """test_real_pi's lab: a master, the dispatcher, real pi on the fake LLM; all cleaned up."""
-    with pi_lab(tmp_path, tmux_socket) as (lab, llm, _binary):
-        yield lab, llm
-
-
-def _profile(lab: Lab, name: str, *, tools: list[str], write_paths: list[str]) -> None:
-    folder = lab.agent_dir / "launch_profiles"
-    folder.mkdir(exist_ok=True)
-    (folder / f"{name}.toml").write_text(
-        "[profile]\n"
-        f'name = "{name}"\nprovider = "pi"\ncommand = ["pi"]\nmode = "print"\ndeadline = 120\n'
-        f"tools = {json.dumps(tools)}\nwrite_paths = {json.dumps(write_paths)}\n"
-    )
-
-
-def _tool_results(llm: FakeLLM) -> list[str]:
-    """The text of every tool result in pi's last request, in order (what the model read)."""
-    messages = llm.requests[-1].get("messages", []) if llm.requests else []
-    results: list[str] = []
-    for message in messages:
-        if message.get("role") != "tool":
-            continue
-        content = message.get("content")
-        if isinstance(content, list):
-            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-        results.append(str(content))
-    return results
-
-
-def _run_worker(lab: Lab, llm: FakeLLM, profile: str, *calls: Reply, lane: str | None = None) -> Any:
-    """Fire one print-mode pi worker (in ``lane``'s worktree if given) whose model makes ``calls``
-    in order, then finishes; wait until its host has recorded the end."""
-    llm.script(*calls)
-    lab.start_master()
-    fired = lab.fire("Do the file chores.", profile=profile, lane=lane)
-    (agent,) = fired.job.agents
-    wait_for("the result", lambda: lab.result(fired.job.id, agent.agent_id), timeout=60)
-    wait_for("the host to record the end", lambda: lab.store.get(agent.key).exit is not None, timeout=30)
-    assert len(llm.requests) == len(calls) + 1, "each call's result went back to the model"
-    return agent
-
 
 @pytest.mark.real_pi
-def test_a_worker_scoped_to_its_worktree_writes_inside_and_every_escape_is_blocked(envlab: PiLab) -> None:
-    lab, llm = envlab
+def test_a_worker_scoped_to_its_worktree_writes_inside_and_every_escape_is_blocked(pilab: PiPair) -> None:
+    lab, llm = pilab
     worktree = lab.work  # {worktree} without a lane is the launch's cwd
     outside = lab.tmp / "outside"
     outside.mkdir()
     (worktree / "escape").symlink_to(outside)
     sibling = lab.tmp / "sibling" / "a.txt"
     evil = Path(f"{worktree}-evil") / "b.txt"
-    _profile(lab, "pi-scoped", tools=["read", "write"], write_paths=["{worktree}"])
+    scoped_profile(lab, "pi-scoped", tools=["read", "write"], write_paths=["{worktree}"])
 
-    agent = _run_worker(
+    agent = run_worker(
         lab, llm, "pi-scoped",
         Reply(tool="write", arguments={"path": "inside.txt", "content": "fine"}),
         Reply(tool="write", arguments={"path": str(sibling), "content": "no"}),
@@ -93,7 +46,7 @@ def test_a_worker_scoped_to_its_worktree_writes_inside_and_every_escape_is_block
     for escaped in (sibling, evil, outside / "c.txt", lab.tmp / "x.txt"):
         assert not escaped.exists(), f"{escaped} was written"
     assert not sibling.parent.exists() and not evil.parent.exists()  # not even the folder
-    results = _tool_results(llm)
+    results = tool_results(llm)
     assert len(results) == 5
     assert "Successfully wrote" in results[0]
     for result, shown in zip(results[1:], (str(sibling), str(evil), "escape/c.txt", "../x.txt"), strict=True):
@@ -126,16 +79,16 @@ def test_a_worker_scoped_to_its_worktree_writes_inside_and_every_escape_is_block
 
 @pytest.mark.real_pi
 def test_a_full_scope_worker_still_cannot_touch_pi_secrets_the_state_dir_or_other_sessions(
-    envlab: PiLab,
+    pilab: PiPair,
 ) -> None:
-    lab, llm = envlab
+    lab, llm = pilab
     auth = lab.agent_dir / "auth.json"
     auth.write_text("{}")
     foreign = lab.agent_dir / "sessions" / "--elsewhere--" / "other.jsonl"
     foreign.parent.mkdir(parents=True)
     foreign.write_text('{"type":"session","id":"other"}\n')
     (lab.agent_dir / "notes.txt").write_text("apiKey rotation is due\n")  # public: the grep finds it
-    _profile(lab, "pi-full", tools=["read", "write", "grep"], write_paths=[])
+    scoped_profile(lab, "pi-full", tools=["read", "write", "grep"], write_paths=[])
 
     lab.start_master()
     llm.script(
@@ -155,7 +108,7 @@ def test_a_full_scope_worker_still_cannot_touch_pi_secrets_the_state_dir_or_othe
     assert json.loads(auth.read_text()) == {}
     assert not (lab.state / "jobs" / "forged.json").exists()
     assert (lab.tmp / "anywhere.txt").read_text() == "fine"  # [] is full scope
-    results = _tool_results(llm)
+    results = tool_results(llm)
     assert len(results) == 6
     assert "pi's auth.json" in results[0] and "no worker may touch" in results[0]
     assert "pi-matrix state dir" in results[1]
@@ -227,12 +180,12 @@ def test_the_bridge_alone_given_a_malformed_value_ends_the_session_before_any_to
 
 
 @pytest.mark.real_pi
-def test_the_profile_tool_ceiling_makes_pi_itself_refuse_bash(envlab: PiLab) -> None:
-    lab, llm = envlab
+def test_the_profile_tool_ceiling_makes_pi_itself_refuse_bash(pilab: PiPair) -> None:
+    lab, llm = pilab
     pwned = lab.work / "pwned"
-    _profile(lab, "pi-rw", tools=["read", "write"], write_paths=["{worktree}"])
-    agent = _run_worker(lab, llm, "pi-rw", Reply(tool="bash", arguments={"command": f"touch {pwned}"}))
-    (result,) = _tool_results(llm)
+    scoped_profile(lab, "pi-rw", tools=["read", "write"], write_paths=["{worktree}"])
+    agent = run_worker(lab, llm, "pi-rw", Reply(tool="bash", arguments={"command": f"touch {pwned}"}))
+    (result,) = tool_results(llm)
     assert "Tool bash not found" in result  # pi's own refusal: bash was never given to this worker
     assert not pwned.exists()
     started = read_events(lab.state, agent.key, "child_started")
@@ -335,12 +288,12 @@ def test_the_host_refuses_a_confined_pi_child_without_the_bridge(tmp_path: Path)
 
 
 @pytest.mark.real_pi
-def test_planted_code_is_never_loaded_and_a_worker_cannot_plant_it(envlab: PiLab) -> None:
+def test_planted_code_is_never_loaded_and_a_worker_cannot_plant_it(pilab: PiPair) -> None:
     """Issue 16.2 and 16.3 on real pi: a worker cannot write into a .pi folder, .git/hooks or the
     agent dir (whatever the path trick: a missing folder, then `..`, then a symlink), and an
     extension already planted in the project's .pi/extensions is not loaded by the next worker
     (workers start with --no-extensions; only the bridge and their profile's own come with -e)."""
-    lab, llm = envlab
+    lab, llm = pilab
     worktree = lab.work
     marker = lab.tmp / "planted-extension-ran"
     planted = worktree / ".pi" / "extensions" / "helper.ts"
@@ -351,9 +304,9 @@ def test_planted_code_is_never_loaded_and_a_worker_cannot_plant_it(envlab: PiLab
     )
     (worktree / ".git" / "hooks").mkdir(parents=True)
     (worktree / "cfg").symlink_to(lab.agent_dir)
-    _profile(lab, "pi-scoped", tools=["read", "write"], write_paths=["{worktree}"])
+    scoped_profile(lab, "pi-scoped", tools=["read", "write"], write_paths=["{worktree}"])
 
-    agent = _run_worker(
+    agent = run_worker(
         lab, llm, "pi-scoped",
         Reply(tool="write", arguments={"path": ".pi/extensions/more.ts", "content": "export default 0;"}),
         Reply(tool="write", arguments={"path": ".git/hooks/post-checkout", "content": "#!/bin/sh\n"}),
@@ -366,7 +319,7 @@ def test_planted_code_is_never_loaded_and_a_worker_cannot_plant_it(envlab: PiLab
     assert not (worktree / ".git" / "hooks" / "post-checkout").exists()
     assert json.loads((lab.agent_dir / "auth.json").read_text() or "{}") is not None
     assert (worktree / "fine.txt").read_text() == "fine"
-    results = _tool_results(llm)
+    results = tool_results(llm)
     assert "a .pi folder" in results[0] and "a repository's .git" in results[1]
     assert "pi's agent dir" in results[2] or "auth.json" in results[2]
     wait_for("3 tool_blocked events", lambda: len(read_events(lab.state, agent.key, "tool_blocked")) == 3)
@@ -422,13 +375,13 @@ def test_a_search_runs_where_private_roots_are_absent_and_leaves_out_what_is_ins
 
 
 @pytest.mark.real_pi
-def test_a_real_pi_search_of_the_worktree_runs_and_leaves_out_a_private_root(envlab: PiLab) -> None:
+def test_a_real_pi_search_of_the_worktree_runs_and_leaves_out_a_private_root(pilab: PiPair) -> None:
     """Issue 16.4 on real pi (ripgrep and fd from Debian's packages): grep and find of the worktree
     run and find what is there; the project's .pi/settings.json, a private root that exists
     inside it, is left out. The worktree is no git repository, so pi passes fd
     ``--no-require-git`` (pi 0.73.1 always does): Debian's fd 8.6 runs through install-pi's
     adapter, and what the worktree's .gitignore names stays out, as pi promises."""
-    lab, llm = envlab
+    lab, llm = pilab
     pi_search_path(pi_bin(), lab.agent_dir)  # pi finds rg and an fd it can run (install-pi's wrapper)
     worktree = lab.work
     (worktree / "src").mkdir()
@@ -439,15 +392,15 @@ def test_a_real_pi_search_of_the_worktree_runs_and_leaves_out_a_private_root(env
     (worktree / ".gitignore").write_text("/build\n")
     (worktree / "build").mkdir()
     (worktree / "build" / "out.json").write_text("{}\n")
-    _profile(lab, "pi-search", tools=["read", "grep", "find"], write_paths=["{worktree}"])
+    scoped_profile(lab, "pi-search", tools=["read", "grep", "find"], write_paths=["{worktree}"])
 
-    _run_worker(
+    run_worker(
         lab, llm, "pi-search",
         Reply(tool="grep", arguments={"pattern": "apiKey", "hidden": True}),
         Reply(tool="find", arguments={"pattern": "*.json", "hidden": True}),
     )  # fmt: skip
 
-    grep, find = _tool_results(llm)
+    grep, find = tool_results(llm)
     assert "src/a.txt" in grep and "secret-value" not in grep, grep
     assert not grep.startswith("pi-matrix envelope")
     # find ran: the public file is found (a failed find names none), the gitignored one is not,
@@ -459,22 +412,22 @@ def test_a_real_pi_search_of_the_worktree_runs_and_leaves_out_a_private_root(env
 
 
 @pytest.mark.real_pi
-def test_a_worker_cannot_aim_its_lanes_git_file_at_a_git_dir_it_wrote(envlab: PiLab) -> None:
+def test_a_worker_cannot_aim_its_lanes_git_file_at_a_git_dir_it_wrote(pilab: PiPair) -> None:
     """Issue 28 case 1 on real pi: a worker with read, write and edit in its lane writes a git dir
     of its own under another name (HEAD, objects/, refs/heads/, a config whose core.fsmonitor is a
     command), then tries to aim the worktree's ``.git`` file at it (write, then edit). Both ``.git``
     writes are blocked and the pointer is unchanged; ``pi-matrix lanes`` afterwards runs git
     status in that worktree and the command never runs."""
-    lab, llm = envlab
+    lab, llm = pilab
     repo = lab.work
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@localhost"]
     subprocess.run([*git, "init", "-q", "-b", "main"], check=True, timeout=30, env=lab.env)
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "init"], check=True, timeout=30, env=lab.env)
     canary = lab.tmp / "canary-fsmonitor"
     record = f"{os.path.realpath(repo)}/.git/worktrees/lane-1"
-    _profile(lab, "pi-lane", tools=["read", "write", "edit"], write_paths=["{worktree}"])
+    scoped_profile(lab, "pi-lane", tools=["read", "write", "edit"], write_paths=["{worktree}"])
 
-    agent = _run_worker(
+    agent = run_worker(
         lab, llm, "pi-lane",
         Reply(tool="write", arguments={"path": ".evilgit/HEAD", "content": "ref: refs/heads/main\n"}),
         Reply(tool="write", arguments={"path": ".evilgit/objects/info/keep", "content": ""}),
@@ -499,7 +452,7 @@ def test_a_worker_cannot_aim_its_lanes_git_file_at_a_git_dir_it_wrote(envlab: Pi
     assert [(lane["name"], lane["state"]) for lane in json.loads(lanes.stdout)] == [("lane-1", "dirty")]
     assert (worktree / ".git").read_text() == f"gitdir: {record}\n"  # the pointer git wrote
     assert (worktree / ".evilgit" / "config").is_file()  # inert: nothing points at it
-    results = _tool_results(llm)
+    results = tool_results(llm)
     assert len(results) == 7
     assert all("Successfully wrote" in result for result in results[:4]), results[:4]
     for result in results[4:]:

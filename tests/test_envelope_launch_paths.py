@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from fake_llm import FakeLLM, Reply
 from helpers import read_events
-from test_dispatch import Lab, wait_for
-from test_envelope import envlab  # noqa: F401 - a fixture
+from pilabs import PiLab, PiPair
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.matrix.model import Entry, Status
@@ -28,32 +28,32 @@ from pi_tmux_matrix.matrix.model import Entry, Status
 pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 
 SECRET = "the-outside-secret"
+Scoped = tuple[PiLab, FakeLLM, Path]  # the ``scoped`` fixture
 
 
 @pytest.fixture
-def scoped(envlab: tuple[Lab, FakeLLM], tmp_path: Path) -> tuple[Lab, FakeLLM, Path]:  # noqa: F811
-    """test_envelope's lab (real pi on the fake LLM) with a confined profile and a file outside."""
-    lab, llm = envlab
+def scoped(pilab: PiPair, tmp_path: Path) -> Scoped:
+    """``pilab`` (real pi on the fake LLM) with a confined profile and a file outside."""
+    lab, llm = pilab
     secret = tmp_path / "outside" / "secret.txt"
     secret.parent.mkdir()
     secret.write_text(SECRET)
-    folder = lab.agent_dir / "launch_profiles"
-    folder.mkdir(exist_ok=True)
-    (folder / "pi-scoped.toml").write_text(
+    lab.profile(
+        "pi-scoped",
         '[profile]\nname = "pi-scoped"\nprovider = "pi"\ncommand = ["pi"]\nmode = "interactive"\n'
-        'deadline = 300\ntools = ["read", "write"]\nwrite_paths = ["{worktree}"]\n'
+        'deadline = 300\ntools = ["read", "write"]\nwrite_paths = ["{worktree}"]\n',
     )
     return lab, llm, secret
 
 
-def escapes(lab: Lab, secret: Path) -> tuple[Reply, Reply]:
+def escapes(lab: PiLab, secret: Path) -> tuple[Reply, Reply]:
     return (
         Reply(tool="read", arguments={"path": str(secret)}),
         Reply(tool="write", arguments={"path": str(lab.agent_dir / "extensions" / "x.ts"), "content": "0"}),
     )
 
 
-def blocked(lab: Lab, key: str, count: int) -> list[dict[str, Any]]:
+def blocked(lab: PiLab, key: str, count: int) -> list[dict[str, Any]]:
     """Wait for ``count`` blocks in the worker's events; check ``show --json`` lists them."""
     records = wait_for(
         f"{count} tool_blocked events",
@@ -69,7 +69,7 @@ def blocked(lab: Lab, key: str, count: int) -> list[dict[str, Any]]:
     return records
 
 
-def assert_envelope_held(lab: Lab, llm: FakeLLM, secret: Path, records: list[dict[str, Any]]) -> None:
+def assert_envelope_held(lab: PiLab, llm: FakeLLM, secret: Path, records: list[dict[str, Any]]) -> None:
     assert [r["tool"] for r in records[-2:]] == ["read", "write"]
     assert "outside this worker's allowed paths" in records[-2]["reason"]
     assert "agent dir" in records[-1]["reason"]
@@ -78,7 +78,7 @@ def assert_envelope_held(lab: Lab, llm: FakeLLM, secret: Path, records: list[dic
     assert SECRET not in every_request, "the model was shown the file outside its allowed paths"
 
 
-def fire_scoped(lab: Lab, llm: FakeLLM, secret: Path) -> tuple[Entry, Any]:
+def fire_scoped(lab: PiLab, llm: FakeLLM, secret: Path) -> tuple[Entry, Any]:
     llm.script(*escapes(lab, secret))
     lab.start_master()
     fired = lab.fire("Do the chores.", profile="pi-scoped")
@@ -88,7 +88,7 @@ def fire_scoped(lab: Lab, llm: FakeLLM, secret: Path) -> tuple[Entry, Any]:
     return entry, fired
 
 
-def orphan(lab: Lab, entry: Entry) -> Entry:
+def orphan(lab: PiLab, entry: Entry) -> Entry:
     """Kill the master and the worker: the worker's entry is left resumable."""
     assert lab.master is not None
     master = lab.store.find(lab.master.key)
@@ -107,7 +107,7 @@ def orphan(lab: Lab, entry: Entry) -> Entry:
     return lost
 
 
-def test_fire_and_followup_keep_the_envelope(scoped: tuple[Lab, FakeLLM, Path]) -> None:
+def test_fire_and_followup_keep_the_envelope(scoped: Scoped) -> None:
     lab, llm, secret = scoped
     entry, fired = fire_scoped(lab, llm, secret)
     assert_envelope_held(lab, llm, secret, blocked(lab, entry.key, 2))
@@ -122,7 +122,7 @@ def test_fire_and_followup_keep_the_envelope(scoped: tuple[Lab, FakeLLM, Path]) 
     assert_envelope_held(lab, llm, secret, blocked(lab, entry.key, 4))
 
 
-def test_resume_keeps_the_envelope(scoped: tuple[Lab, FakeLLM, Path]) -> None:
+def test_resume_keeps_the_envelope(scoped: Scoped) -> None:
     lab, llm, secret = scoped
     entry, _fired = fire_scoped(lab, llm, secret)
     blocked(lab, entry.key, 2)
@@ -142,7 +142,7 @@ def test_resume_keeps_the_envelope(scoped: tuple[Lab, FakeLLM, Path]) -> None:
 
 
 @pytest.mark.parametrize("relaunch", ["detached", "tmux"])
-def test_a_new_masters_relaunch_keeps_the_envelope(scoped: tuple[Lab, FakeLLM, Path], relaunch: str) -> None:
+def test_a_new_masters_relaunch_keeps_the_envelope(scoped: Scoped, relaunch: str) -> None:
     lab, llm, secret = scoped
     entry, _fired = fire_scoped(lab, llm, secret)
     blocked(lab, entry.key, 2)

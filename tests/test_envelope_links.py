@@ -13,24 +13,24 @@ from __future__ import annotations
 import os
 
 import pytest
-from fake_llm import Reply
+from fake_llm import Reply, tool_results
 from helpers import read_events
-from test_dispatch import wait_for
-from test_envelope import PiLab, _profile, _run_worker, _tool_results, envlab  # noqa: F401
+from pilabs import PiPair, run_worker, scoped_profile
+from waiting import wait_for
 
 pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 
 
-def test_a_write_through_a_hard_link_is_refused_and_a_worker_makes_none(envlab: PiLab) -> None:  # noqa: F811
-    lab, llm = envlab
+def test_a_write_through_a_hard_link_is_refused_and_a_worker_makes_none(pilab: PiPair) -> None:
+    lab, llm = pilab
     outside = lab.tmp / "outside" / "secret.txt"
     outside.parent.mkdir()
     outside.write_text("outside-original\n")
     linked = lab.work / "linked.txt"
     os.link(outside, linked)  # present before the worker starts (the user's, or an old checkout's)
-    _profile(lab, "pi-links", tools=["read", "write", "edit"], write_paths=["{worktree}"])
+    scoped_profile(lab, "pi-links", tools=["read", "write", "edit"], write_paths=["{worktree}"])
 
-    agent = _run_worker(
+    agent = run_worker(
         lab, llm, "pi-links",
         Reply(tool="read", arguments={"path": "linked.txt"}),
         Reply(tool="write", arguments={"path": "linked.txt", "content": "overwritten\n"}),
@@ -41,7 +41,7 @@ def test_a_write_through_a_hard_link_is_refused_and_a_worker_makes_none(envlab: 
 
     assert outside.read_text() == "outside-original\n", "a write reached the file outside"
     assert os.stat(outside).st_ino == os.stat(linked).st_ino  # still one file, unchanged
-    read, write, edit, fresh = _tool_results(llm)
+    read, write, edit, fresh = tool_results(llm)
     assert "outside-original" in read  # the limit: a read through a link reaches its target
     for result, tool in ((write, "write"), (edit, "edit")):
         assert f"pi-matrix envelope: {tool} of" in result and "has 2 hard links" in result, result

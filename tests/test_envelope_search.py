@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import Reply
+from fake_llm import Reply, tool_results
 from helpers import read_events
 from pi_support import pi_bin, pi_dist, pi_jiti, pi_search_path
-from test_dispatch import wait_for
-from test_envelope import PiLab, _profile, _run_worker, _tool_results, envlab  # noqa: F401
+from pilabs import PiPair, run_worker, scoped_profile
+from waiting import wait_for
 
 from pi_tmux_matrix.bridge import bridge_path
 
@@ -213,13 +213,13 @@ def test_each_line_is_judged_by_the_file_it_names(tmp_path: Path) -> None:
 
 
 def test_a_real_pi_search_over_a_split_session_folder_never_shows_the_transcript(
-    envlab: PiLab,  # noqa: F811
+    pilab: PiPair,
 ) -> None:
     """Issue 28.5 on real pi: a full-scope worker greps and finds over pi's agent dir, whose
     sessions folder holds another session's folder named with a newline (and the attacker's
     decoys where its second half points). Nothing of that transcript, not even its file name,
     reaches the model; a search of the same folder for public text still runs and answers."""
-    lab, llm = envlab
+    lab, llm = pilab
     agent_dir = lab.agent_dir
     pi_search_path(pi_bin(), agent_dir)  # pi finds rg and an fd it can run (install-pi's wrapper)
     split = agent_dir / "sessions" / "--work-a\nb--"
@@ -229,9 +229,9 @@ def test_a_real_pi_search_over_a_split_session_folder_never_shows_the_transcript
     (agent_dir / "b--" / f"2026_{SECRET_NAME}.jsonl").write_text("token=decoy\n")
     (agent_dir / "notes").mkdir()
     (agent_dir / "notes" / "plain.txt").write_text("token=public-28\n")
-    _profile(lab, "pi-full-search", tools=["read", "grep", "find"], write_paths=[])
+    scoped_profile(lab, "pi-full-search", tools=["read", "grep", "find"], write_paths=[])
 
-    agent = _run_worker(
+    agent = run_worker(
         lab, llm, "pi-full-search",
         Reply(tool="grep", arguments={"pattern": "token=", "path": str(agent_dir)}),
         Reply(tool="find", arguments={"pattern": "*.jsonl", "path": str(agent_dir)}),
@@ -241,7 +241,7 @@ def test_a_real_pi_search_over_a_split_session_folder_never_shows_the_transcript
 
     everything = json.dumps(llm.requests)
     assert SECRET not in everything and SECRET_NAME not in everything
-    grep, find, public, listed = _tool_results(llm)
+    grep, find, public, listed = tool_results(llm)
     assert "grep result was withheld" in grep and ("names no file" in grep or BREAK in grep), grep
     assert "find result was withheld" in find, find
     assert "notes/plain.txt:1: token=public-28" in public, public  # the search really runs

@@ -14,15 +14,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
 from helpers import make_entry, read_events, spawn_sleeper
-from test_dispatch import STANDIN, Lab, wait_for
-from test_master import Pty
+from labs import STANDIN, Lab
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.contract import (
@@ -39,30 +38,13 @@ from pi_tmux_matrix.matrix.model import Entry, Status
 from pi_tmux_matrix.supervise.master import is_exact
 from pi_tmux_matrix.supervise.worker import Clocks, ParentBeat, ParentState, parent_master
 
-# A grace window long enough that a loaded machine still starts the next master inside it.
-SETTINGS = {"processMatrix": {"heartbeatMs": 1000, "watcherPollMs": 1000, "adoptionGraceMs": 60000}}
-
 
 @pytest.fixture
-def lab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
-    the_lab = Lab(tmp_path, tmux_socket)
-    (the_lab.agent_dir / "settings.json").write_text(json.dumps(SETTINGS))
-    terms: list[Pty] = []
-    the_lab.terms = terms  # type: ignore[attr-defined]
-    try:
-        yield the_lab
-    finally:
-        for term in terms:
-            term.close()
-        the_lab.cleanup()
-
-
-def cli(lab: Lab, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(lab.state), *args],
-        capture_output=True, text=True, env=lab.env, cwd=lab.work, timeout=60, check=False,
-        stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+def lab(lab: Lab) -> Lab:
+    """The Lab, with a grace window long enough that a loaded machine still starts the next master
+    inside it."""
+    lab.settings.set(adoptionGraceMs=60000)
+    return lab
 
 
 def start_master(lab: Lab, session: str, mode: str = "print", *extra: str) -> tuple[Entry, Path]:
@@ -126,8 +108,8 @@ def test_a_goalless_fire_records_no_task_ref(lab: Lab) -> None:
     assert fired.job.task_ref is None and planned.launch.task_ref is None
     assert ENV_TASK_REF not in planned.env
     assert "--task-ref" not in planned.argv
-    shown = cli(
-        lab, "fire", "--dry-run", "--profile", "stand-in", "--socket", lab.socket, "--path", str(lab.work),
+    shown = lab.cli(
+        "fire", "--dry-run", "--profile", "stand-in", "--socket", lab.socket, "--path", str(lab.work),
         "--parent-pid", str(master.pid), "--parent-session", "plain", "--", "HANG",
     )  # fmt: skip
     assert shown.returncode == 0, shown.stderr
@@ -158,8 +140,7 @@ def test_an_interactive_master_without_a_task_ref_readopts_its_own_worker_withou
     kill_master(lab, master, worker)
 
     argv = [sys.executable, "-m", "pi_tmux_matrix", "master", "--interactive", "--session-id", "lead"]
-    term = Pty(argv, lab.env, lab.work)
-    lab.terms.append(term)  # type: ignore[attr-defined]
+    term = lab.terminal(argv)
 
     said = term.expect(rf"orphan {worker.key} \([^)]*\): re-adopted|\[y/N\]")
     assert "[y/N]" not in said.group(0), term.seen
@@ -300,8 +281,8 @@ def test_fire_refuses_a_parent_session_that_is_not_the_registered_masters_and_wr
     master, _ = start_master(lab, "boss")
     before = written_by_a_launch(lab)
 
-    done = cli(
-        lab, "fire", "--profile", "stand-in", "--socket", lab.socket, "--path", str(lab.work),
+    done = lab.cli(
+        "fire", "--profile", "stand-in", "--socket", lab.socket, "--path", str(lab.work),
         "--parent-pid", str(master.pid), "--parent-session", "wrong", "--", "HANG never",
     )  # fmt: skip
 
@@ -320,7 +301,7 @@ def test_adopt_refuses_a_parent_session_that_is_not_the_registered_masters(lab: 
     worker = fire_goalless(lab)
     kill_master(lab, master, worker)
     other, _ = start_master(lab, "other", "print", "--task-ref", "goal-1")  # foreign: nothing automatic
-    done = cli(lab, "adopt", worker.key, "--parent-pid", str(other.pid), "--parent-session", "boss")
+    done = lab.cli("adopt", worker.key, "--parent-pid", str(other.pid), "--parent-session", "boss")
 
     assert done.returncode == 2, done.stdout + done.stderr
     assert "--parent-session" in done.stderr and "--parent-session other" in done.stderr
@@ -371,11 +352,11 @@ def test_a_new_master_of_the_session_recovers_the_workers_of_a_stopped_one(lab: 
             "the worker to count its stopped master lost",
             lambda: e if (e := lab.store.get(worker.key)).status is Status.RESUMABLE else None,
         )
-        scan = json.loads(cli(lab, "scan", "--json").stdout)
+        scan = json.loads(lab.cli("scan", "--json").stdout)
         assert [row["key"] for row in scan] == [worker.key]  # an orphan, though its parent lives
 
         # Its process lives, so the session still has a master: taking it over is the owner's word.
-        refused = cli(lab, "master", "--session-id", "lead", "--once")
+        refused = lab.cli("master", "--session-id", "lead", "--once")
         assert refused.returncode != 0 and "--takeover" in refused.stderr, refused.stdout + refused.stderr
         again, out = start_master(lab, "lead", "print", "--takeover")
 
@@ -473,13 +454,13 @@ def test_fire_refuses_a_parent_pid_that_is_no_running_master_and_writes_nothing(
             "fire", "--profile", "stand-in", "--socket", lab.socket, "--path", str(lab.work),
             "--parent-pid", str(sleeper.pid), "--parent-session", "nobody",
         ]  # fmt: skip
-        done = cli(lab, *fire, "--", "HANG never")
+        done = lab.cli(*fire, "--", "HANG never")
         assert done.returncode == 2, done.stdout + done.stderr
         assert "--parent-pid" in done.stderr and "not a running master" in done.stderr
         assert "Traceback" not in done.stderr
         assert written_by_a_launch(lab) == []
         # A dry run starts nothing under it: it still shows the plan.
-        dry = cli(lab, *fire, "--dry-run", "--", "HANG never")
+        dry = lab.cli(*fire, "--dry-run", "--", "HANG never")
         assert dry.returncode == 0, dry.stderr
         assert written_by_a_launch(lab) == []
     finally:
@@ -488,8 +469,7 @@ def test_fire_refuses_a_parent_pid_that_is_no_running_master_and_writes_nothing(
 
 
 def test_a_master_that_comes_back_after_the_grace_window_relaunches_its_worker(lab: Lab) -> None:
-    settings = {"processMatrix": {"heartbeatMs": 1000, "watcherPollMs": 1000, "adoptionGraceMs": 5000}}
-    (lab.agent_dir / "settings.json").write_text(json.dumps(settings))
+    lab.settings.set(adoptionGraceMs=5000)
     master, out = start_master(lab, "lead")
     worker = fire_goalless(lab)
     assert master.process is not None

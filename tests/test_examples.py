@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import require_tmux
+from tmux_support import require_tmux
 
 import pi_tmux_matrix
 from pi_tmux_matrix.dispatch.manager import Dispatcher

@@ -9,9 +9,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from helpers import make_entry
-from test_cli import run_main
-from test_names import plant_job
+from helpers import make_entry, plant_job, run_main
 
 from pi_tmux_matrix.cli.app import build_parser
 from pi_tmux_matrix.cli.base import public_verbs

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import require_tmux
 from helpers import Reaper
 from pi_support import pi_bin
+from tmux_support import require_tmux
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.request import marker_instruction

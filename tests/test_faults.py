@@ -15,7 +15,9 @@ from pathlib import Path
 
 import attrs
 import pytest
-from test_dispatch import Lab, lab, sublab, wait_for  # noqa: F401 - lab and sublab are fixtures
+from labs import Lab
+from seams import spawn_on_pid
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore
@@ -23,7 +25,7 @@ from pi_tmux_matrix.dispatch.manager import Dispatcher
 from pi_tmux_matrix.dispatch.request import FireRequest
 
 
-def test_8_a_task_starting_with_a_dash_reaches_every_team_member(sublab: Lab) -> None:  # noqa: F811
+def test_8_a_task_starting_with_a_dash_reaches_every_team_member(sublab: Lab) -> None:
     """The task summary goes to each host as ``--task-summary=VALUE``: a task that starts with
     ``-`` is never read as a flag (each host used to die on ``--task-summary -x``)."""
     sublab.start_master()
@@ -37,14 +39,7 @@ def test_8_a_task_starting_with_a_dash_reaches_every_team_member(sublab: Lab) ->
         assert procs.is_alive(entry.process)
 
 
-def cli(at: Lab, *words: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(at.state), *words],
-        capture_output=True, text=True, env=at.env, timeout=60, check=False, cwd=cwd or at.work,
-    )  # fmt: skip
-
-
-def test_7_an_oversized_followup_or_steer_is_refused_before_anything_moves(sublab: Lab) -> None:  # noqa: F811
+def test_7_an_oversized_followup_or_steer_is_refused_before_anything_moves(sublab: Lab) -> None:
     sublab.start_master()
     fired = sublab.fire("HANG long work", backend="subprocess")
     (agent,) = fired.job.agents
@@ -52,32 +47,32 @@ def test_7_an_oversized_followup_or_steer_is_refused_before_anything_moves(subla
     sublab.started.append(agent.host)
     sublab.worker(agent.key)
     huge = "x" * 70_000
-    follow = cli(sublab, "followup", fired.job.id, "--", huge)
+    follow = sublab.cli("followup", fired.job.id, "--", huge)
     assert follow.returncode == 2, follow.stderr
     assert "TEXT" in follow.stderr and "bytes once encoded" in follow.stderr
     assert "Traceback" not in follow.stderr
     assert JobStore(sublab.store).get(fired.job.id).agents[0].round == 1  # the round did not move
-    steer = cli(sublab, "send", agent.key, "--steer", huge)
+    steer = sublab.cli("send", agent.key, "--steer", huge)
     assert steer.returncode == 2 and "--steer" in steer.stderr and "Traceback" not in steer.stderr
     mailbox = sublab.state / "mailbox" / agent.key
     assert not mailbox.exists() or list(mailbox.iterdir()) == []
 
 
 def test_9_an_agent_id_too_long_for_its_result_names_is_refused_before_the_job_is_written(
-    sublab: Lab,  # noqa: F811
+    sublab: Lab,
 ) -> None:
     master = sublab.start_master()
-    done = cli(
-        sublab, "fire", "--profile", "stand-in", "--backend", "subprocess", "--parent-pid", str(master.pid),
+    done = sublab.cli(
+        "fire", "--profile", "stand-in", "--backend", "subprocess", "--parent-pid", str(master.pid),
         "--parent-session", "boss", "--agent-id", "a" * 120, "--", "HANG",
     )  # fmt: skip
     assert done.returncode == 2, done.stdout + done.stderr
     assert "--agent-id" in done.stderr and "use at most" in done.stderr
     assert not (sublab.state / "jobs").exists() or not list((sublab.state / "jobs").glob("job-*.json"))
-    assert cli(sublab, "jobs").returncode == 0
+    assert sublab.cli("jobs").returncode == 0
 
 
-def test_10_a_relative_state_dir_is_made_absolute_once_for_every_process(sublab: Lab, tmp_path: Path) -> None:  # noqa: F811
+def test_10_a_relative_state_dir_is_made_absolute_once_for_every_process(sublab: Lab, tmp_path: Path) -> None:
     master = sublab.start_master()
     other = tmp_path / "other"
     other.mkdir()
@@ -94,7 +89,7 @@ def test_10_a_relative_state_dir_is_made_absolute_once_for_every_process(sublab:
     assert planned["env"]["PI_MATRIX_STATE_DIR"] == str(tmp_path / "relstate")
 
 
-def test_12_a_job_record_claiming_a_billion_rounds_is_reported_corrupt_not_a_hang(sublab: Lab) -> None:  # noqa: F811
+def test_12_a_job_record_claiming_a_billion_rounds_is_reported_corrupt_not_a_hang(sublab: Lab) -> None:
     sublab.start_master()
     fired = sublab.fire("HANG", backend="subprocess")
     for agent in fired.job.agents:
@@ -104,7 +99,7 @@ def test_12_a_job_record_claiming_a_billion_rounds_is_reported_corrupt_not_a_han
     raw = json.loads(record.read_text())
     raw["agents"][0]["round"] = 10**9
     record.write_text(json.dumps(raw))
-    done = cli(sublab, "jobs", "--json")
+    done = sublab.cli("jobs", "--json")
     assert done.returncode in (0, 1), done.stderr
     assert "Traceback" not in done.stderr
     assert fired.job.id in done.stdout + done.stderr and "round" in done.stdout + done.stderr
@@ -176,9 +171,8 @@ def test_3_two_activations_relaunching_one_dead_worker_start_one_agent(
     the conflict: two pi on one session file)."""
     from argparse import Namespace
 
-    from helpers import make_entry, make_identity
-    from test_dispatch import STANDIN
-    from test_master import dead_identity
+    from helpers import dead_identity, make_entry, make_identity
+    from labs import STANDIN
 
     from pi_tmux_matrix.cli.master import _relauncher
     from pi_tmux_matrix.errors import ResumeRefused
@@ -315,19 +309,6 @@ def test_11b_a_post_whose_folder_fsync_fails_is_queued_and_says_it_may_not_survi
     assert queued.kind == "stop" and queued.sender == "test"
 
 
-def _spawn_on_pid(pid: int) -> subprocess.Popen[bytes] | None:
-    """A sleeper that gets ``pid`` (via ns_last_pid, root only); None if another process took it."""
-    for _ in range(20):
-        with open("/proc/sys/kernel/ns_last_pid", "w") as handle:
-            handle.write(str(pid - 1))
-        child = subprocess.Popen(["sleep", "60"], start_new_session=True)
-        if child.pid == pid:
-            return child
-        child.kill()
-        child.wait()
-    return None
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="forcing a pid's reuse needs root (ns_last_pid)")
 def test_1_a_dead_leaders_reused_pid_is_never_signalled() -> None:
     leader_proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -338,7 +319,7 @@ def test_1_a_dead_leaders_reused_pid_is_never_signalled() -> None:
     # A later clock tick: identity is pid + start ticks, and two starts within one tick on one pid
     # cannot be told apart by anyone (the kernel's wrap of the pid space takes far longer).
     time.sleep(0.05)
-    stranger = _spawn_on_pid(leader.pid)
+    stranger = spawn_on_pid(leader.pid)
     if stranger is None:
         pytest.skip("the pid was taken by another process each time")
     try:
@@ -513,7 +494,7 @@ def _request(at: Lab) -> FireRequest:
     )  # fmt: skip
 
 
-def test_6_a_pane_made_after_the_fire_gave_up_starts_nothing(lab: Lab) -> None:  # noqa: F811
+def test_6_a_pane_made_after_the_fire_gave_up_starts_nothing(lab: Lab) -> None:
     """``new-window`` does not answer in time (its host is slow to start and has not taken its ticket);
     the fire fails and takes the launch's ticket. When the host runs on it finds the ticket
     abandoned and starts nothing (it used to run the agent with no tags, watcher or deadline)."""
@@ -536,7 +517,7 @@ def test_6_a_pane_made_after_the_fire_gave_up_starts_nothing(lab: Lab) -> None: 
 
 
 def test_6_a_host_that_took_its_ticket_before_the_fire_gave_up_is_adopted_tagged_and_watched(
-    lab: Lab,  # noqa: F811
+    lab: Lab,
 ) -> None:
     """The other order: tmux made the pane and its host took the ticket, but tmux answered too late.
     The fire finds the pane by the host's pid, tags it and goes on (a job with its agent)."""
@@ -552,7 +533,7 @@ def test_6_a_host_that_took_its_ticket_before_the_fire_gave_up_is_adopted_tagged
     assert agent.key in tags and fired.job.id in tags
 
 
-def test_6_stop_of_a_job_reaches_the_live_host_the_matrix_knows_and_fails_if_it_survives(sublab: Lab) -> None:  # noqa: F811
+def test_6_stop_of_a_job_reaches_the_live_host_the_matrix_knows_and_fails_if_it_survives(sublab: Lab) -> None:
     """A job whose record lacks the host the matrix has registered for its key (a launch recorded as
     failed, or an agent resumed after a crash): ``stop JOB`` stops that host; it used to print
     ``stopped job`` while ``ls`` showed the worker running."""
@@ -565,7 +546,7 @@ def test_6_stop_of_a_job_reaches_the_live_host_the_matrix_knows_and_fails_if_it_
         fired.job.id,
         lambda j: attrs.evolve(j, agents=tuple(attrs.evolve(a, host_pid=None) for a in j.agents)),
     )
-    stopped = cli(sublab, "stop", fired.job.id, "--confirm", "yes-tmux-stop")
+    stopped = sublab.cli("stop", fired.job.id, "--confirm", "yes-tmux-stop")
     assert stopped.returncode == 0, stopped.stderr
     assert procs.wait_for_exit(entry.process, 15), "the live host the matrix knows was not stopped"  # type: ignore[arg-type]
 
@@ -636,7 +617,7 @@ def _take_pid_of(dead: procs.ProcessIdentity) -> subprocess.Popen[bytes]:
     assert not procs.is_alive(dead)
     # A later clock tick: identity is pid + start ticks (see test_1).
     time.sleep(0.05)
-    stranger = _spawn_on_pid(dead.pid)
+    stranger = spawn_on_pid(dead.pid)
     if stranger is None:
         pytest.skip("the pid was taken by another process each time")
     return stranger

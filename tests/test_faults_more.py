@@ -22,9 +22,10 @@ from pathlib import Path
 
 import attrs
 import pytest
-from helpers import job_on_host, make_entry, make_identity, read_events, spawn_registered_parent
-from test_dispatch import Lab, sublab, wait_for  # noqa: F401 - sublab is a fixture
-from test_names import plant_job
+from helpers import job_on_host, make_entry, make_identity, plant_job, read_events, spawn_registered_parent
+from labs import Lab
+from seams import ENOSPC_LINE, full_disk
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore
@@ -33,27 +34,6 @@ from pi_tmux_matrix.identity import Mode
 from pi_tmux_matrix.matrix.mailbox import Inbox
 from pi_tmux_matrix.matrix.model import Entry, ExitKind, Status
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
-
-ENOSPC_LINE = "No space left on device"
-SEAMS = {
-    "records": "fsio._write_all = _full",
-    "mailbox": "mailbox._write_all = _full",
-    "events": "mailbox._append = _full",
-}
-
-
-def _full_disk(at: Path, *which: str) -> dict[str, str]:
-    """The environment of a process whose disk is full at the ``which`` seams (all by default)."""
-    folder = at / f"full-{'-'.join(which) or 'all'}"
-    folder.mkdir(exist_ok=True)
-    lines = [SEAMS[name] for name in which or SEAMS]
-    (folder / "sitecustomize.py").write_text(
-        "import errno\n"
-        "from pi_tmux_matrix.matrix import fsio, mailbox\n"
-        "def _full(*_args, **_kwargs):\n"
-        f"    raise OSError(errno.ENOSPC, {ENOSPC_LINE!r})\n" + "\n".join(lines) + "\n"
-    )
-    return {**os.environ, "PYTHONPATH": str(folder)}
 
 
 def _cli(state: Path, *words: str, env: dict[str, str], **popen: object) -> subprocess.CompletedProcess[str]:
@@ -99,7 +79,7 @@ def test_11_send_and_stop_key_on_a_full_disk_are_one_error_line_and_exit_1(tmp_p
                 child_pid=agent_id.pid, child_proc_start=agent_id.start_ticks,
             )
         )  # fmt: skip
-        full = _full_disk(tmp_path)
+        full = full_disk(tmp_path)
         sent = _cli(store.root, "send", "worker-d11", "--prompt", "x", env=full)
         _one_error_line(sent, "worker-d11", "nothing was sent")
         stopped = _cli(store.root, "stop", "worker-d11", "--confirm", "yes-tmux-stop", env=full)
@@ -113,7 +93,7 @@ def test_11_send_and_stop_key_on_a_full_disk_are_one_error_line_and_exit_1(tmp_p
 
 
 def test_11_stop_job_on_a_full_disk_still_stops_its_agents_and_says_what_was_not_written(
-    sublab: Lab,  # noqa: F811
+    sublab: Lab,
 ) -> None:
     """``stop JOB`` on a full disk: neither the ``stopped`` result nor the stop message can be
     written, yet the owner asked for the agents to stop, and signals need no disk: each host is
@@ -125,7 +105,7 @@ def test_11_stop_job_on_a_full_disk_still_stops_its_agents_and_says_what_was_not
     entry = sublab.worker(agent.key)
     assert entry.process is not None and entry.child_process is not None
     started = time.monotonic()
-    done = _cli(sublab.state, "stop", fired.job.id, "--confirm", "yes-tmux-stop", env=_full_disk(sublab.tmp))
+    done = _cli(sublab.state, "stop", fired.job.id, "--confirm", "yes-tmux-stop", env=full_disk(sublab.tmp))
     _one_error_line(done, "results", fired.job.id)
     assert procs.wait_for_exit(entry.process, 10), "the job's host was left running"
     assert not procs.is_alive(entry.child_process), "the job's agent was left running"
@@ -175,7 +155,7 @@ def test_11_a_host_whose_event_appends_fail_supervises_stops_and_records_its_age
             [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(state), "host",
              "--session-id", "e11", "--mode", "print", "--", "sleep", "60"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sink, start_new_session=True,
-            env=_full_disk(tmp_path, "events"),
+            env=full_disk(tmp_path, "events"),
         )  # fmt: skip
     try:
         running = wait_for(
@@ -328,7 +308,7 @@ def test_1_the_fork_waiters_final_stop_never_signals_what_reused_its_panes_pid(t
     pid is reused before the next look: the waiter records the run's end and makes its own final
     stop of the run's processes (``close_pane``), which must find nobody to signal (its
     ``on_poll`` callback, our own, is where the death and the reuse are made to happen)."""
-    from test_faults import _spawn_on_pid
+    from seams import spawn_on_pid
 
     from pi_tmux_matrix.fork import wait
     from pi_tmux_matrix.fork.model import ForkRun, RunMode, RunStatus
@@ -352,7 +332,7 @@ def test_1_the_fork_waiters_final_stop_never_signals_what_reused_its_panes_pid(t
         leader.kill()
         leader.wait()
         time.sleep(0.05)  # a later clock tick: identity is pid + start ticks (see test_faults)
-        stranger = _spawn_on_pid(alive.pid)
+        stranger = spawn_on_pid(alive.pid)
         if stranger is None:
             pytest.skip("the pid was taken by another process each time")
         strangers.append(stranger)
@@ -371,7 +351,7 @@ def test_1_the_fork_waiters_final_stop_never_signals_what_reused_its_panes_pid(t
 def test_13_a_deeply_nested_profile_is_a_clear_error_from_fire_and_resume_too(tmp_path: Path) -> None:
     """``fire --profile`` and ``resume`` (dry run and real) read the profiles as ``profiles`` does:
     a hostile nesting is exit 2 naming the file, never a ``RecursionError``, and nothing starts."""
-    from test_master import dead_identity
+    from helpers import dead_identity
 
     from pi_tmux_matrix.matrix.model import ResumablePayload
 
@@ -427,8 +407,8 @@ def test_15_a_bash_masters_handoff_line_shows_worker_text_escaped(tmp_path: Path
     """The worker's last words and the result path its bridge reported reach a non-pi master's
     terminal as one line with every control character shown, ``cat -v`` style: the pane's title
     stays and no line is erased."""
-    from conftest import kill_tmux_server
-    from test_master import dead_identity
+    from helpers import dead_identity
+    from tmux_support import kill_tmux_server
 
     from pi_tmux_matrix.matrix import lifecycle
     from pi_tmux_matrix.matrix.model import ExitRecord

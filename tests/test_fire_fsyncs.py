@@ -13,8 +13,8 @@ import os
 import stat
 
 import pytest
-from test_dispatch import Lab, lab  # noqa: F401 - lab is a fixture
-from test_fire_unconfirmed import HOLD, _fire, _seam
+from labs import Lab
+from seams import HOLD, gated_pythonpath
 
 from pi_tmux_matrix.dispatch.jobs import JobStore
 from pi_tmux_matrix.errors import DispatchError, StoreError
@@ -35,7 +35,7 @@ def _observe_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
 
 
 def test_a_fire_fsyncs_each_record_once_and_only_the_jobs_folder(
-    lab: Lab,  # noqa: F811
+    lab: Lab,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """One agent: its job record's two versions, its ``launching`` entry and its session header,
@@ -44,9 +44,10 @@ def test_a_fire_fsyncs_each_record_once_and_only_the_jobs_folder(
     fsynced for the ``launching`` entry, which a crash makes moot (its host dies with it). Five
     fsyncs; there were seven (``jobs/`` twice, the state root once)."""
     lab.start_master()
-    pythonpath = _seam(lab, HOLD)  # no host registers while we count (they are other processes anyway)
+    # No host registers while we count (they are other processes anyway).
+    pythonpath = gated_pythonpath(lab.tmp, HOLD)
     seen = _observe_fsyncs(monkeypatch)
-    fired = _fire(lab, "HANG counted", pythonpath)
+    fired = lab.fire("HANG counted", env={"PYTHONPATH": pythonpath})
     monkeypatch.undo()
     (lab.tmp / "gate").unlink()
     (agent,) = fired.job.agents
@@ -69,7 +70,7 @@ def test_a_fire_fsyncs_each_record_once_and_only_the_jobs_folder(
 
 
 def test_a_launching_entry_the_disk_refuses_fails_the_fire_after_its_job_recorded_the_host(
-    lab: Lab,  # noqa: F811
+    lab: Lab,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The ``launching`` entry is written beside the job's update: when it cannot be written the
@@ -95,15 +96,15 @@ def test_a_launching_entry_the_disk_refuses_fails_the_fire_after_its_job_recorde
 
 
 def test_a_fire_reads_the_state_dir_whole_once_under_its_cap_lock(
-    lab: Lab,  # noqa: F811
+    lab: Lab,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The fire's parent check and its task ref read the master's own entry by its key; only the
     cap check (under the fire lock) lists every entry. Each listing reads every file: at 100
     agents a fire read the state dir three times (issue 30.4). Other agents' entries are there."""
     lab.start_master()
-    pythonpath = _seam(lab, HOLD)
-    _fire(lab, "HANG first", pythonpath)
+    pythonpath = gated_pythonpath(lab.tmp, HOLD)
+    lab.fire("HANG first", env={"PYTHONPATH": pythonpath})
     listings: list[int] = []
     real_list = MatrixStore.list
 
@@ -112,7 +113,7 @@ def test_a_fire_reads_the_state_dir_whole_once_under_its_cap_lock(
         return real_list(self)
 
     monkeypatch.setattr(MatrixStore, "list", counted)
-    _fire(lab, "HANG counted", pythonpath)
+    lab.fire("HANG counted", env={"PYTHONPATH": pythonpath})
     monkeypatch.undo()
     (lab.tmp / "gate").unlink()
     assert len(listings) == 1, listings

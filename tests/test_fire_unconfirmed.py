@@ -9,70 +9,27 @@ to return while its host has not registered. Real tmux on a private socket throu
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 
-from test_dispatch import Lab, lab, wait_for  # noqa: F401 - fixtures
+from labs import Lab
+from seams import DIE, HOLD, gated_pythonpath
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.confirm import CONFIRM_S
 from pi_tmux_matrix.dispatch.jobs import JobStore
-from pi_tmux_matrix.dispatch.manager import FireResult
 from pi_tmux_matrix.dispatch.model import ResultKind
-from pi_tmux_matrix.dispatch.request import FireRequest
 from pi_tmux_matrix.matrix.model import Status
 
-# What the seam does in a pane's Python while the gate file exists: hold it (at most a minute),
-# or end it at once (a host that dies before it registers, as a pane that died at once).
-HOLD = (
-    "deadline = time.monotonic() + 60\n"
-    "while os.path.exists(GATE) and time.monotonic() < deadline:\n"
-    "    time.sleep(0.02)"
-)
-DIE = "os._exit(3)"
 
-
-def _seam(at: Lab, body: str) -> str:
-    """A PYTHONPATH whose ``sitecustomize`` runs ``body`` in every Python the fires' panes start
-    (the hosts, before they import anything of ours), while the gate file exists."""
-    folder = at.tmp / "seam"
-    folder.mkdir(exist_ok=True)
-    gate = at.tmp / "gate"
-    gate.touch()
-    indented = "".join(f"    {line}\n" for line in body.splitlines())
-    (folder / "sitecustomize.py").write_text(
-        f"import os, sys, time\nGATE = {str(gate)!r}\nif os.path.exists(GATE):\n{indented}"
-    )
-    return os.pathsep.join([str(folder), *filter(None, [os.environ.get("PYTHONPATH")])])
-
-
-def _fire(at: Lab, task: str, pythonpath: str, **fields: object) -> FireResult:
-    assert at.master is not None
-    request = FireRequest(
-        task=task, profile=str(fields.pop("profile", "stand-in")), path=str(at.work), socket=at.socket,
-        parent_pid=at.master.pid, parent_session=at.master.identity.session_id, **fields,  # type: ignore[arg-type]
-    )  # fmt: skip
-    result = at.dispatcher(PYTHONPATH=pythonpath).fire(request)
-    at.started += [a.host for a in result.job.agents if a.host is not None]
-    return result
-
-
-def _cli(at: Lab, *words: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(at.state), *words],
-        capture_output=True, text=True, env=at.env, timeout=60, check=False, cwd=at.work,
-    )  # fmt: skip
-
-
-def test_a_series_of_fires_returns_while_no_host_has_started(lab: Lab) -> None:  # noqa: F811
+def test_a_series_of_fires_returns_while_no_host_has_started(lab: Lab) -> None:
     """Three fires in a row, every host held before it registers: each fire returned with its
     window made and its ``launching`` entry published, no host registered yet; once let go, all
     start. Before, each fire waited for its host up to ``CONFIRM_S`` (15 s for three here)."""
     lab.start_master()
-    pythonpath = _seam(lab, HOLD)
+    pythonpath = gated_pythonpath(lab.tmp, HOLD)
     began = time.monotonic()
-    fired = [_fire(lab, f"HANG series {i}", pythonpath) for i in range(3)]
+    fired = [lab.fire(f"HANG series {i}", env={"PYTHONPATH": pythonpath}) for i in range(3)]
     took = time.monotonic() - began
     agents = [r.job.agents[0] for r in fired]
     for agent in agents:
@@ -88,14 +45,14 @@ def test_a_series_of_fires_returns_while_no_host_has_started(lab: Lab) -> None: 
     assert all(lab.result(r.job.id, r.job.agents[0].agent_id) is None for r in fired)
 
 
-def test_a_fire_that_asks_to_confirm_still_waits_and_names_the_failure(lab: Lab) -> None:  # noqa: F811
+def test_a_fire_that_asks_to_confirm_still_waits_and_names_the_failure(lab: Lab) -> None:
     """``confirm_s`` (the CLI's ``--confirm-start``) keeps the old contract for a caller that
     wants it: the fire fails with the reason, the job holds it, the entry is closed."""
     lab.start_master()
-    pythonpath = _seam(lab, DIE)
+    pythonpath = gated_pythonpath(lab.tmp, DIE)
     try:
         # Generous: the wait ends when the host is seen dead; only a loaded machine needs it all.
-        _fire(lab, "HANG doomed", pythonpath, confirm_s=6 * CONFIRM_S)
+        lab.fire("HANG doomed", env={"PYTHONPATH": pythonpath}, confirm_s=6 * CONFIRM_S)
     except Exception as exc:  # noqa: BLE001 - the message is what is checked
         said = str(exc)
     else:
@@ -109,33 +66,33 @@ def test_a_fire_that_asks_to_confirm_still_waits_and_names_the_failure(lab: Lab)
     assert entry is not None and entry.status is Status.CLOSED and entry.reason == "start_failed"
 
 
-def test_a_host_that_dies_before_registering_reaches_the_job_and_show_through_jobs(lab: Lab) -> None:  # noqa: F811
+def test_a_host_that_dies_before_registering_reaches_the_job_and_show_through_jobs(lab: Lab) -> None:
     """The pane's host ends at once, before it registers: the fire has already returned (it
     waits on no start); ``jobs`` finds the host dead with its agent never started, writes the
     job's ``exited`` result with the reason and closes the launcher's ``launching`` record,
     whose ``show`` says how it ended."""
     lab.start_master()
-    pythonpath = _seam(lab, DIE)
-    fired = _fire(lab, "HANG doomed", pythonpath)
+    pythonpath = gated_pythonpath(lab.tmp, DIE)
+    fired = lab.fire("HANG doomed", env={"PYTHONPATH": pythonpath})
     (agent,) = fired.job.agents
     wait_for("the host to end", lambda: not procs.is_alive(agent.host) or None)
     entry = lab.store.find(agent.key)
     assert entry is not None and entry.status is Status.LAUNCHING  # nobody has looked yet
-    listed = _cli(lab, "jobs", "--json")
+    listed = lab.cli("jobs", "--json")
     assert listed.returncode == 0, listed.stderr
     result = lab.result(fired.job.id, agent.agent_id)
     assert result is not None and result.kind is ResultKind.EXITED, result
     assert "its host ended before it started the agent" in result.detail
     entry = lab.store.find(agent.key)
     assert entry is not None and entry.status is Status.CLOSED and entry.reason == "start_failed"
-    shown = _cli(lab, "show", agent.key)
+    shown = lab.cli("show", agent.key)
     assert "start        the agent could not start: its host ended before it started" in shown.stdout, (
         shown.stdout
     )
-    one = _cli(lab, "job", fired.job.id)
+    one = lab.cli("job", fired.job.id)
     assert "exited" in one.stdout, one.stdout
     # Settled once: a second look writes nothing new and says the same.
-    again = _cli(lab, "jobs", "--json")
+    again = lab.cli("jobs", "--json")
     assert again.returncode == 0 and lab.result(fired.job.id, agent.agent_id) == result
 
 
@@ -153,35 +110,35 @@ def _broken_profile(at: Lab) -> None:
     )
 
 
-def test_an_agent_its_host_cannot_start_reaches_the_job_from_the_host_itself(lab: Lab) -> None:  # noqa: F811
+def test_an_agent_its_host_cannot_start_reaches_the_job_from_the_host_itself(lab: Lab) -> None:
     """The program is there but cannot be executed (a missing interpreter): the fire returns at
     once; the host records ``spawn_failed`` and exit 127, and its round thread writes the job's
     ``exited`` result with the reason, with nobody running ``jobs``."""
     lab.start_master()
     _broken_profile(lab)
-    fired = _fire(lab, "hi", os.environ.get("PYTHONPATH", ""), profile="broken")
+    fired = lab.fire("hi", env={"PYTHONPATH": os.environ.get("PYTHONPATH", "")}, profile="broken")
     (agent,) = fired.job.agents
     result = wait_for("the host's own result", lambda: lab.result(fired.job.id, agent.agent_id))
     assert result.kind is ResultKind.EXITED and result.exit_code == 127, result
     assert "could not start" in result.detail and "No such file or directory" in result.detail
-    shown = _cli(lab, "show", agent.key)
+    shown = lab.cli("show", agent.key)
     assert "start        the agent could not start" in shown.stdout, shown.stdout
     assert "exit         " in shown.stdout and "code 127" in shown.stdout, shown.stdout
 
 
-def test_the_cli_fire_waits_on_no_start_unless_asked(lab: Lab) -> None:  # noqa: F811
+def test_the_cli_fire_waits_on_no_start_unless_asked(lab: Lab) -> None:
     """``pi-matrix fire`` (the master tool's fire_task runs it) returns once launched;
     ``--confirm-start`` waits and exits 1 naming an agent that could not start."""
     master = lab.start_master()
     _broken_profile(lab)
     base = ("fire", "--profile", "broken", "--socket", lab.socket, "--parent-pid", str(master.pid),
             "--parent-session", "boss")  # fmt: skip
-    quick = _cli(lab, *base, "--", "hi")
+    quick = lab.cli(*base, "--", "hi")
     assert quick.returncode == 0 and "launched 1 agent(s)" in quick.stdout, quick.stdout + quick.stderr
-    waited = _cli(lab, *base, "--confirm-start", "--", "hi")
+    waited = lab.cli(*base, "--confirm-start", "--", "hi")
     assert waited.returncode == 1, waited.stdout + waited.stderr
     assert "could not start" in waited.stderr and "No such file or directory" in waited.stderr
-    refused = _cli(lab, *base, "--confirm-start", "0", "--", "hi")
+    refused = lab.cli(*base, "--confirm-start", "0", "--", "hi")
     assert refused.returncode == 2 and "--confirm-start" in refused.stderr, refused.stderr
     for job in JobStore(lab.store).list_jobs()[0]:
         lab.started += [a.host for a in job.agents if a.host is not None]

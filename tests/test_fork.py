@@ -9,14 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
-from conftest import kill_tmux_server
-from test_dispatch import STANDIN, wait_for
+from forklab import Caller
+from labs import STANDIN
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.fork import (
@@ -37,130 +35,8 @@ from pi_tmux_matrix.fork import (
     reap,
 )
 from pi_tmux_matrix.matrix.mailbox import EventLog
-from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
+from pi_tmux_matrix.matrix.store import now_ms
 from pi_tmux_matrix.settings import ForkSettings
-
-
-class Caller:
-    """A scratch world: state dir, a parent session file, and a tmux pane that plays the caller."""
-
-    def __init__(self, tmp: Path, socket: str) -> None:
-        self.socket = socket
-        self.state = tmp / "state"
-        self.store = MatrixStore(self.state)
-        self.work = tmp / "work"
-        self.work.mkdir()
-        self.session = self.work / "parent.jsonl"
-        header = {"type": "session", "version": 3, "id": "parent-1", "timestamp": "2026-12-03T00:00:00.000Z"}
-        self.session.write_text(json.dumps({**header, "cwd": str(self.work)}) + "\n")
-        subprocess.run(
-            ["tmux", "-L", socket, "new-session", "-d", "-s", "caller", "-x", "200", "-y", "50", "sleep 600"],
-            check=True,
-        )
-        shown = subprocess.run(
-            ["tmux", "-L", socket, "display-message", "-p", "-t", "caller",
-             "#{socket_path}\t#{pane_id}\t#{window_id}"],
-            check=True, capture_output=True, text=True,
-        ).stdout.strip()  # fmt: skip
-        self.socket_path, self.pane, self.window = shown.split("\t")
-        self.env = dict(
-            os.environ,
-            PI_MATRIX_STATE_DIR=str(self.state),
-            PI_MATRIX_PI_COMMAND=json.dumps(STANDIN),
-            STANDIN_STEP_S="0.05",
-            TMUX=f"{self.socket_path},1,0",
-            TMUX_PANE=self.pane,
-        )
-
-    def fork(self, *words: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "pi_tmux_matrix", "fork", "--session", str(self.session), *words]
-        return subprocess.run(
-            argv, env=env or self.env, cwd=self.work, capture_output=True, text=True, timeout=90, check=False
-        )
-
-    def master_that_forks(self, task: str, *agent_flags: str) -> subprocess.Popen[bytes]:
-        """A headless master whose agent (a script, given ``agent_flags`` like pi's) runs
-        ``pi-matrix fork --background … -- task``, keeps its output, and waits for :meth:`go`."""
-        code = (
-            "import subprocess, sys, pathlib, time\n"
-            f"argv = [sys.executable, '-m', 'pi_tmux_matrix', 'fork', '--background', '--json', "
-            f"'--session', {str(self.session)!r}, '--', {task!r}]\n"
-            "out = subprocess.run(argv, capture_output=True, text=True)\n"
-            f"pathlib.Path({str(self.work / 'fork.out')!r}).write_text(out.stdout + out.stderr)\n"
-            f"while not pathlib.Path({str(self.work / 'go')!r}).exists(): time.sleep(0.05)\n"
-        )
-        argv = [
-            sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", "boss", "--headless", "--mode",
-            "print", "--", sys.executable, "-c", code, *agent_flags,
-        ]  # fmt: skip
-        return self.spawn(argv)
-
-    def spawn(self, argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
-        """``argv`` started in the caller's env and cwd, silent, in a session of its own (as pi's
-        bash tool starts commands); ``options`` override those for :class:`subprocess.Popen`."""
-        defaults: dict[str, Any] = {
-            "stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL,
-            "start_new_session": True,
-        }  # fmt: skip
-        return subprocess.Popen(argv, env=self.env, cwd=self.work, **{**defaults, **options})
-
-    @contextmanager
-    def process(self, argv: list[str], **options: Any) -> Iterator[subprocess.Popen[bytes]]:
-        """:meth:`spawn`, killed on the way out if it is still running."""
-        proc = self.spawn(argv, **options)
-        try:
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
-    def forked_run_id(self) -> str:
-        out = self.work / "fork.out"
-        shown = wait_for("the master's agent to fork", lambda: out.exists() and out.read_text())
-        return str(json.loads(shown)["id"])
-
-    def go(self) -> None:
-        (self.work / "go").write_text("")
-
-    def runs_cli(self, *words: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "pi_tmux_matrix", "runs", *words]
-        return subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60, check=False)
-
-    def runs(self) -> list[ForkRun]:
-        return RunStore(self.store).list()[0]
-
-    def panes(self) -> dict[str, tuple[str, str]]:
-        """pane id -> (window id, fork run tag) on the caller's server."""
-        shown = subprocess.run(
-            ["tmux", "-L", self.socket, "list-panes", "-a", "-F",
-             "#{pane_id}\t#{window_id}\t#{@pi_matrix_fork_run}"],
-            capture_output=True, text=True, check=False,
-        ).stdout  # fmt: skip
-        rows = [line.split("\t") for line in shown.splitlines() if line]
-        return {row[0]: (row[1], row[2]) for row in rows}
-
-    def cleanup(self) -> None:
-        # Hosts and their agents (a print-mode agent has its own session: it outlives a killed host).
-        for entry in self.store.list().entries:
-            for identity in (entry.process, entry.child_process):
-                if identity is not None:
-                    procs.send_signal(identity, signal.SIGKILL)
-        for run in self.runs():
-            if run.process is not None:
-                procs.signal_group(run.process, signal.SIGKILL)
-        for identity in procs.with_argument(str(self.state)):
-            procs.send_signal(identity, signal.SIGKILL)  # background finishers
-        kill_tmux_server(self.socket)
-
-
-@pytest.fixture
-def caller(tmp_path: Path, tmux_socket: str) -> Iterator[Caller]:
-    world = Caller(tmp_path, tmux_socket)
-    try:
-        yield world
-    finally:
-        world.cleanup()
 
 
 # --- the pure parts --------------------------------------------------------------------------------

@@ -9,10 +9,9 @@ from typing import Any
 
 import pytest
 from fake_llm import FakeLLM, Reply
+from forklab import Caller
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from test_fork import Caller
-from test_fork_real_pi import picaller  # noqa: F401 - a fixture
 
 from pi_tmux_matrix import pisession
 from pi_tmux_matrix.fork import RunStore
@@ -176,7 +175,7 @@ def test_case_2_a_compaction_with_empty_memory_details_is_patched_in_place() -> 
 
 @pytest.mark.real_pi
 def test_a_real_pi_fork_reads_the_virtual_compaction_instead_of_the_discarded_turns(
-    picaller: tuple[Caller, FakeLLM],  # noqa: F811
+    picaller: tuple[Caller, FakeLLM],
 ) -> None:
     caller, llm = picaller
     session = Session(cwd=str(caller.work))

@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM
-from test_dispatch import Lab, wait_for
-from test_master_tool import capture, master_window, mlab  # noqa: F401 - mlab is a fixture
+from pilabs import MLab, PiLab, capture, master_window
+from waiting import wait_for
 
 from pi_tmux_matrix.bridge import bridge_path
 from pi_tmux_matrix.pisession import new_session_file
@@ -103,22 +102,22 @@ class SessionFile:
         return self.path
 
 
-def boss_session(lab: Lab) -> SessionFile:
+def boss_session(lab: PiLab) -> SessionFile:
     """The file of session ``boss`` where a master of that session finds it and resumes it."""
     return SessionFile(Path(new_session_file(str(lab.work), "boss", lab.env)), "boss", lab.work)
 
 
-def footer_of(lab: Lab) -> str:
+def footer_of(lab: PiLab) -> str:
     """The footer's last lines (where pi draws the extension statuses)."""
     return "\n".join(capture(lab).rstrip().splitlines()[-3:])
 
 
-def keys(lab: Lab, *names: str, literal: bool = False) -> None:
+def keys(lab: PiLab, *names: str, literal: bool = False) -> None:
     flags = ["-l"] if literal else []
     subprocess.run(["tmux", "-L", lab.socket, "send-keys", "-t", "=m:", *flags, *names], check=True)
 
 
-def tree_select(lab: Lab, search: str) -> None:
+def tree_select(lab: PiLab, search: str) -> None:
     """``/tree``, then the one entry whose text has ``search``, selected."""
     keys(lab, "/tree", literal=True)
     time.sleep(0.3)  # the command's autocomplete
@@ -130,7 +129,7 @@ def tree_select(lab: Lab, search: str) -> None:
 
 
 def test_a_resumed_session_shows_the_sum_of_its_fork_results_before_any_turn(
-    mlab: tuple[Lab, FakeLLM, Any],  # noqa: F811
+    mlab: MLab,
 ) -> None:
     lab, llm, _script = mlab
     session = boss_session(lab)
@@ -150,7 +149,7 @@ def test_a_resumed_session_shows_the_sum_of_its_fork_results_before_any_turn(
 
 
 def test_navigating_the_tree_recomputes_the_footer_for_the_branch_now_shown(
-    mlab: tuple[Lab, FakeLLM, Any],  # noqa: F811
+    mlab: MLab,
 ) -> None:
     lab, llm, _script = mlab
     settings = json.loads((lab.agent_dir / "settings.json").read_text())
@@ -189,13 +188,13 @@ class RpcPi:
     """pi in rpc mode with the bridge, as a master's (under a host's env) on session ``boss``'s
     file, and what it put out on stdout (``extension_ui_request``s, responses, events)."""
 
-    def __init__(self, lab: Lab, file: Path) -> None:
+    def __init__(self, lab: PiLab, file: Path) -> None:
         env = dict(
             lab.env, PI_MATRIX_KEY="master-boss",
             PI_MATRIX_MAILBOX=str(lab.state / "mailbox" / "master-boss.agent.jsonl"),
             PI_MATRIX_CLI=json.dumps([sys.executable, "-m", "pi_tmux_matrix"]),
         )  # fmt: skip
-        argv = [lab.pi, "--mode", "rpc", "--extension", str(bridge_path()), "--session", str(file)]  # type: ignore[attr-defined]
+        argv = [lab.pi, "--mode", "rpc", "--extension", str(bridge_path()), "--session", str(file)]
         self.proc = subprocess.Popen(
             argv, cwd=lab.work, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             stderr=subprocess.DEVNULL, start_new_session=True,
@@ -253,13 +252,13 @@ def footer_shown(record: dict[str, Any]) -> bool:
     )
 
 
-def one_fork_session(lab: Lab) -> Path:
+def one_fork_session(lab: PiLab) -> Path:
     session = boss_session(lab)
     session.said(session.fork(session.user(None, "Fork once."), "run-1", 0.02), "Done.")
     return session.write()
 
 
-def test_quitting_clears_the_footer(mlab: tuple[Lab, FakeLLM, Any]) -> None:  # noqa: F811
+def test_quitting_clears_the_footer(mlab: MLab) -> None:
     """The status is set once the settings are read, and cleared by the shutdown (reason "quit")
     that closing rpc mode's stdin starts, before pi exits."""
     lab, llm, _script = mlab
@@ -276,7 +275,7 @@ def test_quitting_clears_the_footer(mlab: tuple[Lab, FakeLLM, Any]) -> None:  # 
 
 
 def test_a_new_session_clears_the_old_sessions_footer_as_it_shuts_down(
-    mlab: tuple[Lab, FakeLLM, Any],  # noqa: F811
+    mlab: MLab,
 ) -> None:
     """``new_session`` (``/new``): the old session's shutdown (reason "new") clears its footer
     before pi answers the command, not only the new session's own reading, which comes later."""

@@ -7,10 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from test_fork import Caller, caller  # noqa: F401  (the fixture)
+from forklab import Caller
 
 
-def test_forks_started_at_once_never_exceed_the_cap(caller: Caller) -> None:  # noqa: F811
+def test_forks_started_at_once_never_exceed_the_cap(caller: Caller) -> None:
     agent_dir = Path(caller.env["PI_CODING_AGENT_DIR"])
     agent_dir.mkdir(parents=True, exist_ok=True)
     (agent_dir / "settings.json").write_text(json.dumps({"processMatrix": {"maxConcurrentForks": 1}}))

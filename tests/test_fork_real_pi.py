@@ -5,39 +5,19 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM, Reply, write_pi_agent_dir
+from fake_llm import FakeLLM, Reply
+from forklab import Caller
 from pi_support import pi_bin
-from test_dispatch import wait_for
-from test_fork import Caller
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.fork import PARENT_ABORTED, RunStatus, RunStore
 
 pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
-
-
-@pytest.fixture
-def picaller(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Caller, FakeLLM]]:
-    binary = pi_bin()
-    with FakeLLM() as llm:
-        world = Caller(tmp_path, tmux_socket)
-        write_pi_agent_dir(Path(world.env["PI_CODING_AGENT_DIR"]), llm.base_url)
-        tmp = tmp_path / "tmp"
-        tmp.mkdir()
-        world.env.update(
-            PI_MATRIX_PI_COMMAND=json.dumps([binary]),
-            NO_PROXY="127.0.0.1,localhost",
-            TMPDIR=str(tmp),
-        )
-        try:
-            yield world, llm
-        finally:
-            world.cleanup()
 
 
 def _system_prompt(request: dict[str, object]) -> str:

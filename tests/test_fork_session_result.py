@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from test_fork import Caller, caller  # noqa: F401 - caller is a fixture
+from forklab import Caller
 
 from pi_tmux_matrix import pisession
 from pi_tmux_matrix.fork import RunStatus
@@ -93,7 +93,7 @@ def _child_that_writes_only_its_session(world: Caller, record: dict[str, Any] | 
     return dict(world.env, PI_MATRIX_PI_COMMAND=json.dumps(["/bin/sh", "-c", script, "pi"]))
 
 
-def test_a_child_without_its_artifact_is_completed_from_its_session_file(caller: Caller) -> None:  # noqa: F811
+def test_a_child_without_its_artifact_is_completed_from_its_session_file(caller: Caller) -> None:
     env = _child_that_writes_only_its_session(caller, assistant("Read back from the session.", cost=0.125))
     done = caller.fork("--json", "--", "answer from the file", env=env)
     run = json.loads(done.stdout)
@@ -105,7 +105,7 @@ def test_a_child_without_its_artifact_is_completed_from_its_session_file(caller:
     assert not (caller.state / "runs" / run["id"] / "result.json").exists()
 
 
-def test_a_child_with_neither_is_still_a_synthetic_failure(caller: Caller) -> None:  # noqa: F811
+def test_a_child_with_neither_is_still_a_synthetic_failure(caller: Caller) -> None:
     done = caller.fork("--json", "--", "say nothing", env=_child_that_writes_only_its_session(caller, None))
     run = json.loads(done.stdout)
     assert done.returncode == 1 and run["status"] == RunStatus.FAILED.value

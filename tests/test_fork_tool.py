@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM, Reply
-from test_dispatch import Lab, wait_for
-from test_master_tool import capture, master_window, mlab, run_print_master  # noqa: F401 - mlab is a fixture
+from fake_llm import Reply
+from pilabs import MLab, PiLab, PiPair, capture, master_window, run_print_master
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.fork import INTERRUPTED, PARENT_ABORTED, RunStatus, RunStore, mark_delivered
@@ -28,7 +28,7 @@ BACKGROUND_ANSWER = "Background answer." + " More." * 500  # past a run record's
 
 
 @pytest.fixture
-def flab(mlab: tuple[Lab, FakeLLM, Any]) -> tuple[Lab, FakeLLM]:  # noqa: F811
+def flab(mlab: MLab) -> PiPair:
     lab, llm, _script = mlab
     return lab, llm
 
@@ -62,7 +62,7 @@ def last_user_text(request: dict[str, Any]) -> str:
     return json.dumps(users[-1].get("content")) if users else ""
 
 
-def priced(lab: Lab) -> None:
+def priced(lab: PiLab) -> None:
     """The fake model with a price: 10 input + 5 output tokens a request cost $0.01 + $0.01."""
     path = lab.agent_dir / "models.json"
     models = json.loads(path.read_text())
@@ -71,7 +71,7 @@ def priced(lab: Lab) -> None:
     path.write_text(json.dumps(models))
 
 
-def runs_of(lab: Lab) -> list[Any]:
+def runs_of(lab: PiLab) -> list[Any]:
     return RunStore(lab.store).list()[0]
 
 
@@ -86,7 +86,7 @@ def custom_messages(session_file: Path, custom_type: str) -> list[dict[str, Any]
 
 @pytest.mark.real_pi
 def test_the_model_forks_and_waits_the_answer_is_the_tool_result_and_the_child_has_no_fork_tool(
-    flab: tuple[Lab, FakeLLM],
+    flab: PiPair,
 ) -> None:
     lab, llm = flab
 
@@ -116,7 +116,7 @@ def test_the_model_forks_and_waits_the_answer_is_the_tool_result_and_the_child_h
 
 @pytest.mark.real_pi
 def test_the_cap_refuses_a_fourth_fork_and_the_masters_end_fails_the_running_ones(
-    flab: tuple[Lab, FakeLLM],
+    flab: PiPair,
 ) -> None:
     lab, llm = flab
 
@@ -142,7 +142,7 @@ def test_the_cap_refuses_a_fourth_fork_and_the_masters_end_fails_the_running_one
     assert all(r.status is RunStatus.FAILED and r.error == PARENT_ABORTED for r in runs), runs
 
 
-def _master_session(lab: Lab) -> Path:
+def _master_session(lab: PiLab) -> Path:
     entry = wait_for(
         "the master's pi",
         lambda: (e := lab.store.find("master-boss")) and e.child_pid and e.identity.session_file and e,
@@ -153,7 +153,7 @@ def _master_session(lab: Lab) -> Path:
 
 @pytest.mark.real_pi
 def test_a_background_forks_result_arrives_once_and_the_footer_sums_the_forks_cost(
-    flab: tuple[Lab, FakeLLM],
+    flab: PiPair,
 ) -> None:
     lab, llm = flab
     priced(lab)
@@ -207,7 +207,7 @@ def test_a_background_forks_result_arrives_once_and_the_footer_sums_the_forks_co
 
 
 @pytest.mark.real_pi
-def test_cost_footer_false_shows_no_footer(flab: tuple[Lab, FakeLLM]) -> None:
+def test_cost_footer_false_shows_no_footer(flab: PiPair) -> None:
     lab, llm = flab
     priced(lab)
     (lab.work / ".pi").mkdir()
@@ -250,7 +250,7 @@ def test_cost_footer_false_shows_no_footer(flab: tuple[Lab, FakeLLM]) -> None:
 
 
 @pytest.mark.real_pi
-def test_a_worker_never_has_the_fork_tool_even_without_a_tool_list(flab: tuple[Lab, FakeLLM]) -> None:
+def test_a_worker_never_has_the_fork_tool_even_without_a_tool_list(flab: PiPair) -> None:
     """Agent-launching tools are never a worker's (the envelope's ceiling): a full-scope worker
     whose profile sets no --tools gets the bridge's fork tool registered but never active, and a
     call of it anyway is blocked; nothing is forked."""
@@ -274,7 +274,7 @@ def test_a_worker_never_has_the_fork_tool_even_without_a_tool_list(flab: tuple[L
 
 
 @pytest.mark.real_pi
-def test_escape_during_a_waited_fork_stops_it(flab: tuple[Lab, FakeLLM]) -> None:
+def test_escape_during_a_waited_fork_stops_it(flab: PiPair) -> None:
     """The tool call aborted (Escape in pi) stops the waited fork: the CLI it runs gets SIGINT."""
     lab, llm = flab
 
@@ -310,7 +310,7 @@ def test_an_rpc_agent_gets_a_background_result_as_a_follow_up_prompt() -> None:
 
 @pytest.mark.real_pi
 def test_a_background_result_that_ends_while_its_master_is_gone_arrives_once_in_the_next_one(
-    flab: tuple[Lab, FakeLLM],
+    flab: PiPair,
 ) -> None:
     """The acknowledged delivery survives a restart, as a handoff's does: the master dies while its
     background fork works; the fork ends (nobody to tell); the next master of the same session is

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from helpers import make_entry
-from test_dispatch import wait_for
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.matrix import lifecycle

@@ -12,17 +12,15 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM
-from helpers import make_entry, read_events
-from test_dispatch import Lab, wait_for
-from test_handoffs import MLab, delivered, idle_pi_master, last_conversation, notices_posted
-from test_master import dead_identity
-from test_master_tool import master_window, mlab  # noqa: F401  (the fixture)
+from fake_llm import FakeLLM, last_conversation
+from helpers import dead_identity, make_entry, read_events
+from labs import STANDIN_PRINT, Lab
+from pilabs import MLab, delivered, idle_pi_master, master_window, notices_posted
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.matrix import lifecycle
@@ -39,15 +37,6 @@ def slow_heartbeat(lab: Lab) -> None:
     settings = json.loads(path.read_text())
     settings["processMatrix"]["heartbeatMs"] = SLOW_BEAT_MS
     path.write_text(json.dumps(settings))
-
-
-def print_profile(lab: Lab) -> None:
-    folder = lab.agent_dir / "launch_profiles"
-    folder.mkdir(exist_ok=True)
-    (folder / "standin-print.toml").write_text(
-        '[profile]\nname = "standin-print"\nprovider = "pi"\n'
-        'command = ["{python}", "-m", "pi_tmux_matrix.testing.standin"]\nmode = "print"\ndeadline = 120\n'
-    )
 
 
 def plain_master(lab: Lab, out: Path) -> None:
@@ -83,19 +72,9 @@ def inotify_watches(pid: int) -> int:
     return count
 
 
-@pytest.fixture
-def plab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
-    the_lab = Lab(tmp_path, tmux_socket)
-    try:
-        yield the_lab
-    finally:
-        the_lab.cleanup()
-
-
-def test_a_plain_masters_host_prints_a_handoff_as_it_is_written_not_at_its_heartbeat(plab: Lab) -> None:
-    lab = plab
+def test_a_plain_masters_host_prints_a_handoff_as_it_is_written_not_at_its_heartbeat(lab: Lab) -> None:
     slow_heartbeat(lab)
-    print_profile(lab)
+    lab.profile("standin-print", STANDIN_PRINT)
     out = lab.tmp / "master.out"
     plain_master(lab, out)
     assert lab.master is not None
@@ -115,7 +94,7 @@ def test_a_plain_masters_host_prints_a_handoff_as_it_is_written_not_at_its_heart
 
 
 @pytest.mark.real_pi
-def test_a_handoff_reaches_an_idle_pi_masters_conversation_as_it_is_written(mlab: MLab) -> None:  # noqa: F811
+def test_a_handoff_reaches_an_idle_pi_masters_conversation_as_it_is_written(mlab: MLab) -> None:
     lab, llm, _script = mlab
     slow_heartbeat(lab)
     idle_pi_master(lab, llm)
@@ -132,7 +111,7 @@ def test_a_handoff_reaches_an_idle_pi_masters_conversation_as_it_is_written(mlab
 
 @pytest.mark.real_pi
 def test_a_handoff_written_before_the_masters_pi_is_ready_is_posted_when_its_bridge_reports_ready(
-    mlab: MLab,  # noqa: F811
+    mlab: MLab,
 ) -> None:
     """Issue 29.6: no entry changes once pi is up (the feed has nothing to say), so only the
     bridge's ready report can post it before the heartbeat (a minute here)."""

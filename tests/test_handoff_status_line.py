@@ -12,11 +12,10 @@ import shlex
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from test_dispatch import Lab, wait_for
+from labs import STANDIN_PRINT, Lab
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 
@@ -24,18 +23,10 @@ PI_MATRIX = [sys.executable, "-m", "pi_tmux_matrix"]
 
 
 @pytest.fixture
-def slab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
-    the_lab = Lab(tmp_path, tmux_socket)
-    folder = the_lab.agent_dir / "launch_profiles"
-    folder.mkdir(exist_ok=True)
-    (folder / "standin-print.toml").write_text(
-        '[profile]\nname = "standin-print"\nprovider = "pi"\n'
-        'command = ["{python}", "-m", "pi_tmux_matrix.testing.standin"]\nmode = "print"\ndeadline = 120\n'
-    )
-    try:
-        yield the_lab
-    finally:
-        the_lab.cleanup()
+def slab(lab: Lab) -> Lab:
+    """The Lab with the stand-in as a print-mode pi worker."""
+    lab.profile("standin-print", STANDIN_PRINT)
+    return lab
 
 
 def _tmux(socket: str, *args: str) -> str:

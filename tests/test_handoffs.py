@@ -13,42 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM, Reply
-from test_dispatch import Lab, wait_for
-from test_master_tool import Scripted, master_window, mlab  # noqa: F401  (the fixture)
-from test_real_pi import pilab  # noqa: F401  (the fixture)
+from fake_llm import FakeLLM, Reply, last_conversation
+from pilabs import MLab, PiLab, PiPair, delivered, idle_pi_master, master_window, notices_posted
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
-from pi_tmux_matrix.matrix.model import Entry, Status
+from pi_tmux_matrix.matrix.model import Entry
 from pi_tmux_matrix.supervise.handoff_text import handoff_message
 
 pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 
-MLab = tuple[Lab, FakeLLM, Scripted]
-
-
-def _texts(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list):
-        return "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return str(content or "")
-
-
-def last_conversation(llm: FakeLLM) -> list[str]:
-    """The user-side messages of the model's latest request: the whole conversation it was sent."""
-    request = llm.requests[-1] if llm.requests else {}
-    return [_texts(m) for m in request.get("messages", []) if m.get("role") == "user"]
-
-
-def notices_posted(lab: Lab, key: str, kind: str) -> list[dict[str, Any]]:
-    path = lab.state / "mailbox" / f"{key}.agent.jsonl"
-    if not path.exists():
-        return []
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [n for n in lines if n.get("type") == kind]
-
-
-def handoff_order(lab: Lab, since: int = 0) -> list[str]:
+def handoff_order(lab: PiLab, since: int = 0) -> list[str]:
     """The worker keys in the order the master's host first posted their handoffs (counting from
     its ``since``-th handoff notice: a new master posts what is pending in its own order)."""
     keys: list[str] = []
@@ -60,19 +35,7 @@ def handoff_order(lab: Lab, since: int = 0) -> list[str]:
     return keys
 
 
-def idle_pi_master(lab: Lab, llm: FakeLLM) -> Entry:
-    """An interactive pi master in tmux that has answered its first prompt and waits."""
-    master_window(lab, "Begin.")
-    entry = wait_for(
-        "the master's pi", lambda: (e := lab.store.find("master-boss")) and e.child_pid and e, timeout=30
-    )
-    wait_for("its first turn", lambda: len(llm.requests) >= 1, timeout=60)
-    lab.master = entry
-    lab.started.extend(i for i in (entry.process, entry.child_process) if i is not None)
-    return entry
-
-
-def finish_workers_while_held(lab: Lab, master: Entry, count: int, *, kill: bool = False) -> list[str]:
+def finish_workers_while_held(lab: PiLab, master: Entry, count: int, *, kill: bool = False) -> list[str]:
     """``count`` workers end while the master's pi is stopped: their handoffs are all posted to
     its bridge, which finds them together when pi runs again (as after a burst of workers ending
     at once), or (``kill``) which dies with its host before taking any. The host itself cannot
@@ -98,7 +61,7 @@ def finish_workers_while_held(lab: Lab, master: Entry, count: int, *, kill: bool
     return keys
 
 
-def assert_each_once_in_order(lab: Lab, llm: FakeLLM, keys: list[str], since: int = 0) -> None:
+def assert_each_once_in_order(lab: PiLab, llm: FakeLLM, keys: list[str], since: int = 0) -> None:
     """Every key's handoff in the model's latest conversation exactly once, in posting order."""
 
     def all_seen() -> bool:
@@ -117,21 +80,13 @@ def assert_each_once_in_order(lab: Lab, llm: FakeLLM, keys: list[str], since: in
     assert at == sorted(at), "the handoffs reached the conversation in the order they were posted"
 
 
-def delivered(lab: Lab, key: str) -> bool:
-    """Marked delivered: its record closed (and, once closed, a reconcile may remove it)."""
-    entry = lab.store.find(key)
-    return entry is None or entry.status is Status.CLOSED
-
-
-def allow_agents(lab: Lab, count: int) -> None:
-    settings = json.loads((lab.agent_dir / "settings.json").read_text())
-    settings["processMatrix"]["maxConcurrentAgents"] = count
-    (lab.agent_dir / "settings.json").write_text(json.dumps(settings))
+def allow_agents(lab: PiLab, count: int) -> None:
+    lab.settings.set(maxConcurrentAgents=count)
 
 
 @pytest.mark.parametrize("count", [2, 10])
 def test_handoffs_arriving_together_at_an_idle_master_each_reach_the_conversation_once_in_order(
-    mlab: MLab,  # noqa: F811
+    mlab: MLab,
     count: int,
 ) -> None:
     lab, llm, _script = mlab
@@ -142,7 +97,7 @@ def test_handoffs_arriving_together_at_an_idle_master_each_reach_the_conversatio
 
 
 def test_three_handoffs_while_the_master_is_mid_turn_wait_in_pis_queue_and_are_marked_only_once_taken(
-    mlab: MLab,  # noqa: F811
+    mlab: MLab,
 ) -> None:
     lab, llm, script = mlab
     master = idle_pi_master(lab, llm)
@@ -162,7 +117,7 @@ def test_three_handoffs_while_the_master_is_mid_turn_wait_in_pis_queue_and_are_m
 
 
 def test_a_master_killed_with_three_pending_handoffs_delivers_all_three_once_after_a_restart(
-    mlab: MLab,  # noqa: F811
+    mlab: MLab,
 ) -> None:
     lab, llm, _script = mlab
     master = idle_pi_master(lab, llm)
@@ -200,7 +155,7 @@ def _session_handoffs(session_file: Path) -> list[str]:
     return found
 
 
-def send(lab: Lab, key: str, *words: str) -> None:
+def send(lab: PiLab, key: str, *words: str) -> None:
     argv = [sys.executable, "-m", "pi_tmux_matrix", "send", key, *words]
     done = subprocess.run(argv, env=lab.env, capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 0, done.stderr
@@ -208,7 +163,7 @@ def send(lab: Lab, key: str, *words: str) -> None:
 
 @pytest.mark.parametrize("count", [2, 5])
 def test_prompts_sent_in_a_row_to_an_idle_pi_worker_each_reach_the_model_once_in_order(
-    pilab: tuple[Lab, FakeLLM],  # noqa: F811
+    pilab: PiPair,
     count: int,
 ) -> None:
     lab, llm = pilab
@@ -251,7 +206,7 @@ def test_prompts_sent_in_a_row_to_an_idle_pi_worker_each_reach_the_model_once_in
     assert [t["kind"] for t in taken] == ["prompt"] * count
 
 
-def _events(lab: Lab, key: str) -> list[dict[str, Any]]:
+def _events(lab: PiLab, key: str) -> list[dict[str, Any]]:
     path = Path(lab.state) / "events" / f"{key}.jsonl"
     if not path.exists():
         return []
@@ -259,7 +214,7 @@ def _events(lab: Lab, key: str) -> list[dict[str, Any]]:
 
 
 def test_a_pi_workers_handoff_carries_its_last_answer_from_the_result_artifact(
-    pilab: tuple[Lab, FakeLLM],  # noqa: F811
+    pilab: PiPair,
 ) -> None:
     lab, _llm = pilab
     profile_dir = lab.agent_dir / "launch_profiles"
@@ -294,7 +249,7 @@ FORGED = (
 
 
 def test_a_forged_handoff_in_a_workers_answer_stays_inside_its_untrusted_frame(
-    mlab: MLab,  # noqa: F811
+    mlab: MLab,
 ) -> None:
     lab, llm, _script = mlab
     (lab.agent_dir / "launch_profiles" / "pi-print.toml").write_text(

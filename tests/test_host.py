@@ -16,12 +16,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-from helpers import Reaper, dir_digest, read_events
+from helpers import Reaper, dir_digest
+from hosts import Host, pi_matrix, start_host
+from waiting import holds, settles, wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.cli import main
@@ -30,63 +31,11 @@ from pi_tmux_matrix.identity import ProcessIdentity
 from pi_tmux_matrix.matrix import lifecycle
 from pi_tmux_matrix.matrix.model import Entry, ExitKind, Outcome, Status
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
+from pi_tmux_matrix.pytest_plugin import FAST, MatrixSettingsFile
 
-GRACE_S = 5.0  # adoptionGraceMs lower bound
-POLL_S = 1.0  # watcherPollMs lower bound
-BEAT_S = 1.0  # heartbeatMs lower bound
-SETTINGS = {
-    "processMatrix": {
-        "adoptionGraceMs": int(GRACE_S * 1000),
-        "watcherPollMs": int(POLL_S * 1000),
-        "heartbeatMs": int(BEAT_S * 1000),
-    }
-}
-STANDIN = (sys.executable, "-m", "pi_tmux_matrix.testing.standin")
-
-T = TypeVar("T")
-
-
-# --- polling ------------------------------------------------------------------------------------
-def wait_for(
-    what: str,
-    probe: Callable[[], T],
-    *,
-    timeout: float = 10.0,
-    interval: float = 0.02,
-    detail: Callable[[], object] | None = None,
-) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            extra = f"\n{detail()}" if detail is not None else ""
-            raise AssertionError(
-                f"timed out after {timeout:.1f}s waiting for {what} (last: {value!r}){extra}"
-            )
-        time.sleep(interval)
-
-
-def holds(what: str, probe: Callable[[], object], *, until: float, interval: float = 0.05) -> None:
-    """``probe`` stays truthy on every look until the monotonic time ``until``."""
-    while True:
-        if not probe():
-            raise AssertionError(f"stopped holding: {what}")
-        if time.monotonic() >= until:
-            return
-        time.sleep(interval)
-
-
-def settles(what: str, probe: Callable[[], object], expected: object, *, timeout: float = 5.0) -> None:
-    """``probe()`` comes to equal ``expected`` (the host logs an event just after its entry write)."""
-    wait_for(
-        what,
-        lambda: probe() == expected,
-        timeout=timeout,
-        detail=lambda: f"expected {expected!r}, got {probe()!r}",
-    )
+GRACE_S = FAST["adoptionGraceMs"] / 1000  # the lower bounds: the shipped plugin's fastest timings
+POLL_S = FAST["watcherPollMs"] / 1000
+BEAT_S = FAST["heartbeatMs"] / 1000
 
 
 # --- processes ----------------------------------------------------------------------------------
@@ -95,9 +44,7 @@ def lower_bound_settings(isolated_env: Path) -> Path:
     """``$PI_CODING_AGENT_DIR/settings.json`` with every timing at its lower bound."""
     agent_dir = Path(os.environ["PI_CODING_AGENT_DIR"])
     agent_dir.mkdir(parents=True, exist_ok=True)
-    path = agent_dir / "settings.json"
-    path.write_text(json.dumps(SETTINGS))
-    return path
+    return MatrixSettingsFile(agent_dir / "settings.json").set(**FAST).path
 
 
 @pytest.fixture
@@ -106,18 +53,6 @@ def work(tmp_path: Path) -> Path:
     path = tmp_path / "work"
     path.mkdir()
     return path
-
-
-def pi_matrix(store: MatrixStore, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(store.root), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-        cwd=cwd,
-        check=False,
-    )
 
 
 STALE = "is no longer current"
@@ -136,124 +71,6 @@ def owner_command(store: MatrixStore, *args: str, cwd: Path) -> subprocess.Compl
         if done.returncode != 1 or STALE not in done.stderr:
             return done
     return done
-
-
-@dataclass
-class Host:
-    """One running ``pi-matrix host`` and the files it is about."""
-
-    popen: subprocess.Popen[bytes]
-    key: str
-    session_file: Path
-    store: MatrixStore
-    log: Path
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def entry(self) -> Entry | None:
-        return self.store.find(self.key)
-
-    def events(self, name: str | None = None) -> list[dict[str, Any]]:
-        return read_events(self.store.root, self.key, name)
-
-    def statuses(self) -> list[tuple[str, str | None]]:
-        return [(e["status"], e.get("reason")) for e in self.events("status")]
-
-    def session(self) -> list[dict[str, Any]]:
-        try:
-            lines = self.session_file.read_text().splitlines()
-        except FileNotFoundError:
-            return []
-        records = []
-        for line in lines:
-            try:
-                records.append(json.loads(line))
-            except ValueError:
-                continue
-        return records
-
-    def steers(self) -> list[str]:
-        return [
-            str(r.get("content"))
-            for r in self.session()
-            if r.get("type") == "message" and r.get("role") == "user" and r.get("steer") is True
-        ]
-
-    def turn_started(self, task: str) -> bool:
-        return any(
-            r.get("type") == "message" and r.get("role") == "user" and r.get("content") == task
-            for r in self.session()
-        )
-
-    def diagnose(self) -> str:
-        entry = self.entry()
-        status = None if entry is None else (entry.status.value, entry.reason, entry.pid, entry.exit)
-        tail = [(e["event"], e.get("status") or e.get("kind") or e.get("channel")) for e in self.events()]
-        try:
-            output = self.log.read_text()[-2000:]
-        except OSError:
-            output = ""
-        return f"entry: {status}\nevents: {tail}\nhost output:\n{output}"
-
-    def wait_child(self, reaper: Reaper, *, timeout: float = 30.0) -> ProcessIdentity:
-        """The agent process the host started (from the entry), tracked for cleanup."""
-
-        def child() -> ProcessIdentity | None:
-            entry = self.entry()
-            if entry is None or entry.pid != self.pid:
-                return None
-            return entry.child_process
-
-        return reaper.identity(
-            wait_for("the host to record its child", child, timeout=timeout, detail=self.diagnose)
-        )
-
-    def wait_exit(self, timeout: float) -> int:
-        try:
-            return self.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(
-                f"host {self.pid} still running after {timeout}s\n{self.diagnose()}"
-            ) from None
-
-
-def start_host(
-    reaper: Reaper,
-    store: MatrixStore,
-    work: Path,
-    session: str,
-    *,
-    mode: str,
-    agent: list[str],
-    parent: int | None = None,
-    parent_session: str | None = None,
-    task_ref: str | None = None,
-    task_summary: str | None = None,
-    extra: tuple[str, ...] = (),
-) -> Host:
-    """Start ``pi-matrix host`` around ``agent`` (the stand-in's own arguments)."""
-    session_file = work.parent / "sessions" / f"{session}.jsonl"
-    cmd = [
-        sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(store.root), "host",
-        "--session-id", session, "--session-file", str(session_file), "--cwd", str(work),
-        "--provider", "pi", "--mode", mode,
-    ]  # fmt: skip
-    if parent is not None:
-        cmd += ["--parent-pid", str(parent), "--parent-session", parent_session or "boss"]
-    if task_ref is not None:
-        cmd += ["--task-ref", task_ref]
-    if task_summary is not None:
-        cmd += ["--task-summary", task_summary]
-    mode_flags = {"print": ["-p"], "rpc": ["--mode", "rpc"], "interactive": []}[mode]
-    cmd += [*extra, "--", *STANDIN, *mode_flags, "--session", str(session_file), *agent]
-    log = work.parent / "logs" / f"{session}-{len(reaper.popens)}.log"
-    log.parent.mkdir(exist_ok=True)
-    env = {**os.environ, "STANDIN_STEP_S": "0.05"}
-    popen = reaper.logged(cmd, log, cwd=work, env=env)
-    key = f"{'worker' if parent is not None else 'master'}-{session}"
-    return Host(popen=popen, key=key, session_file=session_file, store=store, log=log)
 
 
 def kill_parent(parent: subprocess.Popen[bytes]) -> float:
@@ -804,7 +621,7 @@ def test_stop_with_confirm_alone_asks_y_n_on_a_terminal(
 ) -> None:
     """Issue 20.1's other half: ``--confirm`` alone asks y/N on a terminal; "n" (or anything but
     y) is the preview (exit 2, nothing stopped), "y" stops as the word does."""
-    from test_master import Pty
+    from labs import Pty
 
     parent = reaper.parent(store, "boss1")
     host = start_host(

@@ -28,9 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from pi_support import bridge_harness, pi_jiti
-from test_bridge_watch import read_line
-from test_names import plant_job
+from helpers import plant_job
+from pi_support import bridge_harness, pi_jiti, read_line
 
 from pi_tmux_matrix.bridge import bridge_path
 from pi_tmux_matrix.dispatch.usage import read_claim

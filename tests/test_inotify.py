@@ -22,9 +22,9 @@ from typing import Any
 
 import attrs
 import pytest
-from helpers import read_events, spawn_sleeper
-from test_dispatch import Lab, lab, wait_for  # noqa: F401 - lab is a fixture
-from test_names import plant_job
+from helpers import plant_job, read_events, spawn_sleeper
+from labs import Lab
+from waiting import wait_for
 
 from pi_tmux_matrix import inotify, procs
 from pi_tmux_matrix.cli import main
@@ -72,7 +72,7 @@ def watchers_of(job_id: str) -> list[int]:
 
 
 @pytest.mark.parametrize("backend", ["tmux", "subprocess"])
-def test_an_agent_holds_one_inotify_instance_its_hosts_and_its_master_one(lab: Lab, backend: str) -> None:  # noqa: F811
+def test_an_agent_holds_one_inotify_instance_its_hosts_and_its_master_one(lab: Lab, backend: str) -> None:
     """Before: a detached agent held two (its host's and its watcher's), a master two (its inbox's
     and its state dir's): 100 agents and a master spent 202 of the user's 128. Now one each."""
     master = lab.start_master()
@@ -87,7 +87,7 @@ def test_an_agent_holds_one_inotify_instance_its_hosts_and_its_master_one(lab: L
     assert inotify_instances(master.pid) == 1  # its inbox and the state dir, on one instance
 
 
-def test_a_detached_agents_watcher_polls_its_log_and_still_finds_the_marker_soon(lab: Lab) -> None:  # noqa: F811
+def test_a_detached_agents_watcher_polls_its_log_and_still_finds_the_marker_soon(lab: Lab) -> None:
     lab.start_master()
     fired = lab.fire("say hello", backend="subprocess")
     (agent,) = fired.job.agents

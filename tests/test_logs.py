@@ -9,26 +9,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
-import pytest
 from helpers import make_entry, make_identity
-from test_dispatch import Lab, wait_for
+from labs import Lab
+from waiting import wait_for
 
 from pi_tmux_matrix.matrix.store import MatrixStore
 
 PI_MATRIX = [sys.executable, "-m", "pi_tmux_matrix"]
-
-
-@pytest.fixture
-def llab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
-    the_lab = Lab(tmp_path, tmux_socket)
-    try:
-        yield the_lab
-    finally:
-        the_lab.cleanup()
 
 
 def _logs(lab: Lab, *words: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -43,8 +33,7 @@ def _working(lab: Lab, key: str) -> subprocess.CompletedProcess[str] | None:
     return done if done.returncode == 0 and "working on" in done.stdout else None
 
 
-def test_a_tmux_agents_logs_are_its_panes_last_lines(llab: Lab) -> None:
-    lab = llab
+def test_a_tmux_agents_logs_are_its_panes_last_lines(lab: Lab) -> None:
     lab.start_master()
     (agent,) = lab.fire("HANG in a pane").job.agents
     lab.worker(agent.key)
@@ -55,8 +44,7 @@ def test_a_tmux_agents_logs_are_its_panes_last_lines(llab: Lab) -> None:
     assert bad.returncode == 2 and "-n" in bad.stderr
 
 
-def test_a_detached_agents_log_is_shown_escaped_and_followed_until_it_ends(llab: Lab) -> None:
-    lab = llab
+def test_a_detached_agents_log_is_shown_escaped_and_followed_until_it_ends(lab: Lab) -> None:
     lab.start_master()
     hostile = "HANG \x1b]2;pwned\x07 \x1b[2J cleared"
     (agent,) = lab.fire(hostile, backend="subprocess").job.agents

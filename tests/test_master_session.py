@@ -14,14 +14,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_llm import FakeLLM
 from helpers import read_events
-from pi_support import pi_lab
-from test_dispatch import STANDIN, Lab, wait_for
+from labs import STANDIN, Lab
+from pilabs import PiLab, PiPair
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.identity import ProcessIdentity
@@ -34,15 +33,6 @@ STUBBORN = (
     "import pathlib, signal, sys, time; signal.signal(signal.SIGHUP, signal.SIG_IGN); "
     "pathlib.Path(sys.argv[1]).write_text('ready'); time.sleep(300)"
 )
-
-
-@pytest.fixture
-def lab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
-    the_lab = Lab(tmp_path, tmux_socket)
-    try:
-        yield the_lab
-    finally:
-        the_lab.cleanup()
 
 
 def cli(lab: Lab, *words: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -181,20 +171,13 @@ def test_takeover_stops_an_agent_left_without_its_host_and_starts_the_new_one(la
 
 
 # === cases 3 and 7 with real pi ===================================================================
-@pytest.fixture
-def pilab(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Lab, FakeLLM]]:
-    with pi_lab(tmp_path, tmux_socket) as (lab, llm, binary):
-        lab.pi = binary  # type: ignore[attr-defined]
-        yield lab, llm
-
-
-def pi_master_window(lab: Lab, session: str, *pi_args: str) -> Entry:
+def pi_master_window(lab: PiLab, session: str, *pi_args: str) -> Entry:
     """``pi-matrix master --session-id SESSION -- pi …`` (interactive) typed at a shell in a new
     window of the lab's private tmux server (the shell leads the terminal's session, as a user's
     does: the host's end alone hangs nothing up); its entry once pi runs under it."""
     before = lab.store.find(f"master-{session}")
     argv = [sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", session, "--",
-            lab.pi, *pi_args]  # type: ignore[attr-defined]  # fmt: skip
+            lab.pi, *pi_args]  # fmt: skip
     tmux = ["tmux", "-L", lab.socket]
     has = subprocess.run([*tmux, "has-session", "-t", "=m"], capture_output=True, check=False)
     fresh = ["new-session", "-d", "-s", "m", "-x", "160"]
@@ -236,7 +219,7 @@ def assistant_turns(path: Path) -> int:
 
 
 @pytest.mark.real_pi
-def test_a_killed_hosts_pi_ends_with_it(pilab: tuple[Lab, FakeLLM]) -> None:
+def test_a_killed_hosts_pi_ends_with_it(pilab: PiPair) -> None:
     lab, _llm = pilab
     entry = pi_master_window(lab, "lead")
     wait_for("the bridge", lambda: read_events(lab.state, entry.key, "bridge_ready"), timeout=30)
@@ -249,7 +232,7 @@ def test_a_killed_hosts_pi_ends_with_it(pilab: tuple[Lab, FakeLLM]) -> None:
 
 
 @pytest.mark.real_pi
-def test_a_restarted_pi_master_continues_its_sessions_one_file(pilab: tuple[Lab, FakeLLM]) -> None:
+def test_a_restarted_pi_master_continues_its_sessions_one_file(pilab: PiPair) -> None:
     lab, llm = pilab
     first = pi_master_window(lab, "lead", "Remember the word HERON.")
     session_file = Path(first.identity.session_file or "")

@@ -4,19 +4,17 @@ terminal handoffs injected into the master's session. Real pi against the fake L
 from __future__ import annotations
 
 import json
-import re
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM, Reply, write_pi_agent_dir
-from pi_support import pi_bin
-from test_dispatch import Lab, wait_for
+from fake_llm import Reply, last_tool_result, tool
+from pilabs import MLab, PiLab, capture, job_of, master_window, run_print_master
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore
@@ -27,79 +25,8 @@ pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this 
 HOSTILE = """Say hi $(touch /tmp/pwned) ; rm -rf "q" | cat & > `x` 'y' \\ done"""
 
 
-class Scripted:
-    """Replies computed from what pi sent: each step sees the previous tool result."""
-
-    def __init__(self, *steps: Any) -> None:
-        self.steps = list(steps)
-
-    def __call__(self, request: dict[str, Any]) -> Reply:
-        step = self.steps.pop(0) if self.steps else (lambda _r: Reply(text="ok"))
-        return step(last_tool_result(request))
-
-
-def last_tool_result(request: dict[str, Any]) -> str:
-    for message in reversed(request.get("messages") or []):
-        if message.get("role") == "tool":
-            content = message.get("content")
-            if isinstance(content, list):
-                return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-            return str(content)
-    return ""
-
-
-def tool(**arguments: Any) -> Any:
-    return lambda _previous: Reply(tool="tmux_agent_manager", arguments=arguments)
-
-
-def job_of(text: str) -> str:
-    found = re.search(r"job-[0-9]{8}-[0-9]{6}-[0-9a-f]{6}", text)
-    assert found, f"no job id in {text!r}"
-    return found.group(0)
-
-
-@pytest.fixture
-def mlab(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Lab, FakeLLM, Scripted]]:
-    binary = pi_bin()
-    script = Scripted()
-    with FakeLLM(responder=script) as llm:
-        lab = Lab(tmp_path, tmux_socket)
-        write_pi_agent_dir(lab.agent_dir, llm.base_url)
-        folder = lab.agent_dir / "launch_profiles"
-        folder.mkdir()
-        (folder / "standin-print.toml").write_text(
-            '[profile]\nname = "standin-print"\nprovider = "pi"\n'
-            'command = ["{python}", "-m", "pi_tmux_matrix.testing.standin"]\nmode = "print"\ndeadline = 120\n'
-        )
-        tmp = tmp_path / "tmp"
-        tmp.mkdir()
-        lab.env.update(
-            PI_MATRIX_PI_COMMAND=json.dumps([binary]),
-            PI_MATRIX_TMUX_SOCKET=tmux_socket,
-            PI_OFFLINE="1",
-            NO_PROXY="127.0.0.1,localhost",
-            TMPDIR=str(tmp),
-        )
-        lab.pi = binary  # type: ignore[attr-defined]
-        try:
-            yield lab, llm, script
-        finally:
-            lab.cleanup()
-
-
-def run_print_master(lab: Lab, prompt: str) -> subprocess.CompletedProcess[str]:
-    argv = [
-        sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", "boss", "--task-ref", "goal-1",
-        "--headless", "--mode", "print", "--", lab.pi, "-p", prompt,  # type: ignore[attr-defined]
-    ]  # fmt: skip
-    return subprocess.run(
-        argv, env=lab.env, cwd=lab.work, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-        timeout=120, check=False,
-    )  # fmt: skip
-
-
 def test_the_model_fires_a_worker_lists_it_and_the_task_arrives_verbatim(
-    mlab: tuple[Lab, FakeLLM, Scripted],
+    mlab: MLab,
 ) -> None:
     lab, llm, script = mlab
     script.steps = [
@@ -126,7 +53,7 @@ def test_the_model_fires_a_worker_lists_it_and_the_task_arrives_verbatim(
     assert not Path("/tmp/pwned").exists()
 
 
-def test_stop_job_previews_without_the_word_and_stops_with_it(mlab: tuple[Lab, FakeLLM, Scripted]) -> None:
+def test_stop_job_previews_without_the_word_and_stops_with_it(mlab: MLab) -> None:
     lab, llm, script = mlab
     script.steps = [
         tool(action="fire_task", profile="stand-in", task="HANG until stopped"),
@@ -163,7 +90,7 @@ def test_stop_job_previews_without_the_word_and_stops_with_it(mlab: tuple[Lab, F
     assert stopped.exit is not None and not procs.is_alive(stopped.child_process)
 
 
-def test_an_unknown_action_is_a_tool_error_with_the_fix(mlab: tuple[Lab, FakeLLM, Scripted]) -> None:
+def test_an_unknown_action_is_a_tool_error_with_the_fix(mlab: MLab) -> None:
     lab, llm, script = mlab
     script.steps = [
         tool(action="explode"),
@@ -176,38 +103,13 @@ def test_an_unknown_action_is_a_tool_error_with_the_fix(mlab: tuple[Lab, FakeLLM
     assert "pi-matrix: error: no job" in last_tool_result(llm.requests[2])
 
 
-def master_window(lab: Lab, *pi_args: str) -> None:
-    """``pi-matrix master --session-id boss -- pi …`` (interactive) in a window of the lab's tmux."""
-    argv = [
-        sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", "boss", "--task-ref", "goal-1",
-        "--", lab.pi, *pi_args,  # type: ignore[attr-defined]
-    ]  # fmt: skip
-    tmux = ["tmux", "-L", lab.socket]
-    # The lab's server may already run (the dispatcher's): pass what pi and the host need.
-    names = ("PATH", "HOME", "TMPDIR", "PI_OFFLINE", "NO_PROXY", "PI_CODING_AGENT_DIR", "PI_MATRIX_STATE_DIR",
-             "PI_MATRIX_PI_COMMAND", "PI_MATRIX_TMUX_SOCKET", "PYTHONPATH", "VIRTUAL_ENV")  # fmt: skip
-    env = [w for name in names if name in lab.env for w in ("-e", f"{name}={lab.env[name]}")]
-    # A killed master's window may be closing its session "m" (or the server with it) just now:
-    # has-session and the call after it can disagree, so the choice is made again on a failure.
-    for attempt in range(5):
-        has = subprocess.run([*tmux, "has-session", "-t", "=m"], capture_output=True, check=False)
-        new = ["new-session", "-d", "-s", "m", "-x", "160"]
-        where = ["new-window", "-t", "=m:"] if has.returncode == 0 else new
-        command = [*tmux, *where, *env, "-c", str(lab.work), "--", *argv]
-        made = subprocess.run(command, env=lab.env, capture_output=True, check=False)
-        if made.returncode == 0:
-            return
-        time.sleep(0.2 * (attempt + 1))
-    raise AssertionError(f"tmux could not open the master's window: {made.stderr!r}")
-
-
 def _stopped(pid: int) -> bool:
     """Whether ``pid`` is stopped (state ``T`` in ``/proc/<pid>/stat``)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat[stat.rindex(")") + 2] == "T"
 
 
-def _events(lab: Lab, key: str) -> str:
+def _events(lab: PiLab, key: str) -> str:
     path = lab.state / "events" / f"{key}.jsonl"
     return path.read_text() if path.exists() else f"(no {path})"
 
@@ -225,7 +127,7 @@ def _handoff_lines(session_file: Path) -> list[str]:
 
 
 def test_a_workers_handoff_wakes_the_master_session_once_and_is_replayed_once_after_a_restart(
-    mlab: tuple[Lab, FakeLLM, Scripted],
+    mlab: MLab,
 ) -> None:
     lab, llm, script = mlab
     script.steps = [
@@ -290,7 +192,7 @@ def test_a_workers_handoff_wakes_the_master_session_once_and_is_replayed_once_af
 
 
 def test_an_interactive_pi_master_asks_about_a_foreign_orphan_in_its_own_ui(
-    mlab: tuple[Lab, FakeLLM, Scripted],
+    mlab: MLab,
 ) -> None:
     lab, _llm, _script = mlab
     settings = json.loads((lab.agent_dir / "settings.json").read_text())
@@ -328,15 +230,7 @@ def test_an_interactive_pi_master_asks_about_a_foreign_orphan_in_its_own_ui(
     lab.started.extend(i for i in (boss.process, boss.child_process) if i is not None)
 
 
-def capture(lab: Lab) -> str:
-    done = subprocess.run(
-        ["tmux", "-L", lab.socket, "capture-pane", "-p", "-J", "-t", "=m:"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    return done.stdout
-
-
-def scan_of(lab: Lab) -> Any:
+def scan_of(lab: PiLab) -> Any:
     argv = [sys.executable, "-m", "pi_tmux_matrix", "scan", "--json"]
     done = subprocess.run(argv, env=lab.env, capture_output=True, text=True, check=False)
     return done.stdout + done.stderr

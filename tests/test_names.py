@@ -11,28 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import make_entry, make_identity
-from test_cli import run_main
+from helpers import make_entry, make_identity, plant_job, run_main
 
-from pi_tmux_matrix.dispatch.jobs import JobStore, new_nonce
-from pi_tmux_matrix.dispatch.model import SUBPROCESS, Job, JobAgent
 from pi_tmux_matrix.matrix.model import Status
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
 
 LONG = "7b31747a-0f2c-4c1e-9d3b-5e6f7a8b9c0d"  # a generated session id's shape: 43-char key
-
-
-def plant_job(store: MatrixStore, job_id: str, tmp_path: Path) -> Job:
-    agent = JobAgent(
-        agent_id="a1", key="worker-j1", session_id="j1", profile="stand-in", provider="pi", mode="print",
-        cwd=str(tmp_path), backend=SUBPROCESS, nonce=new_nonce(), round=1, deadline_at=now_ms() + 600_000,
-        deadline_s=600.0,
-    )  # fmt: skip
-    job = Job(
-        id=job_id, created_at=now_ms(), parent_pid=os.getpid(), parent_session_id="boss", task="t",
-        profile="stand-in", team=None, agents=(agent,), backend=SUBPROCESS,
-    )  # fmt: skip
-    return JobStore(store).create(job)
 
 
 @pytest.fixture

@@ -8,22 +8,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-from test_dispatch import Lab
+from labs import Lab
 
 PI_MATRIX = [sys.executable, "-m", "pi_tmux_matrix"]
-
-
-@pytest.fixture
-def nlab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
-    the_lab = Lab(tmp_path, tmux_socket)
-    try:
-        yield the_lab
-    finally:
-        the_lab.cleanup()
 
 
 def _run(lab: Lab, *words: str) -> str:
@@ -35,8 +23,7 @@ def _run(lab: Lab, *words: str) -> str:
     return done.stdout
 
 
-def test_the_views_name_each_worker_and_its_task(nlab: Lab) -> None:
-    lab = nlab
+def test_the_views_name_each_worker_and_its_task(lab: Lab) -> None:
     lab.start_master()
     fired = {}
     for task in ("HANG review the parser", "HANG write the docs"):

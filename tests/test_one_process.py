@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_dispatch import Lab, lab, sublab, wait_for  # noqa: F401 - fixtures
+from labs import STANDIN_PRINT, Lab
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.model import ResultKind
@@ -37,7 +38,7 @@ def our_interpreters(state: Path) -> list[int]:
 
 
 @pytest.mark.parametrize("backend", ["tmux", "subprocess"])
-def test_a_fired_agent_adds_one_interpreter_its_host(lab: Lab, backend: str) -> None:  # noqa: F811
+def test_a_fired_agent_adds_one_interpreter_its_host(lab: Lab, backend: str) -> None:
     lab.start_master()
     before = set(our_interpreters(lab.state))
     fired = lab.fire("HANG until stopped", backend=backend)
@@ -49,7 +50,7 @@ def test_a_fired_agent_adds_one_interpreter_its_host(lab: Lab, backend: str) -> 
 
 
 @pytest.mark.parametrize("backend", ["tmux", "subprocess"])
-def test_the_hosts_own_round_thread_ends_each_round_by_its_marker(lab: Lab, backend: str) -> None:  # noqa: F811
+def test_the_hosts_own_round_thread_ends_each_round_by_its_marker(lab: Lab, backend: str) -> None:
     lab.start_master()
     fired = lab.fire("Say hello.", backend=backend)
     (agent,) = fired.job.agents
@@ -67,7 +68,7 @@ def test_the_hosts_own_round_thread_ends_each_round_by_its_marker(lab: Lab, back
 
 
 def test_the_deadline_is_kept_by_the_host_itself_timeout_first_then_the_agent_stopped(
-    sublab: Lab,  # noqa: F811
+    sublab: Lab,
 ) -> None:
     sublab.start_master()
     fired = sublab.fire("HANG forever", backend="subprocess", deadline_s=2)
@@ -80,13 +81,8 @@ def test_the_deadline_is_kept_by_the_host_itself_timeout_first_then_the_agent_st
     assert ended.exit is not None and ended.exit.kind is ExitKind.TIMED_OUT
 
 
-def test_an_agent_that_ends_without_its_marker_gets_its_exit_as_the_rounds_result(lab: Lab) -> None:  # noqa: F811
-    folder = lab.agent_dir / "launch_profiles"
-    folder.mkdir(exist_ok=True)
-    (folder / "standin-print.toml").write_text(
-        '[profile]\nname = "standin-print"\nprovider = "pi"\n'
-        'command = ["{python}", "-m", "pi_tmux_matrix.testing.standin"]\nmode = "print"\ndeadline = 120\n'
-    )
+def test_an_agent_that_ends_without_its_marker_gets_its_exit_as_the_rounds_result(lab: Lab) -> None:
+    lab.profile("standin-print", STANDIN_PRINT)
     lab.start_master()
     fired = lab.fire("FAIL on purpose", profile="standin-print")
     (agent,) = fired.job.agents
@@ -96,17 +92,17 @@ def test_an_agent_that_ends_without_its_marker_gets_its_exit_as_the_rounds_resul
     wait_for("the host's FIFO removed", lambda: not os.path.lexists(fifo), timeout=10)
 
 
-def test_the_deadline_stops_the_agent_with_the_mailbox_disk_full(sublab: Lab) -> None:  # noqa: F811
+def test_the_deadline_stops_the_agent_with_the_mailbox_disk_full(sublab: Lab) -> None:
     """The round thread asks its host for the deadline's stop in-process (a flag and a signal),
     never through the mailbox: with every mailbox write refused (ENOSPC, in the host's process
     only) the agent is still stopped and recorded timed out (review finding on 30.1)."""
-    from test_faults_more import _full_disk
+    from seams import full_disk
 
     from pi_tmux_matrix.dispatch.request import FireRequest
 
     sublab.start_master()
     assert sublab.master is not None
-    full = _full_disk(sublab.tmp, "mailbox")
+    full = full_disk(sublab.tmp, "mailbox")
     request = FireRequest(
         task="HANG forever", path=str(sublab.work), backend="subprocess", deadline_s=2, profile="stand-in",
         parent_pid=sublab.master.pid, parent_session=sublab.master.identity.session_id,
@@ -122,7 +118,7 @@ def test_the_deadline_stops_the_agent_with_the_mailbox_disk_full(sublab: Lab) ->
     assert ended.exit is not None and ended.exit.kind is ExitKind.TIMED_OUT
 
 
-def test_with_the_matrix_off_a_program_that_cannot_start_still_ends_its_round(sublab: Lab) -> None:  # noqa: F811
+def test_with_the_matrix_off_a_program_that_cannot_start_still_ends_its_round(sublab: Lab) -> None:
     """Matrix off: the host registers nothing and runs the agent as its child beside the round
     thread; a program that cannot start gives the round its result (exit 127) all the same."""
     import json
@@ -170,7 +166,7 @@ NOT_IN_A_HOST = (
 )  # fmt: skip
 
 
-def test_an_idle_job_host_loads_no_converter_no_psutil_no_socket(lab: Lab) -> None:  # noqa: F811
+def test_an_idle_job_host_loads_no_converter_no_psutil_no_socket(lab: Lab) -> None:
     seam = lab.tmp / "seam"
     seam.mkdir()
     (seam / "sitecustomize.py").write_text(_DUMP_MODULES.format(folder=str(seam)))

@@ -5,13 +5,10 @@ orphan question says which dead master the worker came from; docs/cli.md lists e
 from __future__ import annotations
 
 import json
-import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-from test_master import SETTINGS, STANDIN, Lab, several_orphans
+from masterlab import MasterLab, several_orphans
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.cli.app import build_parser
@@ -21,39 +18,22 @@ from pi_tmux_matrix.settings import FIELDS
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
-@pytest.fixture
-def lab(tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab]:
-    """As test_master's: a state dir, fast settings, the stand-in for pi; cleaned up after."""
-    agent_dir = Path(os.environ["PI_CODING_AGENT_DIR"])
-    agent_dir.mkdir(parents=True)
-    (agent_dir / "settings.json").write_text(json.dumps(SETTINGS))
-    monkeypatch.setenv("PI_MATRIX_STATE_DIR", str(state_dir))
-    monkeypatch.setenv("PI_MATRIX_PI_COMMAND", json.dumps(STANDIN))
-    work = tmp_path / "work"
-    work.mkdir()
-    the_lab = Lab(work, state_dir)
-    try:
-        yield the_lab
-    finally:
-        the_lab.cleanup()
-
-
-def test_master_once_closes_its_own_record(lab: Lab) -> None:
-    done = lab.run("master", "--session-id", "boss", "--task-ref", "goal-1", "--once")
+def test_master_once_closes_its_own_record(master_lab: MasterLab) -> None:
+    done = master_lab.cli("master", "--session-id", "boss", "--task-ref", "goal-1", "--once")
     assert done.returncode == 0, done.stderr
-    entry = lab.entry("master-boss")
+    entry = master_lab.entry("master-boss")
     assert not procs.is_alive(entry.process)
     assert (entry.status.value, entry.reason) == ("closed", "once")
-    listed = json.loads(lab.run("ls", "--json").stdout)
+    listed = json.loads(master_lab.cli("ls", "--json").stdout)
     assert [(r["key"], r["status"], r["alive"]) for r in listed] == [("master-boss", "closed", False)]
-    again = lab.run("master", "--session-id", "boss", "--once", "--json")  # the session is free again
+    again = master_lab.cli("master", "--session-id", "boss", "--once", "--json")  # the session is free again
     assert again.returncode == 0, again.stderr
 
 
-def test_the_orphan_question_names_the_dead_master(lab: Lab) -> None:
-    orphans = several_orphans(lab, "home", "goal-1", [("a", "lane-a")])
+def test_the_orphan_question_names_the_dead_master(master_lab: MasterLab) -> None:
+    orphans = several_orphans(master_lab, "home", "goal-1", [("a", "lane-a")])
     old = orphans["a"][1]
-    term = lab.pty("master", "--interactive", "--session-id", "other", "--task-ref", "goal-1")
+    term = master_lab.pty("master", "--interactive", "--session-id", "other", "--task-ref", "goal-1")
     said = term.expect(r"worker-a: its master \(pid (\d+), session home, task goal-1\) is gone\r?\n")
     assert int(said.group(1)) == old.parent_pid
     term.expect(r"adopt worker agent-a \(lane lane-a\)\? \[y/N\] ")

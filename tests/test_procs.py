@@ -15,11 +15,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from helpers import spawn_sleeper
+from waiting import poll
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.identity import ProcessIdentity
@@ -38,15 +39,6 @@ def stat_fields(pid: int) -> tuple[str, str, int]:
     rest = match["rest"].split()
     # rest[0] is field 3 (state), so field N is rest[N - 3].
     return match["comm"].decode(), rest[0].decode(), int(rest[22 - 3])
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
 
 
 def proc_state(pid: int) -> str | None:
@@ -175,7 +167,7 @@ def test_zombie_is_not_alive_although_kill_0_succeeds(owned: list[subprocess.Pop
     child, identity = sleeper(owned)
     os.kill(child.pid, signal.SIGKILL)
     # Not reaped: the child stays a zombie until wait().
-    assert wait_until(lambda: proc_state(child.pid) == "Z"), proc_state(child.pid)
+    assert poll(lambda: proc_state(child.pid) == "Z", 10), proc_state(child.pid)
     os.kill(child.pid, 0)  # the point: a naive "pid exists" check says it is still there
     assert procs.process_state(child.pid) == "Z"
     assert procs.identify(child.pid) == identity  # same process, just dead

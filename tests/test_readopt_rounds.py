@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 from fake_llm import MARKER_CODE, FakeLLM, Reply, default_reply
-from test_dispatch import wait_for
-from test_handoffs import MLab, idle_pi_master
-from test_master_tool import master_window, mlab  # noqa: F401  (the fixture)
+from pilabs import MLab, idle_pi_master, master_window
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 
@@ -58,7 +57,7 @@ def _handoff_at(llm: FakeLLM, key: str, after: float) -> float | None:
 
 
 def test_a_readopted_interactive_pi_workers_round_reaches_the_new_master_within_2s(
-    mlab: MLab,  # noqa: F811
+    mlab: MLab,
 ) -> None:
     lab, llm, _script = mlab
     slow = SlowFirstTask()

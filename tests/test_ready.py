@@ -6,16 +6,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
-from fake_llm import FakeLLM, Reply
+from fake_llm import Reply
 from helpers import make_entry, make_identity, read_events
-from pi_support import pi_lab
-from test_dispatch import Lab, lab, wait_for  # noqa: F401 - lab is a fixture
+from labs import Lab
+from pilabs import PiPair
+from waiting import wait_for
 
 from pi_tmux_matrix.cli.listing import describe
 from pi_tmux_matrix.identity import ProcessIdentity
@@ -107,14 +107,14 @@ def test_the_views_say_ready_loading_or_why_there_is_no_readiness() -> None:
 # --- fire --wait-ready ------------------------------------------------------------------------------
 
 
-def _cli(lab: Lab, *argv: str) -> subprocess.CompletedProcess[str]:  # noqa: F811
+def _cli(lab: Lab, *argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pi_tmux_matrix", *argv], env=lab.env, cwd=lab.work, text=True,
         capture_output=True, timeout=120, check=False,
     )  # fmt: skip
 
 
-def _fire(lab: Lab, profile: str, wait: str, task: str) -> subprocess.CompletedProcess[str]:  # noqa: F811
+def _fire(lab: Lab, profile: str, wait: str, task: str) -> subprocess.CompletedProcess[str]:
     assert lab.master is not None
     return _cli(
         lab, "fire", "--profile", profile, "--path", str(lab.work), "--socket", lab.socket,
@@ -123,7 +123,7 @@ def _fire(lab: Lab, profile: str, wait: str, task: str) -> subprocess.CompletedP
     )  # fmt: skip
 
 
-def test_wait_ready_fails_naming_the_agent_whose_pi_ends_before_it_loads(lab: Lab, tmp_path: Path) -> None:  # noqa: F811
+def test_wait_ready_fails_naming_the_agent_whose_pi_ends_before_it_loads(lab: Lab, tmp_path: Path) -> None:
     # A "pi" that exits at once: its process started (fire's own confirmation passes), it never loads.
     quitter = tmp_path / "quitter"
     quitter.write_text("#!/bin/sh\nexit 3\n")
@@ -141,22 +141,16 @@ def test_wait_ready_fails_naming_the_agent_whose_pi_ends_before_it_loads(lab: La
     assert entry.ready_at is None and entry.status in (Status.TERMINAL, Status.CLOSED)
 
 
-def test_wait_ready_refuses_a_time_that_is_not_positive_before_launching(lab: Lab) -> None:  # noqa: F811
+def test_wait_ready_refuses_a_time_that_is_not_positive_before_launching(lab: Lab) -> None:
     lab.start_master()
     done = _fire(lab, "stand-in", "0", "Say hello.")
     assert done.returncode == 2 and "--wait-ready" in done.stderr and "positive" in done.stderr
     assert [e for e in lab.store.list().entries if e.key.startswith("worker-")] == []
 
 
-@pytest.fixture
-def pilab(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Lab, FakeLLM]]:
-    with pi_lab(tmp_path, tmux_socket) as (lab, llm, _binary):  # noqa: F811
-        yield lab, llm
-
-
 @pytest.mark.real_pi
-def test_fire_waits_until_a_real_pi_is_ready_and_every_view_says_so(pilab: tuple[Lab, FakeLLM]) -> None:
-    lab, llm = pilab  # noqa: F811
+def test_fire_waits_until_a_real_pi_is_ready_and_every_view_says_so(pilab: PiPair) -> None:
+    lab, llm = pilab
     llm.script(Reply(text="hello", delay_s=6.0))  # the round stays open while the views are read
     lab.start_master()
     done = _fire(lab, "pi-worker", "60", "Say hello.")
@@ -179,7 +173,7 @@ def test_fire_waits_until_a_real_pi_is_ready_and_every_view_says_so(pilab: tuple
     assert job["agents"][0]["readyAt"] == ready_at
 
 
-def test_a_session_switch_keeps_the_ready_time_of_the_same_loaded_agent(lab: Lab) -> None:  # noqa: F811
+def test_a_session_switch_keeps_the_ready_time_of_the_same_loaded_agent(lab: Lab) -> None:
     from pi_tmux_matrix.matrix.mailbox import Inbox
 
     lab.start_master()
@@ -198,7 +192,7 @@ def test_a_session_switch_keeps_the_ready_time_of_the_same_loaded_agent(lab: Lab
     assert old.reason == "session_switched" and old.ready_at == ready_at
 
 
-def test_an_agent_with_no_bridge_is_ready_once_running_and_no_view_says_loading(lab: Lab) -> None:  # noqa: F811
+def test_an_agent_with_no_bridge_is_ready_once_running_and_no_view_says_loading(lab: Lab) -> None:
     lab.start_master()
     assert lab.master is not None
     agent_json = json.dumps({"provider": "custom", "name": "plain", "command": "sleep 60"})

@@ -6,14 +6,12 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_llm import FakeLLM
 from helpers import read_events
-from pi_support import pi_lab
-from test_dispatch import Lab, wait_for
+from pilabs import PiPair
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.model import ResultKind
@@ -22,14 +20,8 @@ from pi_tmux_matrix.matrix.model import Status
 pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 
 
-@pytest.fixture
-def pilab(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Lab, FakeLLM]]:
-    with pi_lab(tmp_path, tmux_socket) as (lab, llm, _binary):
-        yield lab, llm
-
-
 def test_a_fired_pi_worker_answers_through_the_fake_llm_and_its_job_completes_once(
-    pilab: tuple[Lab, FakeLLM],
+    pilab: PiPair,
 ) -> None:
     lab, llm = pilab
     lab.start_master()
@@ -57,7 +49,7 @@ def test_a_fired_pi_worker_answers_through_the_fake_llm_and_its_job_completes_on
 
 
 def test_the_bridge_reports_pi_identity_writes_the_result_artifact_and_delivers_the_parent_lost_notice(
-    pilab: tuple[Lab, FakeLLM],
+    pilab: PiPair,
 ) -> None:
     lab, llm = pilab
     master = lab.start_master()
@@ -97,7 +89,7 @@ def test_the_bridge_reports_pi_identity_writes_the_result_artifact_and_delivers_
 
 
 def test_a_cleanup_directive_shuts_pi_down_gracefully_and_closes_the_entry(
-    pilab: tuple[Lab, FakeLLM],
+    pilab: PiPair,
 ) -> None:
     lab, _llm = pilab
     master = lab.start_master()
@@ -125,7 +117,7 @@ def test_a_cleanup_directive_shuts_pi_down_gracefully_and_closes_the_entry(
     assert exited and exited[-1]["code"] == 0  # a clean exit, not a signal
 
 
-def test_print_mode_one_shot_job_exits_zero_with_the_reply_in_its_result(pilab: tuple[Lab, FakeLLM]) -> None:
+def test_print_mode_one_shot_job_exits_zero_with_the_reply_in_its_result(pilab: PiPair) -> None:
     lab, _llm = pilab
     profile_dir = lab.agent_dir / "launch_profiles"
     profile_dir.mkdir()
@@ -148,7 +140,7 @@ def test_print_mode_one_shot_job_exits_zero_with_the_reply_in_its_result(pilab: 
 
 
 def test_a_new_master_of_the_same_session_and_task_relaunches_dead_pi_into_the_same_file(
-    pilab: tuple[Lab, FakeLLM],
+    pilab: PiPair,
 ) -> None:
     lab, llm = pilab
     master = lab.start_master()
@@ -204,7 +196,7 @@ def test_a_new_master_of_the_same_session_and_task_relaunches_dead_pi_into_the_s
     assert back.identity.session_file == str(session_file) and back.key == agent.key
 
 
-def test_an_rpc_worker_takes_prompt_steer_and_abort_through_its_host(pilab: tuple[Lab, FakeLLM]) -> None:
+def test_an_rpc_worker_takes_prompt_steer_and_abort_through_its_host(pilab: PiPair) -> None:
     from fake_llm import Reply
 
     lab, llm = pilab
@@ -246,7 +238,7 @@ def test_an_rpc_worker_takes_prompt_steer_and_abort_through_its_host(pilab: tupl
 
 
 def test_a_terminal_handoff_is_delivered_once_and_replayed_after_a_session_switch(
-    pilab: tuple[Lab, FakeLLM],
+    pilab: PiPair,
 ) -> None:
     from pi_tmux_matrix.matrix.mailbox import Inbox
 

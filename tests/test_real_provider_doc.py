@@ -14,10 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import require_tmux
 from fake_llm import FakeLLM
+from labs import Lab
 from pi_support import pi_bin
-from test_dispatch import Lab, wait_for
+from tmux_support import require_tmux
+from waiting import wait_for
 
 from pi_tmux_matrix.dispatch.model import ResultKind
 from pi_tmux_matrix.piversion import pi_info

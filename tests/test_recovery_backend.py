@@ -10,7 +10,8 @@ from collections.abc import Mapping
 
 import attrs
 import pytest
-from test_dispatch import Lab, lose_worker, sublab, wait_for  # noqa: F401 - fixtures
+from labs import Lab, lose_worker
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch import manager
@@ -57,7 +58,7 @@ def starts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, int]]:
 
 
 def test_a_resume_of_a_job_fired_through_a_listed_backend_starts_through_that_backend(
-    sublab: Lab,  # noqa: F811
+    sublab: Lab,
     starts: list[tuple[str, str, int]],
 ) -> None:
     master = sublab.start_master()
@@ -87,7 +88,7 @@ def test_a_resume_of_a_job_fired_through_a_listed_backend_starts_through_that_ba
 
 
 def test_a_rehost_starts_its_new_host_through_the_subprocess_backend(
-    sublab: Lab,  # noqa: F811
+    sublab: Lab,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A rehost's host starts through the backend listed as ``subprocess`` (before: a spawn of

@@ -8,20 +8,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-from test_dispatch import Lab, lab, sublab  # noqa: F401 - fixtures
+from labs import Lab
 
 from pi_tmux_matrix.dispatch.jobs import JobStore
 from pi_tmux_matrix.dispatch.model import ResultKind
-
-
-def _cli(at: Lab, *words: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(at.state), *words],
-        capture_output=True, text=True, env=env or at.env, timeout=60, check=False, cwd=at.work,
-    )  # fmt: skip
 
 
 def _profile(at: Lab, name: str, command: list[str]) -> None:
@@ -33,7 +25,7 @@ def _profile(at: Lab, name: str, command: list[str]) -> None:
     )
 
 
-def test_a_fire_whose_agent_program_is_missing_fails_before_any_pane_and_writes_no_job(lab: Lab) -> None:  # noqa: F811
+def test_a_fire_whose_agent_program_is_missing_fails_before_any_pane_and_writes_no_job(lab: Lab) -> None:
     """No ``pi`` on PATH: it used to print ``launched 1 agent(s)``, exit 0, with the reason only in
     the events file."""
     master = lab.start_master()
@@ -42,7 +34,7 @@ def test_a_fire_whose_agent_program_is_missing_fails_before_any_pane_and_writes_
     env.pop("PI_MATRIX_PI_COMMAND", None)
     parent = ("--parent-pid", str(master.pid), "--parent-session", "boss")
     fire = ("fire", "--profile", "pi-worker", "--socket", lab.socket, *parent)
-    done = _cli(lab, *fire, "--", "say hi", env=env)
+    done = lab.cli(*fire, "--", "say hi", env=env)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "cannot start 'pi'" in done.stderr and "is not on PATH" in done.stderr
     assert "PI_MATRIX_PI_COMMAND" in done.stderr and "Traceback" not in done.stderr
@@ -61,7 +53,7 @@ def tmp_bin(at: Lab) -> Path:
     return bare
 
 
-def test_an_agent_whose_start_fails_in_its_host_fails_the_fire_with_the_reason(sublab: Lab) -> None:  # noqa: F811
+def test_an_agent_whose_start_fails_in_its_host_fails_the_fire_with_the_reason(sublab: Lab) -> None:
     """The program is there but cannot be executed (its interpreter is missing): the host's spawn
     fails; the fire that confirms the start exits 1 naming the reason, the job holds an
     ``exited`` result with it."""
@@ -72,12 +64,12 @@ def test_an_agent_whose_start_fails_in_its_host_fails_the_fire_with_the_reason(s
     _profile(sublab, "broken", [str(script), "{task}"])
     parent = ("--parent-pid", str(master.pid), "--parent-session", "boss")
     fire = ("fire", "--profile", "broken", "--backend", "subprocess", "--confirm-start", *parent)
-    done = _cli(sublab, *fire, "--", "hi")
+    done = sublab.cli(*fire, "--", "hi")
     assert done.returncode == 1, done.stdout + done.stderr
     assert "could not start" in done.stderr and "No such file or directory" in done.stderr
     (job,), _problems = JobStore(sublab.store).list_jobs()
     (agent,) = job.agents
     result = JobStore(sublab.store).result(job.id, agent.agent_id, 1)
     assert result is not None and result.kind is ResultKind.EXITED and "could not start" in result.detail
-    shown = _cli(sublab, "show", agent.key)
+    shown = sublab.cli("show", agent.key)
     assert "start        the agent could not start" in shown.stdout, shown.stdout

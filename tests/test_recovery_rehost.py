@@ -4,74 +4,29 @@ on it again and its end is recorded. Each test was seen to fail before the chang
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
-from test_dispatch import Lab, sublab, wait_for  # noqa: F401 - sublab is a fixture
+from helpers import kill_now
+from labs import Lab, hostless_agent, rehosted
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
-from pi_tmux_matrix.dispatch.model import JobAgent
-from pi_tmux_matrix.matrix.model import Entry, Status
-
-
-def _cli(at: Lab, *words: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(at.state), *words],
-        capture_output=True, text=True, env=at.env, timeout=60, check=False, cwd=at.work,
-    )  # fmt: skip
-
-
-def _kill(*identities: procs.ProcessIdentity | None) -> None:
-    for ident in identities:
-        if ident is not None:
-            procs.send_signal(ident, signal.SIGKILL)
-            assert procs.wait_for_exit(ident, 5), f"pid {ident.pid} outlived SIGKILL"
-
-
-def _hostless_agent(at: Lab, **fields: Any) -> tuple[Any, JobAgent, Entry]:
-    """A detached stand-in fired and registered, then its host killed -9 while its agent runs
-    on: (the fire's result, its agent, its entry as registered)."""
-    fired = at.fire("HANG long work", backend="subprocess", **fields)
-    (agent,) = fired.job.agents
-    entry = at.worker(agent.key)
-    assert entry.child_process is not None
-    at.started.append(entry.child_process)
-    _kill(entry.process)
-    return fired, agent, entry
-
-
-def _rehosted(at: Lab, entry: Entry, master: Entry) -> Entry:
-    """``entry``'s agent running again under a new host whose parent is ``master``."""
-    return wait_for(
-        "the agent under a new host",
-        lambda: (
-            e
-            if (e := at.store.find(entry.key))
-            and e.pid != entry.pid
-            and e.status is Status.RUNNING
-            and e.parent_pid == master.pid
-            else None
-        ),
-        timeout=20,
-    )
+from pi_tmux_matrix.matrix.model import Status
 
 
 def test_a_live_agent_whose_host_died_is_rehosted_by_its_exact_master_then_steered_and_stopped(
-    sublab: Lab,  # noqa: F811
+    sublab: Lab,
 ) -> None:
     master = sublab.start_master()
     # The worker's host dies (its agent runs on), then the master and the master's own agent.
-    fired, agent, entry = _hostless_agent(sublab, goal_id="goal-1")
+    fired, agent, entry = hostless_agent(sublab, goal_id="goal-1")
     assert entry.task_ref == "goal-1"
     running = sublab.store.get(master.key)
-    _kill(master.process, running.child_process)
+    kill_now(master.process, running.child_process)
     assert procs.is_alive(entry.child_process)
 
     second = sublab.start_master()  # the same session and task: exact
-    back = _rehosted(sublab, entry, second)
+    back = rehosted(sublab, entry, second)
     assert back.process is not None and procs.is_alive(back.process)
     sublab.started.append(back.process)
     assert back.child_process == entry.child_process  # the same agent, not a second one
@@ -83,11 +38,11 @@ def test_a_live_agent_whose_host_died_is_rehosted_by_its_exact_master_then_steer
         return bool(view["agents"][0]["hostAlive"])
 
     wait_for("the job to follow its agent's new host", followed, timeout=10)
-    follow = _cli(sublab, "followup", fired.job.id, "--", "and one more thing")
+    follow = sublab.cli("followup", fired.job.id, "--", "and one more thing")
     assert follow.returncode == 0, follow.stderr
-    steer = _cli(sublab, "send", agent.key, "--steer", "still there?")
+    steer = sublab.cli("send", agent.key, "--steer", "still there?")
     assert steer.returncode == 0, steer.stderr
-    stop = _cli(sublab, "stop", agent.key, "--confirm", "yes-tmux-stop")
+    stop = sublab.cli("stop", agent.key, "--confirm", "yes-tmux-stop")
     assert stop.returncode == 0, stop.stderr
     assert procs.wait_for_exit(entry.child_process, 20), "the rehosted agent was not stopped"
     ended = wait_for(
@@ -99,12 +54,12 @@ def test_a_live_agent_whose_host_died_is_rehosted_by_its_exact_master_then_steer
     assert ended.exit is not None and ended.exit.code is None
 
 
-def test_stop_job_stops_an_agent_whose_host_died_by_its_identity(sublab: Lab) -> None:  # noqa: F811
+def test_stop_job_stops_an_agent_whose_host_died_by_its_identity(sublab: Lab) -> None:
     """No host is left to forward the stop: ``stop JOB`` signals the recorded agent itself (it used to
     print ``stopped job`` while the agent ran on)."""
     sublab.start_master()
-    fired, agent, entry = _hostless_agent(sublab)
-    stop = _cli(sublab, "stop", fired.job.id, "--confirm", "yes-tmux-stop")
+    fired, agent, entry = hostless_agent(sublab)
+    stop = sublab.cli("stop", fired.job.id, "--confirm", "yes-tmux-stop")
     assert stop.returncode == 0, stop.stderr
     assert procs.wait_for_exit(entry.child_process, 10), "the unsupervised agent ran on"
     ended = sublab.store.get(agent.key)

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from helpers import make_entry, make_identity
-from test_dispatch import Lab, lab, wait_for  # noqa: F401 - lab is a fixture
+from labs import Lab
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.matrix.model import Status
@@ -27,7 +28,7 @@ def test_a_dead_pi_worker_without_a_session_file_is_repaired_to_resumable_not_de
 
 
 def test_a_worker_whose_session_file_is_gone_is_relaunched_as_the_same_agent_into_a_fresh_file(
-    lab: Lab,  # noqa: F811
+    lab: Lab,
 ) -> None:
     master = lab.start_master()
     fired = lab.fire("HANG work that never got a turn")

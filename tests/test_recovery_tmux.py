@@ -11,17 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import kill_tmux_server
-from fake_llm import FakeLLM
-from test_dispatch import Lab, lab, wait_for  # noqa: F401 - fixtures
-from test_real_pi import pilab  # noqa: F401 - a fixture
+from labs import Lab
+from pilabs import PiPair
+from tmux_support import kill_tmux_server
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.identity import Role
 from pi_tmux_matrix.matrix.model import Status
 
 
-def test_killing_the_tmux_server_leaves_its_workers_resumable_and_jobs_says_gone(lab: Lab) -> None:  # noqa: F811
+def test_killing_the_tmux_server_leaves_its_workers_resumable_and_jobs_says_gone(lab: Lab) -> None:
     lab.start_master()
     agents = [lab.fire(f"HANG work {n}").job.agents[0] for n in (1, 2)]
     entries = [lab.worker(agent.key) for agent in agents]
@@ -41,7 +41,7 @@ def test_killing_the_tmux_server_leaves_its_workers_resumable_and_jobs_says_gone
 
 @pytest.mark.real_pi
 def test_tmux_kill_server_then_master_relaunch_tmux_brings_both_pi_workers_back_into_their_files(
-    pilab: tuple[Lab, FakeLLM],  # noqa: F811
+    pilab: PiPair,
 ) -> None:
     """The acceptance scenario: two real pi workers, their tmux server killed, their master gone
     too; the next master of the session with ``--relaunch tmux`` brings both back into their exact
@@ -103,10 +103,10 @@ def _cli(at: Lab, *words: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def _lose_and_resume(lab: Lab, master: Any, key: str) -> Any:  # noqa: F811
+def _lose_and_resume(lab: Lab, master: Any, key: str) -> Any:
     """The master lost, its worker left resumable, then ``resume KEY`` under a new master into
     the lab's tmux: the resumed host's entry once its agent runs."""
-    from test_dispatch import lose_and_plan_resume
+    from labs import lose_and_plan_resume
 
     _resumable, new_master, _dry = lose_and_plan_resume(lab, master, key)
     parent = ("--parent-pid", str(new_master.pid), "--parent-session", "boss2")
@@ -121,7 +121,7 @@ def _lose_and_resume(lab: Lab, master: Any, key: str) -> Any:  # noqa: F811
     return back
 
 
-def test_a_resumed_agent_stays_the_agent_of_its_job_for_jobs_followup_and_stop(lab: Lab) -> None:  # noqa: F811
+def test_a_resumed_agent_stays_the_agent_of_its_job_for_jobs_followup_and_stop(lab: Lab) -> None:
     """Issue 18.13: after ``resume`` the job record follows the agent's new host and pane, so
     ``jobs`` shows it alive in its pane, ``followup JOB`` reaches it and ``stop JOB`` stops it (it
     used to say ``host gone tmux foreign`` and refuse the follow-up: no agent alive to take it)."""
@@ -141,7 +141,7 @@ def test_a_resumed_agent_stays_the_agent_of_its_job_for_jobs_followup_and_stop(l
     assert procs.wait_for_exit(back.process, 20)
 
 
-def test_a_resumed_agents_follow_up_round_is_watched_by_its_new_host(lab: Lab) -> None:  # noqa: F811
+def test_a_resumed_agents_follow_up_round_is_watched_by_its_new_host(lab: Lab) -> None:
     """Issue 30.1 (review finding): no watcher process starts for a follow-up any more; the host
     of a resumed agent (launched unwatched: it answers its wake prompt, not a marker) watches the
     rounds a follow-up opens on its job, so the follow-up's marker gives the round its result."""
@@ -158,7 +158,7 @@ def test_a_resumed_agents_follow_up_round_is_watched_by_its_new_host(lab: Lab) -
     assert result.kind.value == "done", result
 
 
-def test_a_pane_closed_by_hand_ends_its_agent_and_is_not_taken_for_a_lost_tmux(lab: Lab) -> None:  # noqa: F811
+def test_a_pane_closed_by_hand_ends_its_agent_and_is_not_taken_for_a_lost_tmux(lab: Lab) -> None:
     """Only a tmux server's end makes a worker resumable: a pane its owner closes (kill-pane, a
     closed window) while the server runs on ends the agent as asked (review finding)."""
     import subprocess

@@ -19,7 +19,8 @@ from typing import Any
 
 import attrs
 from helpers import Reaper, make_entry, spawn_sleeper
-from test_dispatch import Lab, lab, wait_for  # noqa: F401 - lab is a fixture
+from labs import Lab
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore, new_nonce
@@ -56,14 +57,14 @@ def leftovers(state: Path, key: str) -> list[str]:
     return [name for name in names if os.path.lexists(state / name)]
 
 
-def finished(lab: Lab, key: str) -> bool:  # noqa: F811
+def finished(lab: Lab, key: str) -> bool:
     """The worker's host is gone and its master took its handoff: reconcile may remove it."""
     entry = lab.store.find(key)
     return entry is not None and not procs.is_alive(entry.process) and not entry.undelivered
 
 
 # === what belonged to an entry goes with it ======================================================
-def test_reconcile_removes_each_ended_entry_with_its_lock_and_mailbox_and_keeps_its_history(lab: Lab) -> None:  # noqa: F811
+def test_reconcile_removes_each_ended_entry_with_its_lock_and_mailbox_and_keeps_its_history(lab: Lab) -> None:
     master = lab.start_master()
     # The master's activation swept the state dir: no other sweep is due for an hour.
     wait_for("the activation's sweep", (lab.state / STATE_FILE).exists)
@@ -125,7 +126,7 @@ def test_an_entry_deleted_or_quarantined_takes_what_was_its_alone_and_a_fifo_the
 
 
 # === history: kept for the window, then swept ======================================================
-def _stop_and_reconcile(lab: Lab, *jobs: Any) -> None:  # noqa: F811
+def _stop_and_reconcile(lab: Lab, *jobs: Any) -> None:
     for job in jobs:
         stopped = cli(lab.state, "stop", job.job.id, "--confirm", "yes-tmux-stop", env=lab.env)
         assert stopped.returncode == 0, stopped.stderr
@@ -176,7 +177,7 @@ def _plant_job_with_an_unreadable_result(store: MatrixStore, tmp: Path) -> Job:
 
 
 def test_gc_previews_only_old_history_keeps_live_unfinished_and_unreadable_files_and_removes_with_the_word(
-    lab: Lab,  # noqa: F811
+    lab: Lab,
 ) -> None:
     master = lab.start_master()
     old = lab.fire("say old", backend="subprocess")

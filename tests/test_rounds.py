@@ -11,15 +11,14 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import MARKER_CODE, FakeLLM, Reply
-from test_dispatch import Lab, wait_for
-from test_handoffs import idle_pi_master, last_conversation, notices_posted
-from test_master_tool import mlab  # noqa: F401  (the fixture)
+from fake_llm import MARKER_CODE, Reply, last_conversation
+from labs import Lab
+from pilabs import MLab, idle_pi_master, notices_posted
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.identity import AgentIdentityContract, Mode, Role
@@ -45,16 +44,13 @@ CUSTOM_PRINT = (
 
 
 @pytest.fixture
-def rlab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
-    lab = Lab(tmp_path, tmux_socket)
+def rlab(lab: Lab) -> Lab:
+    """The Lab with the stand-in as a custom-provider worker (interactive and print)."""
     folder = lab.agent_dir / "launch_profiles"
     folder.mkdir(exist_ok=True)
     (folder / "standin-custom.toml").write_text(CUSTOM_STANDIN)
     (folder / "standin-custom-print.toml").write_text(CUSTOM_PRINT)
-    try:
-        yield lab
-    finally:
-        lab.cleanup()
+    return lab
 
 
 def cli(lab: Lab, *words: str) -> subprocess.CompletedProcess[str]:
@@ -218,8 +214,7 @@ def test_send_to_an_agent_whose_host_is_gone_exits_1(rlab: Lab) -> None:
 def test_send_to_an_agent_that_is_gone_while_its_host_lives_exits_1(tmp_path: Path) -> None:
     """The host is alive (waiting out its grace, say) and the agent process is gone: nobody
     would take the message, so ``send`` says the agent is not running, exit 1, queues nothing."""
-    from helpers import make_entry, make_identity, spawn_sleeper
-    from test_master import dead_identity
+    from helpers import dead_identity, make_entry, make_identity, spawn_sleeper
 
     store = MatrixStore(tmp_path / "state")
     host = spawn_sleeper()
@@ -294,7 +289,7 @@ def test_a_bash_master_prints_each_handoff_once_on_a_line_of_its_own(rlab: Lab) 
 # --- real pi ----------------------------------------------------------------------------------------------
 @pytest.mark.real_pi
 def test_a_pi_workers_done_reaches_its_pi_master_at_once_as_done_with_its_answer_and_a_stop_adds_nothing(
-    mlab: tuple[Lab, FakeLLM, Any],  # noqa: F811
+    mlab: MLab,
 ) -> None:
     lab, llm, _script = mlab
 

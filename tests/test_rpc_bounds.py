@@ -28,8 +28,9 @@ from typing import Any
 import pytest
 from fake_llm import FakeLLM, Reply, write_pi_agent_dir
 from helpers import Reaper, make_entry
+from hosts import Host, pi_matrix
 from pi_support import pi_bin
-from test_host import Host, pi_matrix, wait_for
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.cli.top import detail_lines

@@ -7,24 +7,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-from conftest import require_tmux
-from test_dispatch import Lab
+from labs import Lab
 
 from pi_tmux_matrix import procs
-
-
-@pytest.fixture
-def lab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
-    require_tmux()
-    the_lab = Lab(tmp_path, tmux_socket)
-    try:
-        yield the_lab
-    finally:
-        the_lab.cleanup()
 
 
 def cli(lab: Lab, *words: str) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from helpers import dir_digest, make_entry
+from helpers import dir_digest, make_entry, plant_hostile_files
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.errors import (
@@ -257,27 +257,12 @@ def test_dead_writers_temp_is_never_read_and_is_swept_under_the_lock(store: Matr
     assert not temp.exists()
 
 
-def _plant_hostile_files(root: Path, outside: Path) -> None:
-    (root / "worker-trunc.json").write_bytes(encode_entry(make_entry("trunc"))[:40])
-    (root / "worker-junk.json").write_bytes(os.urandom(512))
-    os.mkfifo(root / "worker-fifo.json")
-    (root / "worker-dir.json").mkdir()
-    target = outside / "secret.json"
-    target.write_bytes(encode_entry(make_entry("link")))
-    (root / "worker-link.json").symlink_to(target)
-    (root / "worker-other.json").write_bytes(encode_entry(make_entry("someone-else")))
-    with open(root / "worker-big.json", "wb") as handle:
-        handle.truncate(100 * 1024 * 1024)
-    (root / "notes.txt").write_text("hello")
-    (root / "bad name.json").write_text("{}")
-
-
 def test_list_reports_every_bad_file_and_changes_nothing(store: MatrixStore, tmp_path: Path) -> None:
     store.create(make_entry("good1"))
     store.create(make_entry("good2"))
     outside = tmp_path / "outside"
     outside.mkdir()
-    _plant_hostile_files(store.root, outside)
+    plant_hostile_files(store.root, outside)
     before = dir_digest(str(store.root))
 
     result = store.list()
@@ -318,7 +303,7 @@ def test_repair_quarantines_and_reports_never_deletes(store: MatrixStore, tmp_pa
     store.create(make_entry("good1"))
     outside = tmp_path / "outside"
     outside.mkdir()
-    _plant_hostile_files(store.root, outside)
+    plant_hostile_files(store.root, outside)
     (store.root / ".worker-good1.json.tmp").write_bytes(b"partial")
     newer = store.root / "worker-future.json"
     newer.write_text(

@@ -11,12 +11,10 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from helpers import make_entry, make_identity
-from test_dispatch import Lab
+from labs import Lab
 
 from pi_tmux_matrix.cli.app import main
 from pi_tmux_matrix.cli.base import Io
@@ -137,15 +135,6 @@ def test_unique_prefix_length_is_the_shortest_that_tells_every_key_apart() -> No
     assert unique_prefix_length(["worker-abc1", "worker-abd2", "master-abc"]) == len("worker-abc")
     assert unique_prefix_length(["worker-ab", "worker-abc"]) == len("worker-ab") + 1
     assert unique_prefix_length(["worker-a"], minimum=15) == 15
-
-
-@pytest.fixture
-def lab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
-    the_lab = Lab(tmp_path, tmux_socket)
-    try:
-        yield the_lab
-    finally:
-        the_lab.cleanup()
 
 
 def test_jobs_fits_80_columns_with_its_agents_drawn_under_it(lab: Lab) -> None:

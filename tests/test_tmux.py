@@ -8,11 +8,11 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 import pytest
+from waiting import wait_for
 
 from pi_tmux_matrix.dispatch.tmux import Pane, TmuxServer
 from pi_tmux_matrix.errors import ContractError, TmuxUnavailable
@@ -38,17 +38,6 @@ HOSTILE = [
 ]
 
 
-def wait_for(probe: Callable[[], T | None], timeout: float = 10.0, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = probe()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
-
-
 def read_when_written(path: Path, what: str = "the pane's record") -> str:
     def probe() -> str | None:
         try:
@@ -57,7 +46,7 @@ def read_when_written(path: Path, what: str = "the pane's record") -> str:
             return None
         return text if text.endswith("\n") else None
 
-    return wait_for(probe, what=what)
+    return wait_for(what, probe)
 
 
 def recorder(out: Path, *, then: str = "time.sleep(60)") -> list[str]:
@@ -271,7 +260,7 @@ def test_pipe_pane_sends_output_to_the_command(tmux_socket: str, tmp_path: Path)
     sink = [sys.executable, "-c", copy, str(out)]
     server.pipe_pane(pane.pane_id, sink)
     go.touch()
-    wait_for(lambda: out.exists() and b"MARK-piped" in out.read_bytes(), what="piped output")
+    wait_for("piped output", lambda: out.exists() and b"MARK-piped" in out.read_bytes())
 
 
 def test_capture_returns_the_pane_text(tmux_socket: str, tmp_path: Path) -> None:
@@ -279,7 +268,7 @@ def test_capture_returns_the_pane_text(tmux_socket: str, tmp_path: Path) -> None
     pane = launch(
         server, [sys.executable, "-c", "import time; print('hello-' + 'capture'); time.sleep(60)"], tmp_path
     )
-    wait_for(lambda: "hello-capture" in server.capture(pane.pane_id), what="captured text")
+    wait_for("captured text", lambda: "hello-capture" in server.capture(pane.pane_id))
     assert "hello-capture" in server.capture(pane.pane_id, history=False)
 
 
@@ -302,14 +291,14 @@ def test_remain_on_exit_from_a_config_is_turned_off(tmux_socket: str, tmp_path: 
     ]
     pane = launch(server, waiter, tmp_path)
     go.touch()
-    wait_for(lambda: server.pane(pane.pane_id) is None, what="the finished pane to close")
+    wait_for("the finished pane to close", lambda: server.pane(pane.pane_id) is None)
 
 
 def test_an_argv_that_finishes_at_once_still_launches(tmux_socket: str, tmp_path: Path) -> None:
     server = TmuxServer(tmux_socket)
     pane = launch(server, [sys.executable, "-c", "pass"], tmp_path, tags={"pi_matrix_key": "k"})
     assert pane.pane_id.startswith("%")
-    wait_for(lambda: not server.reachable(), what="the server to exit with its only pane")
+    wait_for("the server to exit with its only pane", lambda: not server.reachable())
 
 
 @pytest.mark.parametrize("argv", [["sleep"], "sleep 60", [], ["sleep", "6\x000"]])

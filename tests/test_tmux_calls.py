@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_dispatch import Lab, lab  # noqa: F401 - lab is a fixture
+from labs import Lab
 
 from pi_tmux_matrix.dispatch.tmux import Pane, TmuxServer
 
@@ -100,7 +100,7 @@ def test_a_window_name_the_call_cannot_name_alone_still_tags_the_new_pane_and_on
 
 
 def test_a_fire_into_a_running_tmux_server_costs_two_tmux_calls_and_its_pane_is_tagged(
-    lab: Lab,  # noqa: F811
+    lab: Lab,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The launch (one call, the fire's only one: it waits on no host's start) and the host's own

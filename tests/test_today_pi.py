@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import require_tmux
 from fake_llm import FakeLLM
-from pi_support import pi_lab
-from test_dispatch import Lab, wait_for
+from pilabs import PiLab, pi_lab
+from tmux_support import require_tmux
+from waiting import wait_for
 
 from pi_tmux_matrix.cli.host import provider_of
 from pi_tmux_matrix.dispatch.model import ResultKind
@@ -220,9 +220,9 @@ def tool_names(request: dict[str, Any]) -> set[str]:
 
 
 @pytest.fixture
-def plab(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Lab, FakeLLM, str]]:
-    with pi_lab(tmp_path, tmux_socket, PI_MATRIX_TMUX_SOCKET=tmux_socket) as found:
-        yield found
+def plab(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[PiLab, FakeLLM, str]]:
+    with pi_lab(tmp_path, tmux_socket, PI_MATRIX_TMUX_SOCKET=tmux_socket) as the_lab:
+        yield the_lab, the_lab.llm, the_lab.pi
 
 
 def needs_trust_dialog(binary: str) -> None:
@@ -230,7 +230,7 @@ def needs_trust_dialog(binary: str) -> None:
         pytest.skip(f"pi {pi_info([binary]).text} has no project-trust dialog (since 0.79)")
 
 
-def untrusted_project(lab: Lab) -> None:
+def untrusted_project(lab: PiLab) -> None:
     """A project whose own pi settings, were they loaded, would send pi to another model (one the
     agent dir's models.json has too, so pi would use it)."""
     models_path = lab.agent_dir / "models.json"
@@ -245,7 +245,7 @@ def untrusted_project(lab: Lab) -> None:
 
 @pytest.mark.real_pi
 def test_a_fired_interactive_pi_worker_in_a_project_with_pi_settings_starts_untrusted(
-    plab: tuple[Lab, FakeLLM, str],
+    plab: tuple[PiLab, FakeLLM, str],
 ) -> None:
     require_tmux()
     lab, llm, binary = plab
@@ -263,7 +263,7 @@ def test_a_fired_interactive_pi_worker_in_a_project_with_pi_settings_starts_untr
 
 @pytest.mark.real_pi
 def test_a_worker_whose_pi_version_cannot_be_seen_is_answered_no_by_its_bridge(
-    plab: tuple[Lab, FakeLLM, str], tmp_path: Path
+    plab: tuple[PiLab, FakeLLM, str], tmp_path: Path
 ) -> None:
     """A wrapper pi-matrix cannot see into gets no --no-approve: the bridge answers pi's
     project_trust event "no" (PI_MATRIX_PROJECT_TRUST), so the worker neither waits nor trusts."""
@@ -292,7 +292,7 @@ def test_a_worker_whose_pi_version_cannot_be_seen_is_answered_no_by_its_bridge(
     assert '"child_started"' in events and "--no-approve" not in events
 
 
-def master_window(lab: Lab, binary: str, *pi_args: str, provider: tuple[str, ...] = ()) -> None:
+def master_window(lab: PiLab, binary: str, *pi_args: str, provider: tuple[str, ...] = ()) -> None:
     """``pi-matrix master --session-id boss [--provider P] -- <pi> …`` interactive, in tmux."""
     argv = [sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", "boss", *provider,
             "--", binary, *pi_args]  # fmt: skip
@@ -306,7 +306,7 @@ def master_window(lab: Lab, binary: str, *pi_args: str, provider: tuple[str, ...
     )  # fmt: skip
 
 
-def capture(lab: Lab) -> str:
+def capture(lab: PiLab) -> str:
     done = subprocess.run(
         ["tmux", "-L", lab.socket, "capture-pane", "-p", "-J", "-t", "=m:"],
         capture_output=True, text=True, check=False,
@@ -314,7 +314,7 @@ def capture(lab: Lab) -> str:
     return done.stdout
 
 
-def bridged_request(lab: Lab, llm: FakeLLM) -> dict[str, Any]:
+def bridged_request(lab: PiLab, llm: FakeLLM) -> dict[str, Any]:
     """The master pi's first request, once it came: the bridge's tool is in it."""
     request = wait_for("the master pi's first request", lambda: llm.requests[:1], timeout=60,
                        detail=lambda: capture(lab))[0]  # fmt: skip
@@ -324,7 +324,7 @@ def bridged_request(lab: Lab, llm: FakeLLM) -> dict[str, Any]:
 
 @pytest.mark.real_pi
 def test_a_master_in_a_project_follows_pis_own_dialog_and_gets_its_bridge_once_answered(
-    plab: tuple[Lab, FakeLLM, str],
+    plab: tuple[PiLab, FakeLLM, str],
 ) -> None:
     require_tmux()
     lab, llm, binary = plab
@@ -341,7 +341,7 @@ def test_a_master_in_a_project_follows_pis_own_dialog_and_gets_its_bridge_once_a
 
 
 @pytest.mark.real_pi
-def test_a_master_decided_ahead_never_shows_the_dialog(plab: tuple[Lab, FakeLLM, str]) -> None:
+def test_a_master_decided_ahead_never_shows_the_dialog(plab: tuple[PiLab, FakeLLM, str]) -> None:
     require_tmux()
     lab, llm, binary = plab
     needs_trust_dialog(binary)
@@ -362,7 +362,7 @@ def test_a_master_decided_ahead_never_shows_the_dialog(plab: tuple[Lab, FakeLLM,
 
 @pytest.mark.real_pi
 def test_a_pi_wrapper_under_another_name_gets_the_bridge_with_provider_pi_or_is_refused(
-    plab: tuple[Lab, FakeLLM, str], tmp_path: Path
+    plab: tuple[PiLab, FakeLLM, str], tmp_path: Path
 ) -> None:
     lab, llm, binary = plab
     # Its program is in a variable: nothing in its words says it is pi, its name says it may be.

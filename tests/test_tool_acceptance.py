@@ -14,9 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM, Reply
-from test_dispatch import Lab, lab, wait_for  # noqa: F401 - fixtures
-from test_master_tool import Scripted, last_tool_result, mlab, run_print_master, tool  # noqa: F401
+from fake_llm import Reply, last_tool_result, tool
+from labs import Lab
+from pilabs import MLab, run_print_master
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore
@@ -67,7 +68,7 @@ def _archived(at: Lab) -> list[dict[str, Any]]:
 
 @pytest.mark.real_pi
 def test_the_pi_tool_previews_stop_session_without_confirm_and_stops_that_sessions_jobs_with_it(
-    mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
+    mlab: MLab,
 ) -> None:
     at, llm, script = mlab
     seen: dict[str, Any] = {}
@@ -124,7 +125,7 @@ def _fire(at: Lab, *words: str, task: str = "HANG keyed work") -> subprocess.Com
 
 
 def test_fire_force_with_a_live_session_of_that_name_is_refused_and_force_never_touches_a_live_pane(
-    lab: Lab,  # noqa: F811
+    lab: Lab,
 ) -> None:
     lab.start_master()
     first = _fire(lab, "--launch-key", "cli-k", "--workspace", "cli-ws", "--json")
@@ -155,7 +156,7 @@ def test_fire_force_with_a_live_session_of_that_name_is_refused_and_force_never_
 
 @pytest.mark.real_pi
 def test_the_pi_tool_refuses_force_on_a_live_session_and_a_key_without_force_and_force_spares_the_old_pane(
-    mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
+    mlab: MLab,
 ) -> None:
     at, llm, script = mlab
     seen: dict[str, Any] = {}
@@ -210,7 +211,7 @@ def test_the_pi_tool_refuses_force_on_a_live_session_and_a_key_without_force_and
 
 @pytest.mark.real_pi
 def test_the_pi_tool_lists_profiles_and_dismisses_a_finished_job_but_not_a_working_one(
-    mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
+    mlab: MLab,
 ) -> None:
     at, llm, script = mlab
     seen: dict[str, Any] = {}
@@ -255,7 +256,7 @@ def test_the_pi_tool_lists_profiles_and_dismisses_a_finished_job_but_not_a_worki
 
 @pytest.mark.real_pi
 def test_the_pi_tools_errors_name_its_parameters_and_nothing_is_launched_or_written(
-    mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
+    mlab: MLab,
 ) -> None:
     at, llm, script = mlab
     fire = {"action": "fire_task", "profile": "stand-in", "task": "HANG named"}

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import attrs
 import pytest
-from fake_llm import FakeLLM, Reply
+from fake_llm import Reply, last_tool_result, tool
+from labs import Lab
+from pilabs import MLab, run_print_master
 from repos import git
-from test_dispatch import Lab, lab, sublab, wait_for  # noqa: F401 - fixtures
-from test_master_tool import Scripted, last_tool_result, mlab, run_print_master, tool  # noqa: F401
+from waiting import wait_for
 
 from pi_tmux_matrix.dispatch.jobs import JobStore
 from pi_tmux_matrix.dispatch.model import ResultKind
@@ -40,7 +41,7 @@ def _track(at: Lab, job_id: str) -> None:
             at.started.append(agent.host)
 
 
-def test_ad_hoc_agents_run_without_a_profile_file_in_their_own_folder(sublab: Lab) -> None:  # noqa: F811
+def test_ad_hoc_agents_run_without_a_profile_file_in_their_own_folder(sublab: Lab) -> None:
     sublab.start_master()
     folder = sublab.work / "sub"
     folder.mkdir()
@@ -120,7 +121,7 @@ BAD_AGENTS = [
 
 @pytest.mark.parametrize(("agent", "named"), BAD_AGENTS)
 def test_a_bad_ad_hoc_agent_names_its_parameter_and_nothing_is_made(
-    sublab: Lab,  # noqa: F811
+    sublab: Lab,
     agent: dict[str, object],
     named: str,
 ) -> None:
@@ -166,7 +167,7 @@ def test_a_bad_ad_hoc_agent_names_its_parameter_and_nothing_is_made(
     ],
 )
 def test_bad_fire_input_names_itself_and_writes_nothing(
-    sublab: Lab,  # noqa: F811
+    sublab: Lab,
     words: tuple[str, ...],
     named: str,
 ) -> None:
@@ -197,7 +198,7 @@ def test_a_command_is_split_into_words_as_written_and_never_by_a_shell() -> None
 
 @pytest.mark.real_pi
 def test_the_pi_tool_fires_ad_hoc_agents_and_refuses_bad_ones_by_name(
-    mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
+    mlab: MLab,
 ) -> None:
     at, llm, script = mlab
     helper = {"provider": "pi", "name": "helper", "command": STANDIN}

@@ -9,9 +9,10 @@ import json
 import subprocess
 
 import pytest
-from fake_llm import FakeLLM, Reply
-from test_dispatch import Lab, wait_for
-from test_master_tool import Scripted, last_tool_result, mlab, run_print_master, tool  # noqa: F401
+from fake_llm import Reply, last_tool_result, tool
+from labs import Lab
+from pilabs import MLab, run_print_master
+from waiting import wait_for
 
 from pi_tmux_matrix.dispatch.jobs import JobStore
 
@@ -27,7 +28,7 @@ def _option(at: Lab, name: str) -> str:
 
 
 def test_the_pi_tool_takes_the_origins_names_for_every_landed_action(
-    mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
+    mlab: MLab,
 ) -> None:
     at, llm, script = mlab
     subprocess.run(

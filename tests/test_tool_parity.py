@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import pytest
-from fake_llm import FakeLLM, Reply
-from test_dispatch import Lab, lab, sublab  # noqa: F401 - fixtures
-from test_master_tool import Scripted, last_tool_result, mlab, run_print_master, tool  # noqa: F401
+from fake_llm import Reply, last_tool_result, tool
+from labs import Lab
+from pilabs import MLab, run_print_master
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore
@@ -28,7 +28,7 @@ def _fire(at: Lab, *words: str, task: str = "HANG keyed work") -> subprocess.Com
 
 
 def test_a_launch_key_is_the_job_id_a_second_fire_is_refused_and_force_archives_the_old_record(
-    sublab: Lab,  # noqa: F811
+    sublab: Lab,
 ) -> None:
     sublab.start_master()
     first = _fire(sublab, "--backend", "subprocess", "--launch-key", "build-7", "--json")
@@ -63,7 +63,7 @@ def test_a_launch_key_is_the_job_id_a_second_fire_is_refused_and_force_archives_
     ],
 )
 def test_bad_fire_parameters_name_themselves_and_write_nothing(
-    sublab: Lab,  # noqa: F811
+    sublab: Lab,
     words: tuple[str, ...],
     named: str,
 ) -> None:
@@ -74,7 +74,7 @@ def test_bad_fire_parameters_name_themselves_and_write_nothing(
     assert JobStore(sublab.store).list_jobs() == ([], [])
 
 
-def test_a_workspace_is_a_fresh_tmux_session_and_an_existing_one_is_refused(lab: Lab) -> None:  # noqa: F811
+def test_a_workspace_is_a_fresh_tmux_session_and_an_existing_one_is_refused(lab: Lab) -> None:
     lab.start_master()
     done = _fire(lab, "--socket", lab.socket, "--workspace", "feature-x", "--json")
     assert done.returncode == 0, done.stderr
@@ -87,7 +87,7 @@ def test_a_workspace_is_a_fresh_tmux_session_and_an_existing_one_is_refused(lab:
 
 @pytest.mark.real_pi
 def test_the_pi_tool_takes_the_origins_names_and_refuses_a_bad_one_by_name(
-    mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
+    mlab: MLab,
 ) -> None:
     at, llm, script = mlab
     script.steps = [
@@ -113,15 +113,8 @@ def test_the_pi_tool_takes_the_origins_names_and_refuses_a_bad_one_by_name(
             at.started.append(agent.host)
 
 
-def _cli(at: Lab, *words: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(at.state), *words],
-        capture_output=True, text=True, env=at.env, timeout=60, check=False, cwd=at.work,
-    )  # fmt: skip
-
-
 def test_job_variables_are_set_read_and_listed_durably_and_every_worker_is_told_where(
-    sublab: Lab,  # noqa: F811
+    sublab: Lab,
 ) -> None:
     sublab.start_master()
     fired = _fire(sublab, "--backend", "subprocess", "--launch-key", "vars-1", "--json")
@@ -130,19 +123,19 @@ def test_job_variables_are_set_read_and_listed_durably_and_every_worker_is_told_
     for agent in job.agents:
         if agent.host is not None:
             sublab.started.append(agent.host)
-    assert _cli(sublab, "var", "vars-1", "target", "staging").returncode == 0
-    assert _cli(sublab, "var", "vars-1", "retries", "3").returncode == 0
-    listed = _cli(sublab, "var", "vars-1", "--json")
+    assert sublab.cli("var", "vars-1", "target", "staging").returncode == 0
+    assert sublab.cli("var", "vars-1", "retries", "3").returncode == 0
+    listed = sublab.cli("var", "vars-1", "--json")
     assert listed.returncode == 0, listed.stderr
     shown = json.loads(listed.stdout)
     assert shown["values"] == {"target": "staging", "retries": "3"}
     path = sublab.state / "variables" / "vars-1.json"
     assert shown["file"] == str(path) and oct(path.stat().st_mode & 0o777) == "0o600"
-    one = _cli(sublab, "var", "vars-1", "target")
+    one = sublab.cli("var", "vars-1", "target")
     assert one.returncode == 0 and one.stdout == "target=staging\n"
-    missing = _cli(sublab, "var", "vars-1", "nope")
+    missing = sublab.cli("var", "vars-1", "nope")
     assert missing.returncode == 3 and "no variable 'nope'" in missing.stderr
-    bad = _cli(sublab, "var", "vars-1", "bad name!", "x")
+    bad = sublab.cli("var", "vars-1", "bad name!", "x")
     assert bad.returncode == 2 and "NAME" in bad.stderr and "1-80" in bad.stderr
     assert json.loads(path.read_text())["values"] == {"target": "staging", "retries": "3"}  # unchanged
     # The worker's prompt names the file and when to read it.
@@ -155,7 +148,7 @@ def test_job_variables_are_set_read_and_listed_durably_and_every_worker_is_told_
 
 @pytest.mark.real_pi
 def test_the_pi_tool_sets_and_lists_job_variables_and_refuses_a_bad_name(
-    mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
+    mlab: MLab,
 ) -> None:
     at, llm, script = mlab
     script.steps = [
@@ -199,7 +192,7 @@ def test_the_origins_team_templates_ship_and_templates_lists_and_shows_them(tmp_
 
 
 @pytest.mark.real_pi
-def test_the_pi_tool_lists_and_shows_templates(mlab: tuple[Lab, FakeLLM, Scripted]) -> None:  # noqa: F811
+def test_the_pi_tool_lists_and_shows_templates(mlab: MLab) -> None:
     at, llm, script = mlab
     script.steps = [
         tool(action="list_templates"),
@@ -214,7 +207,7 @@ def test_the_pi_tool_lists_and_shows_templates(mlab: tuple[Lab, FakeLLM, Scripte
     assert profiles == ["pi-reviewer", "claude", "codex", "opencode"]
 
 
-def test_stop_session_previews_without_the_word_then_stops_every_job_of_that_tmux_session(lab: Lab) -> None:  # noqa: F811
+def test_stop_session_previews_without_the_word_then_stops_every_job_of_that_tmux_session(lab: Lab) -> None:
     lab.start_master()
     jobs = []
     for key in ("ws-a", "ws-b"):
@@ -229,51 +222,51 @@ def test_stop_session_previews_without_the_word_then_stops_every_job_of_that_tmu
     hosts = {j.id: [a.host for a in j.agents] for j in store.list_jobs()[0]}
     for ids in hosts.values():
         lab.started.extend(h for h in ids if h is not None)
-    preview = _cli(lab, "stop-session", "review-ws-a", "--socket", lab.socket)
+    preview = lab.cli("stop-session", "review-ws-a", "--socket", lab.socket)
     assert preview.returncode == 2 and "ws-a" in preview.stdout and "nothing was stopped" in preview.stderr
     assert all(procs.is_alive(h) for h in hosts["ws-a"])
-    done = _cli(lab, "stop-session", "review-ws-a", "--socket", lab.socket, "--confirm", "yes-tmux-stop")
+    done = lab.cli("stop-session", "review-ws-a", "--socket", lab.socket, "--confirm", "yes-tmux-stop")
     assert done.returncode == 0, done.stderr
     assert all(procs.wait_for_exit(h, 20) for h in hosts["ws-a"] if h is not None)
     assert all(procs.is_alive(h) for h in hosts["ws-b"] + hosts["elsewhere"])  # only that session
     assert store.get("ws-a").stopped_at is not None and store.get("ws-b").stopped_at is None
     # A job named by its launch key is stopped by that key too.
-    by_key = _cli(lab, "stop", "ws-b", "--confirm", "yes-tmux-stop")
+    by_key = lab.cli("stop", "ws-b", "--confirm", "yes-tmux-stop")
     assert by_key.returncode == 0, by_key.stderr
-    missing = _cli(lab, "stop-session", "no-such-session", "--socket", lab.socket)
+    missing = lab.cli("stop-session", "no-such-session", "--socket", lab.socket)
     assert missing.returncode == 3 and "no job has agents" in missing.stderr
 
 
 def test_notify_and_the_status_option_reach_the_named_tmux_session_and_tmux_formats_never_run(
-    lab: Lab,  # noqa: F811
+    lab: Lab,
 ) -> None:
     subprocess.run(
         ["tmux", "-L", lab.socket, "new-session", "-d", "-s", "ops", "sleep", "600"], check=True, timeout=10
     )
     planted = lab.tmp / "pwned"
-    note = _cli(lab, "notify", "ops", "--socket", lab.socket, "--", f"build done #(touch {planted})")
+    note = lab.cli("notify", "ops", "--socket", lab.socket, "--", f"build done #(touch {planted})")
     assert note.returncode == 0, note.stderr
     assert not planted.exists()
-    assert _cli(lab, "set-status", "ops", "build", "green", "--socket", lab.socket).returncode == 0
+    assert lab.cli("set-status", "ops", "build", "green", "--socket", lab.socket).returncode == 0
     shown = subprocess.run(
         ["tmux", "-L", lab.socket, "show-options", "-t", "=ops:", "@pi_build"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert shown.stdout.strip() == "@pi_build green"
-    assert _cli(lab, "set-status", "ops", "build", "--socket", lab.socket).returncode == 0
+    assert lab.cli("set-status", "ops", "build", "--socket", lab.socket).returncode == 0
     gone = subprocess.run(
         ["tmux", "-L", lab.socket, "show-options", "-t", "=ops:", "@pi_build"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert gone.returncode != 0
-    bad = _cli(lab, "set-status", "ops", "no spaces", "x", "--socket", lab.socket)
+    bad = lab.cli("set-status", "ops", "no spaces", "x", "--socket", lab.socket)
     assert bad.returncode == 2 and "KEY" in bad.stderr
-    control = _cli(lab, "notify", "ops", "--socket", lab.socket, "--", "a\x1b[2Jb")
+    control = lab.cli("notify", "ops", "--socket", lab.socket, "--", "a\x1b[2Jb")
     assert control.returncode == 2 and "TEXT" in control.stderr
 
 
 @pytest.mark.real_pi
-def test_the_pi_tool_notifies_and_sets_and_clears_a_status(mlab: tuple[Lab, FakeLLM, Scripted]) -> None:  # noqa: F811
+def test_the_pi_tool_notifies_and_sets_and_clears_a_status(mlab: MLab) -> None:
     at, llm, script = mlab
     subprocess.run(
         ["tmux", "-L", at.socket, "new-session", "-d", "-s", "ops", "sleep", "600"], check=True, timeout=10

@@ -15,19 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM, Reply, write_pi_agent_dir
+from fake_llm import FakeLLM, Reply, last_tool_result, tool, write_pi_agent_dir
+from labs import Lab
 from pi_support import pi_bin
-from test_dispatch import Lab, lab, sublab  # noqa: F401 - fixtures
-from test_master_tool import Scripted, last_tool_result, mlab, run_print_master, tool  # noqa: F401
+from pilabs import MLab, run_print_master
 
 from pi_tmux_matrix.bridge import bridge_path
 
 
 def _cli(at: Lab, *words: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(at.state), *words],
-        capture_output=True, text=True, env=dict(at.env, **env), timeout=60, check=False, cwd=at.work,
-    )  # fmt: skip
+    return at.cli(*words, env=dict(at.env, **env))
 
 
 def _no_tmux_path(at: Lab) -> str:
@@ -40,7 +37,7 @@ def _no_tmux_path(at: Lab) -> str:
     return str(folder)
 
 
-def test_status_shows_tmux_the_dispatchers_server_the_callers_session_and_the_matrix(lab: Lab) -> None:  # noqa: F811
+def test_status_shows_tmux_the_dispatchers_server_the_callers_session_and_the_matrix(lab: Lab) -> None:
     lab.start_master()
     before = _cli(lab, "status", "--json", "--socket", lab.socket)
     assert before.returncode == 0, before.stderr
@@ -71,7 +68,7 @@ def test_status_shows_tmux_the_dispatchers_server_the_callers_session_and_the_ma
     )
 
 
-def test_setup_help_and_guard_say_what_to_do_with_and_without_tmux(sublab: Lab) -> None:  # noqa: F811
+def test_setup_help_and_guard_say_what_to_do_with_and_without_tmux(sublab: Lab) -> None:
     helped = _cli(sublab, "setup-help")
     assert helped.returncode == 0 and "tmux is available" in helped.stdout and "fire_task" in helped.stdout
     guard = _cli(sublab, "guard", "--json")
@@ -90,7 +87,7 @@ def test_setup_help_and_guard_say_what_to_do_with_and_without_tmux(sublab: Lab) 
 
 
 @pytest.mark.real_pi
-def test_the_pi_tool_answers_status_setup_help_and_guard(mlab: tuple[Lab, FakeLLM, Scripted]) -> None:  # noqa: F811
+def test_the_pi_tool_answers_status_setup_help_and_guard(mlab: MLab) -> None:
     at, llm, script = mlab
     script.steps = [
         tool(action="status"),
@@ -150,7 +147,7 @@ def _tmux_agents_notice(at: Lab, path: str) -> dict[str, Any]:
 
 @pytest.mark.real_pi
 def test_the_tmux_agents_command_in_the_masters_pi_shows_availability_and_guidance(
-    sublab: Lab,  # noqa: F811
+    sublab: Lab,
 ) -> None:
     with FakeLLM() as llm:
         write_pi_agent_dir(sublab.agent_dir, llm.base_url)

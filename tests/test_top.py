@@ -15,11 +15,12 @@ from pathlib import Path
 import attrs
 import pytest
 from helpers import make_entry, make_identity, spawn_registered_parent, spawn_sleeper
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.identity import ProcessIdentity, Role
 from pi_tmux_matrix.matrix.mailbox import EventLog
-from pi_tmux_matrix.matrix.model import DirectiveKind, Entry, Status
+from pi_tmux_matrix.matrix.model import DirectiveKind, Status
 from pi_tmux_matrix.matrix.store import MatrixStore
 
 ELLIPSIS = "…"
@@ -55,14 +56,14 @@ class Top:
         self.tmux("send-keys", "-t", "top", name)
 
     def wait(self, what: str, probe: Callable[[list[str]], bool], timeout: float = 15.0) -> list[str]:
-        deadline = time.monotonic() + timeout
-        while True:
-            lines = self.screen()
-            if probe(lines):
-                return lines
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{what} never appeared; the screen:\n" + "\n".join(lines))
-            time.sleep(0.1)
+        """The screen once ``probe`` says yes of it."""
+        return wait_for(
+            what,
+            lambda: lines if probe(lines := self.screen()) else None,
+            timeout,
+            detail=lambda: "the screen:\n" + "\n".join(self.screen()),
+            step=0.1,
+        )
 
     def text(self, needle: str, timeout: float = 15.0) -> list[str]:
         return self.wait(repr(needle), lambda lines: any(needle in line for line in lines), timeout)
@@ -360,14 +361,6 @@ def test_usage_is_instant_and_of_exactly_that_process(sleepers: list[subprocess.
     assert procs.usage(reused) is None  # a pid that now names another process counts nothing
 
 
-def _wait_entry(store: MatrixStore, key: str, ok: Callable[[Entry], bool], timeout: float = 20) -> Entry:
-    deadline = time.monotonic() + timeout
-    while (entry := store.find(key)) is None or not ok(entry):
-        assert time.monotonic() < deadline, f"{key} never got there: {entry}"
-        time.sleep(0.05)
-    return entry
-
-
 def _real_worker(store: MatrixStore, parent: subprocess.Popen[bytes], name: str) -> subprocess.Popen[bytes]:
     """A real ``pi-matrix host`` of worker session ``name`` under ``parent`` (a registered master),
     its agent a ``sleep``: it reads its mailbox and its entry's directives as any worker does."""
@@ -394,7 +387,8 @@ def test_stop_and_cleanup_ask_inline_and_do_nothing_on_n_and_end_the_worker_on_y
     sleepers.extend(hosts.values())
     agents = {}
     for name in hosts:
-        entry = _wait_entry(store, f"worker-{name}", lambda e: e.child_pid is not None)
+        key = f"worker-{name}"
+        entry = wait_for(f"{key}'s agent", lambda k=key: (e := store.find(k)) and e.child_pid and e)
         agents[name] = entry.child_process
     try:
         view = top(80, 24)

@@ -11,15 +11,14 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM, Reply
-from test_dispatch import Lab, wait_for
-from test_master_tool import Scripted, job_of, last_tool_result, mlab, run_print_master, tool  # noqa: F401
-from test_real_pi import pilab  # noqa: F401  (the fixture)
+from fake_llm import Reply, last_tool_result, tool
+from labs import Lab
+from pilabs import MLab, PiPair, job_of, run_print_master
+from waiting import wait_for
 
 from pi_tmux_matrix.dispatch.jobs import JobStore
 from pi_tmux_matrix.dispatch.usage import ClaimedUsage, UsageTotal, parse_claim, read_claim
@@ -40,17 +39,14 @@ def _profile(name: str, usage: str | None) -> str:
 
 
 @pytest.fixture
-def ulab(tmp_path: Path, tmux_socket: str) -> Iterator[Lab]:
-    lab = Lab(tmp_path, tmux_socket)
+def ulab(lab: Lab) -> Lab:
+    """The Lab with the stand-in under pi's argv builder, claiming usage or not."""
     folder = lab.agent_dir / "launch_profiles"
     folder.mkdir(exist_ok=True)
     (folder / "claims.toml").write_text(_profile("claims", CLAIM))
     (folder / "silent.toml").write_text(_profile("silent", None))
     (folder / "bad-claim.toml").write_text(_profile("bad-claim", '{"input": -5, "totalTokens": 7}'))
-    try:
-        yield lab
-    finally:
-        lab.cleanup()
+    return lab
 
 
 def cli(lab: Lab, *words: str) -> subprocess.CompletedProcess[str]:
@@ -204,7 +200,7 @@ def test_pis_usage_record_is_a_claim_and_a_missing_or_odd_file_never_breaks_a_re
 # --- the pi bridge claims pi's own usage ------------------------------------------------------------
 @pytest.mark.real_pi
 def test_a_pi_workers_bridge_claims_pis_own_usage_for_the_round(
-    pilab: tuple[Lab, FakeLLM],  # noqa: F811
+    pilab: PiPair,
 ) -> None:
     lab, _llm = pilab
     profile_dir = lab.agent_dir / "launch_profiles"
@@ -236,7 +232,7 @@ def test_a_pi_workers_bridge_claims_pis_own_usage_for_the_round(
 # --- the master's tool ------------------------------------------------------------------------------
 @pytest.mark.real_pi
 def test_the_master_tools_list_jobs_with_usage_gives_the_claimed_totals(
-    mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
+    mlab: MLab,
 ) -> None:
     lab, llm, script = mlab
     (lab.agent_dir / "launch_profiles" / "claims.toml").write_text(_profile("claims", CLAIM))
@@ -262,7 +258,7 @@ def test_the_master_tools_list_jobs_with_usage_gives_the_claimed_totals(
 def test_a_forced_relaunch_of_a_launch_key_never_shows_the_old_jobs_claim(tmp_path: Path) -> None:
     """``fire --launch-key K --force`` archives the old job; the new one has the same result
     names, so the old claims go with the archive (each archived result keeps its own usage)."""
-    from test_names import plant_job
+    from helpers import plant_job
 
     from pi_tmux_matrix.dispatch.jobs import result_now
     from pi_tmux_matrix.dispatch.model import ResultKind
@@ -289,7 +285,7 @@ def test_a_pi_rounds_result_waits_for_the_claim_of_the_run_that_printed_the_mark
     import threading
     import time
 
-    from test_names import plant_job
+    from helpers import plant_job
 
     from pi_tmux_matrix.dispatch.model import ResultKind
     from pi_tmux_matrix.dispatch.watch import Watcher

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 
 import pytest
-from fake_llm import FakeLLM, Reply
-from test_dispatch import Lab, lab, wait_for  # noqa: F401 - fixtures
-from test_master_tool import Scripted, last_tool_result, mlab, run_print_master, tool  # noqa: F401
+from fake_llm import Reply, last_tool_result, tool
+from labs import Lab
+from pilabs import MLab, run_print_master
+from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore
@@ -26,10 +26,7 @@ STOP = "yes-tmux-stop"
 
 def _cli(at: Lab, *words: str, task: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
     tail = ("--", *task) if task else ()
-    return subprocess.run(
-        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(at.state), *words, *tail],
-        capture_output=True, text=True, env=at.env, timeout=60, check=False, cwd=at.work,
-    )  # fmt: skip
+    return at.cli(*words, *tail)
 
 
 def _workspace(at: Lab, *words: str, task: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
@@ -64,7 +61,7 @@ def _track(at: Lab) -> None:
         at.started.extend(a.host for a in job.agents if a.host is not None)
 
 
-def test_a_dry_run_shows_each_pane_its_argv_and_cwd_and_writes_and_starts_nothing(lab: Lab) -> None:  # noqa: F811
+def test_a_dry_run_shows_each_pane_its_argv_and_cwd_and_writes_and_starts_nothing(lab: Lab) -> None:
     lab.start_master()
     done = _workspace(lab, "stand-in-pair", "--name", "ws-plan", "--dry-run", "--json")
     assert done.returncode == 0, done.stderr
@@ -90,7 +87,7 @@ def test_a_dry_run_shows_each_pane_its_argv_and_cwd_and_writes_and_starts_nothin
 
 
 def test_a_workspace_is_one_window_of_tiled_panes_whose_hosts_run_the_templates_agents_idle_and_unwatched(
-    lab: Lab,  # noqa: F811
+    lab: Lab,
 ) -> None:
     lab.start_master()
     done = _workspace(lab, "stand-in-pair", "--name", "ws-1", "--json")
@@ -138,7 +135,7 @@ def test_a_workspace_is_one_window_of_tiled_panes_whose_hosts_run_the_templates_
 
 
 def test_a_workspace_task_is_each_agents_first_prompt_without_a_marker_and_no_result_is_written(
-    lab: Lab,  # noqa: F811
+    lab: Lab,
 ) -> None:
     lab.start_master()
     done = _workspace(lab, "stand-in-pair", "--name", "ws-task", "--json", task=("review", "the", "README"))
@@ -157,7 +154,7 @@ def test_a_workspace_task_is_each_agents_first_prompt_without_a_marker_and_no_re
 
 
 def test_an_existing_session_an_unknown_template_and_a_bad_name_are_refused_with_nothing_written(
-    lab: Lab,  # noqa: F811
+    lab: Lab,
 ) -> None:
     lab.start_master()
     assert _tmux(lab, "new-session", "-d", "-s", "busy", "sleep", "600").returncode == 0
@@ -185,7 +182,7 @@ def test_an_existing_session_an_unknown_template_and_a_bad_name_are_refused_with
 
 @pytest.mark.real_pi
 def test_the_pi_tool_plans_and_launches_a_workspace_and_refuses_a_taken_session_by_name(
-    mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
+    mlab: MLab,
 ) -> None:
     at, llm, script = mlab
     script.steps = [
@@ -237,7 +234,7 @@ def _user_text(request: dict[str, object]) -> str:
 
 @pytest.mark.real_pi
 def test_real_pi_agents_start_idle_without_a_task_and_take_the_task_as_their_first_prompt_with_one(
-    mlab: tuple[Lab, FakeLLM, Scripted],  # noqa: F811
+    mlab: MLab,
 ) -> None:
     at, llm, _script = mlab
     at.start_master()
