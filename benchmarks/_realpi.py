@@ -30,11 +30,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
+
+from _wait import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.contract import ENV_STATE_DIR, NEVER_INHERITED
@@ -45,8 +47,6 @@ from pi_tmux_matrix.identity import ProcessIdentity
 from pi_tmux_matrix.matrix.model import Entry
 from pi_tmux_matrix.matrix.store import MatrixStore
 from pi_tmux_matrix.settings import load_settings
-
-T = TypeVar("T")
 
 GOAL_MS = 2000.0  # a round in the master's conversation within 2 s of its answer
 SESSION = "bench"
@@ -68,17 +68,6 @@ def find_pi(repo: Path) -> tuple[str | None, str]:
     if shutil.which("tmux") is None:
         return None, "tmux is not installed"
     return str(path), ""
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.02)
 
 
 # === the fake model ==============================================================================
@@ -272,7 +261,7 @@ class Lab:
             up = entry is not None and entry.pid != other_than and entry.child_pid
             return entry if up else None
 
-        entry = wait_for("the master's pi", running)
+        entry = wait_for("the master's pi", running, WAIT_S)
         self.started += [i for i in (entry.process, entry.child_process) if i is not None]
         return entry
 
@@ -340,31 +329,32 @@ def one_round(root: Path, pi: str, case: str) -> dict[str, Any]:
     with lab(root, pi) as (the_lab, model):
         the_lab.start_master("Begin.")
         master = the_lab.master()
-        wait_for("the master's first turn", model.requests)  # so it waits idle, as a master does
+        wait_for("the master's first turn", model.requests, WAIT_S)  # so it waits idle, as a master does
         key = the_lab.fire(master)
-        wait_for("the worker's task at the model", model.asked.is_set)
+        wait_for("the worker's task at the model", model.asked.is_set, WAIT_S)
         worker_pid = the_lab.store.get(key).pid
         if case == "re-adopted":
             session_file = master.identity.session_file
             if not session_file:
                 raise RuntimeError("the master's pi reported no session file to start the new master on")
             the_lab.kill(master)
-            wait_for("the worker to lose its parent", lambda: status(the_lab, key) == "resumable")
+            wait_for("the worker to lose its parent", lambda: status(the_lab, key) == "resumable", WAIT_S)
             the_lab.start_master("--session", session_file)
             master = the_lab.master(other_than=master.pid)
             new_pid = master.pid
             wait_for(
                 "the worker re-adopted by the new master",
                 lambda: the_lab.store.get(key).parent_pid == new_pid and status(the_lab, key) == "running",
+                WAIT_S,
             )
             if the_lab.store.get(key).pid != worker_pid:
                 raise RuntimeError(f"{key} was relaunched, not re-adopted")
-        wait_for("the master's pi ready", lambda: the_lab.store.get(MASTER_KEY).ready_at)
+        wait_for("the master's pi ready", lambda: the_lab.store.get(MASTER_KEY).ready_at, WAIT_S)
         setup_s = time.monotonic() - began
         released_ms = time.time() * 1000
         model.release()
         reached = wait_for("the handoff in the master's conversation",
-                           lambda: model.handoff_seen(key, model.released_at))  # fmt: skip
+                           lambda: model.handoff_seen(key, model.released_at), WAIT_S)  # fmt: skip
         handoffs = the_lab.store.get(key).handoffs
         posted = posted_at(the_lab, handoffs[0].id) if handoffs else None
     # The round's own answer, not the worker's words on the adoption notices it took after it.

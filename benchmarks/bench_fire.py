@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from _wait import wait_for
 from bench_fleet import stop_all
 
 from pi_tmux_matrix import procs
@@ -61,11 +62,10 @@ def _up(store: MatrixStore, count: int) -> bool:
 
 
 def _wait_up(store: MatrixStore, count: int, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not _up(store, count):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"bench_fire: {count} agents did not come up within {timeout:.0f}s")
-        time.sleep(0.02)
+    try:
+        wait_for(f"{count} agents up", lambda: _up(store, count), timeout)
+    except TimeoutError as exc:
+        raise SystemExit(f"bench_fire: {exc}") from None
 
 
 def _stop_all(store: MatrixStore, extra: list[ProcessIdentity]) -> None:

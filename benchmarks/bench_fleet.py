@@ -40,9 +40,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from _wait import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.manager import Dispatcher
@@ -125,16 +127,6 @@ def comm(pid: int) -> str:
         return "?"
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise TimeoutError(f"bench_fleet: {what} within {timeout:.0f}s")
-
-
 def workers(store: MatrixStore) -> list[Any]:
     return [e for e in store.list().entries if e.role is Role.WORKER]
 
@@ -169,7 +161,8 @@ def spawn_master(env: dict[str, str], state: Path) -> subprocess.Popen[bytes]:
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,
     )  # fmt: skip
-    wait_for(lambda: (state / f"master-{SESSION}.json").exists() or master.poll() is not None, 30, "master")
+    up = state / f"master-{SESSION}.json"
+    wait_for("master", lambda: up.exists() or master.poll() is not None, 30, step=0.05)
     if master.poll() is not None:
         raise RuntimeError(f"the bench master ended with {master.returncode}")
     return master
@@ -229,7 +222,7 @@ def fire_fleet(
         )  # fmt: skip
         result = dispatcher.fire(request)
         planned += [(list(p.argv), dict(p.env), str(work)) for p in result.planned]
-    wait_for(lambda: all_up(store, count), 300, f"{count} agents up")
+    wait_for(f"{count} agents up", lambda: all_up(store, count), 300, step=0.05)
     return time.perf_counter() - t0, planned
 
 
@@ -247,7 +240,7 @@ def raw_fleet(
         for key, value in planned_env.items():
             command += ["-e", f"{key}={theirs if value == ours else value}"]
         subprocess.run([*command, "-c", cwd, "--", *argv], check=True, env=env, cwd=cwd, timeout=30)
-    wait_for(lambda: all_up(store, len(planned)), 300, f"{len(planned)} raw agents up")
+    wait_for(f"{len(planned)} raw agents up", lambda: all_up(store, len(planned)), 300, step=0.05)
     return time.perf_counter() - t0
 
 

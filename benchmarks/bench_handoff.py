@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import _realpi as realpi
+from _wait import wait_for
 
 from pi_tmux_matrix.matrix.fsio import durable_write
 
@@ -111,16 +112,6 @@ while True:
 AGENT = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.005)\nprint('done')"
 
 
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise TimeoutError(what)
-
-
 def entry(state: Path, key: str) -> dict[str, Any] | None:
     try:
         return json.loads((state / f"{key}.json").read_text())
@@ -177,7 +168,7 @@ def one_round(root: Path, count: int) -> dict[str, Any]:
     try:
         master = spawn([*cli, "master", "--session-id", "bench", "--headless", "--", str(pi)], env)
         started.append(master)
-        wait_for(lambda: (e := entry(state, "master-bench")) and e.get("childPid"), 30, "the master's pi")
+        wait_for("the master's pi", lambda: (e := entry(state, "master-bench")) and e.get("childPid"), 30)
         for n in range(count):
             started.append(spawn(
                 [*cli, "host", "--parent-pid", str(master.pid), "--parent-session", "bench",
@@ -186,7 +177,7 @@ def one_round(root: Path, count: int) -> dict[str, Any]:
                 env,
             ))  # fmt: skip
         keys = [f"worker-w{n}" for n in range(count)]
-        wait_for(lambda: all((e := entry(state, k)) and e.get("childPid") for k in keys), 120, "workers up")
+        wait_for("workers up", lambda: all((e := entry(state, k)) and e.get("childPid") for k in keys), 120)
         gate.write_text("go")
 
         def handoffs() -> list[dict[str, Any]] | None:
@@ -194,7 +185,7 @@ def one_round(root: Path, count: int) -> dict[str, Any]:
             done = len(found) == count and all(h.get("deliveredAt") for h in found)
             return found if done else None
 
-        found = wait_for(handoffs, 120, "every handoff delivered")
+        found = wait_for("every handoff delivered", handoffs, 120)
         time.sleep(0.5)  # a second delivery of any of them would land by now
     finally:
         stop(started)

@@ -38,6 +38,7 @@ from pi_tmux_matrix.matrix import lifecycle
 from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _wait import wait_for
 from bench_store import durable_write  # the floor bench_store measures CAS against
 
 HERE = Path(__file__).resolve().parent
@@ -47,16 +48,6 @@ RESULTS = HERE / "results" / "bench_supervise.json"
 # and the codec loaded on first use, ~25 ms of CPU), which are start-up, not idling.
 FULL = {"trials": 100, "hosts": 50, "window": 30.0, "settle": 32.0}
 QUICK = {"trials": 3, "hosts": 4, "window": 2.0, "settle": 2.0}
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise TimeoutError(what)
 
 
 def events(state: Path, key: str) -> list[dict[str, Any]]:
@@ -98,7 +89,7 @@ def spawn_master(state: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
          "bench-master", "--headless"],
         env,
     )  # fmt: skip
-    wait_for(lambda: (state / "master-bench-master.json").exists() or master.poll() is not None, 30, "master")
+    wait_for("master", lambda: (state / "master-bench-master.json").exists() or master.poll() is not None, 30)
     if master.poll() is not None:
         raise RuntimeError(f"the bench master ended with {master.returncode}")
     return master
@@ -149,9 +140,9 @@ def death_latency(root: Path, env: dict[str, str], trials: int, poll_ms: int) ->
         watch: inotify.Watches | None = None
         try:
             wait_for(
+                "host start",
                 lambda s=state, k=key: any(e["event"] == "child_started" for e in events(s, k)),
                 30,
-                "host start",
             )
             time.sleep(0.2)  # let the host settle into its select loop
             log = state / "events" / f"{key}.jsonl"
@@ -221,9 +212,9 @@ def rss(root: Path, env: dict[str, str]) -> dict[str, Any]:
     host = spawn(host_argv(state, "rss", parent.pid, child), env)
     try:
         started = wait_for(
+            "host start",
             lambda: [e for e in events(state, "worker-rss") if e["event"] == "child_started"],
             30,
-            "host start",
         )
         time.sleep(1.0)
         host_rss = procs.rss_bytes(host.pid) or 0
@@ -245,9 +236,9 @@ def idle_cpu(root: Path, env: dict[str, str], count: int, window: float, settle:
     try:
         for i in range(count):
             wait_for(
+                "hosts start",
                 lambda i=i: any(e["event"] == "child_started" for e in events(state, f"worker-idle{i}")),
                 120,
-                "hosts start",
             )
         time.sleep(settle)  # start-up CPU (and each host's first beat and poll) is not idle CPU
         before = sum(procs.cpu_seconds(h.pid) or 0.0 for h in hosts)
