@@ -79,6 +79,9 @@ def test_a_plain_masters_host_prints_a_handoff_as_it_is_written_not_at_its_heart
     plain_master(lab, out)
     assert lab.master is not None
     # Its inbox and nothing else: no worker's heartbeat wakes it (a hundred of them, every 30 s).
+    # Its inbox is watched just after it registers: wait for that, then nothing more comes.
+    wait_for("the master's inbox watch", lambda: inotify_watches(lab.master.pid) >= 1)
+    time.sleep(0.5)
     assert inotify_watches(lab.master.pid) == 1
     (key,) = [a.key for a in lab.fire("Say hello.", profile="standin-print").job.agents]
     (handoff,) = wait_for(

@@ -375,6 +375,7 @@ NOT_THE_STATE_DIR: dict[str, set[str]] = {
     "cli/demo.py": {"pi_provider", "setup"},  # the package's own example files
     "pytest_plugin.py": {"set"},  # a test's own settings.json
     "testing/standin.py": {"__init__", "_notices"},  # the stand-in agent (it imports nothing of the matrix)
+    "testing/fake_model.py": {"_read_json"},  # the fake model's pi agent dir: models.json, settings.json
 }
 
 
