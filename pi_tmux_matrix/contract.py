@@ -90,10 +90,15 @@ ENV_PARENT_START: Final = "PI_PARENT_START"
 # (docs/decisions.md#one-contract-between-launcher-and-agent).
 CONTRACT_ENV: Final = frozenset(
     {
-        ENV_PARENT_PID, ENV_PARENT_START, ENV_PARENT_SESSION, ENV_AGENT_ID, ENV_TASK_REF, ENV_ALLOWED_PATHS,
+        ENV_PARENT_PID,
+        ENV_PARENT_START,
+        ENV_PARENT_SESSION,
+        ENV_AGENT_ID,
+        ENV_TASK_REF,
+        ENV_ALLOWED_PATHS,
         ENV_WORKTREE_LANE,
     }
-)  # fmt: skip
+)
 
 # What a host tells its own agent (the bridge and the stand-in read them).
 ENV_KEY: Final = "PI_MATRIX_KEY"
@@ -149,9 +154,20 @@ FORK_NOT_INHERITED: Final = NEVER_INHERITED | FORK_RUN_ENV | frozenset({ENV_TMUX
 # Passed explicitly on every tmux launch: a long-lived tmux server keeps the env of its first client.
 # (No test double's knob: the stand-in's reach a pane through the tmux server its test started.)
 PASS_ENV: Final = (
-    "PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", ENV_AGENT_DIR,
-    ENV_OFFLINE, "NO_PROXY", "no_proxy", ENV_PI_COMMAND, ENV_BRIDGE_DEBUG,
-)  # fmt: skip
+    "PATH",
+    "HOME",
+    "TMPDIR",
+    "LANG",
+    "LC_ALL",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    ENV_AGENT_DIR,
+    ENV_OFFLINE,
+    "NO_PROXY",
+    "no_proxy",
+    ENV_PI_COMMAND,
+    ENV_BRIDGE_DEBUG,
+)
 
 # Linux caps pid_max at 2^22; anything above cannot be a pid on any Linux machine.
 PID_LIMIT: Final = 1 << 22

@@ -52,9 +52,14 @@ class SearchTool:
 def _run(argv: list[str], env: Mapping[str, str]) -> tuple[int, str] | None:
     try:
         done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=15, check=False, stdin=subprocess.DEVNULL,
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=15,
+            check=False,
+            stdin=subprocess.DEVNULL,
             env=dict(env),
-        )  # fmt: skip
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     lines = (done.stdout or done.stderr).strip().splitlines()

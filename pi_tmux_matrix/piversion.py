@@ -187,9 +187,13 @@ def _info(command: tuple[str, ...], ask: bool) -> PiInfo:
         return PiInfo(None)
     try:
         done = subprocess.run(
-            [*command, "--version"], capture_output=True, text=True, timeout=15, check=False,
+            [*command, "--version"],
+            capture_output=True,
+            text=True,
+            timeout=15,
+            check=False,
             stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
     except (OSError, subprocess.TimeoutExpired):
         return PiInfo(None)
     # pi answers with the bare version ("1.6.0"); anything else (a stand-in's "stand-in 0.1.0")
@@ -245,6 +249,8 @@ def warn_unsupported(info: PiInfo) -> bool:
         log.warning(
             "pi %s is outside the supported range %s; it may work, but is untested (install a "
             "supported one: 'bash scripts/install-pi' in a pi-matrix checkout, then set "
-            "PI_MATRIX_PI_COMMAND)", info.text, supported_range(),
-        )  # fmt: skip
+            "PI_MATRIX_PI_COMMAND)",
+            info.text,
+            supported_range(),
+        )
     return False

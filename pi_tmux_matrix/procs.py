@@ -21,10 +21,28 @@ from typing import Final
 from .identity import ProcessIdentity
 
 __all__ = [
-    "ProcessIdentity", "SignalWakeup", "ancestors", "boot_id", "cpu_seconds", "current", "die_with_parent",
-    "group_members", "identify", "is_alive", "open_pidfd", "process_state", "rss_bytes", "running_pids",
-    "send_signal", "signal_group", "stop", "stop_group", "usage", "wait_for_exit", "with_argument",
-]  # fmt: skip
+    "ProcessIdentity",
+    "SignalWakeup",
+    "ancestors",
+    "boot_id",
+    "cpu_seconds",
+    "current",
+    "die_with_parent",
+    "group_members",
+    "identify",
+    "is_alive",
+    "open_pidfd",
+    "process_state",
+    "rss_bytes",
+    "running_pids",
+    "send_signal",
+    "signal_group",
+    "stop",
+    "stop_group",
+    "usage",
+    "wait_for_exit",
+    "with_argument",
+]
 
 _BOOT_ID_PATH: Final = "/proc/sys/kernel/random/boot_id"
 _PR_SET_PDEATHSIG: Final = 1  # <linux/prctl.h>
@@ -225,8 +243,16 @@ def die_with_parent(sig: int | signal.Signals) -> Callable[[], None]:
     number = int(sig)
 
     def arm() -> None:
-        if prctl(_PR_SET_PDEATHSIG, ctypes.c_ulong(number), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                 ctypes.c_ulong(0)) != 0:  # fmt: skip
+        if (
+            prctl(
+                _PR_SET_PDEATHSIG,
+                ctypes.c_ulong(number),
+                ctypes.c_ulong(0),
+                ctypes.c_ulong(0),
+                ctypes.c_ulong(0),
+            )
+            != 0
+        ):
             return  # not armed: the record names the agent, so views and `stop` still see it
         if os.getppid() != parent:
             os.kill(os.getpid(), number)  # ourselves: no pid that could have been reused

@@ -22,8 +22,13 @@ from .matrix.fsio import open_append
 from .matrix.model import bounded
 
 __all__ = [
-    "agent_argv", "cli_argv", "finisher_argv", "host_argv", "pi_command", "spawn_detached",
-]  # fmt: skip
+    "agent_argv",
+    "cli_argv",
+    "finisher_argv",
+    "host_argv",
+    "pi_command",
+    "spawn_detached",
+]
 
 
 def cli_argv(state_dir: Path | str | None, *words: str, python: str = sys.executable) -> list[str]:
@@ -146,8 +151,14 @@ def spawn_detached(
     try:
         os.set_blocking(fd, True)
         return subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=fd, stderr=fd, cwd=cwd, env=env,
-            start_new_session=True, close_fds=True,
-        )  # fmt: skip
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=fd,
+            stderr=fd,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+        )
     finally:
         os.close(fd)

@@ -29,9 +29,15 @@ __all__ = ["TRUST_FLAGS", "TrustDecision", "decide_master_trust", "master_trust"
 
 # pi's own list (core/trust-manager.js, 1.6): what under <cwd>/.pi makes pi ask.
 _RESOURCES: Final = (
-    "settings.json", "mcp.json", "extensions", "skills", "prompts", "themes", "SYSTEM.md",
+    "settings.json",
+    "mcp.json",
+    "extensions",
+    "skills",
+    "prompts",
+    "themes",
+    "SYSTEM.md",
     "APPEND_SYSTEM.md",
-)  # fmt: skip
+)
 TRUST_FLAGS: Final = frozenset({"--approve", "-a", "--no-approve", "-na"})
 _MAX_TRUST_FILE: Final = 1024 * 1024
 

@@ -192,11 +192,23 @@ def job_agent(backend: Backend, planned: PlannedAgent, socket: str | None) -> Jo
     launch = planned.launch
     profile = launch.profile
     return JobAgent(
-        agent_id=launch.agent_id, key=launch.key, session_id=launch.session_id, profile=profile.name,
-        provider=profile.provider, mode=profile.mode.value, cwd=planned.cwd, backend=backend.name,
-        nonce=launch.nonce, round=1, deadline_at=0, deadline_s=launch.deadline_s, worktree=launch.worktree,
-        lane=launch.lane, session_file=launch.session_file, socket=backend.socket(socket or DEFAULT_SOCKET),
-    )  # fmt: skip
+        agent_id=launch.agent_id,
+        key=launch.key,
+        session_id=launch.session_id,
+        profile=profile.name,
+        provider=profile.provider,
+        mode=profile.mode.value,
+        cwd=planned.cwd,
+        backend=backend.name,
+        nonce=launch.nonce,
+        round=1,
+        deadline_at=0,
+        deadline_s=launch.deadline_s,
+        worktree=launch.worktree,
+        lane=launch.lane,
+        session_file=launch.session_file,
+        socket=backend.socket(socket or DEFAULT_SOCKET),
+    )
 
 
 def _job_backend(store: MatrixStore, key: str) -> str | None:
@@ -237,10 +249,16 @@ def follow_job(
 
     def move(agent: JobAgent) -> JobAgent:
         return attrs.evolve(
-            agent, host_pid=host.pid, host_start=host.start_ticks, boot_id=host.boot_id, pane_id=pane_id,
-            socket=socket if pane_id else agent.socket, target=target, log=None if pane_id else output,
+            agent,
+            host_pid=host.pid,
+            host_start=host.start_ticks,
+            boot_id=host.boot_id,
+            pane_id=pane_id,
+            socket=socket if pane_id else agent.socket,
+            target=target,
+            log=None if pane_id else output,
             backend=backend,
-        )  # fmt: skip
+        )
 
     try:
         JobStore(store).follow(key, move)
@@ -281,15 +299,25 @@ def _plan(
             f"{entry.key}: profile {profile.name} is not a pi profile; only pi sessions resume exactly"
         )
     launch = AgentLaunch(
-        job_id=RESUME, agent_id=identity.agent_id, session_id=identity.session_id, key=entry.key,
-        profile=profile, task=wake_prompt(payload), cwd=identity.cwd, parent=request.parent,
+        job_id=RESUME,
+        agent_id=identity.agent_id,
+        session_id=identity.session_id,
+        key=entry.key,
+        profile=profile,
+        task=wake_prompt(payload),
+        cwd=identity.cwd,
+        parent=request.parent,
         parent_session=request.parent_session,
         allowed_paths=tuple(resolve_write_paths(profile, cwd=identity.cwd, worktree=identity.worktree)),
-        deadline_s=profile.deadline_s, nonce=RESUME, worktree=identity.worktree, lane=identity.lane,
-        task_ref=payload.task_ref, session_file=session_file,
+        deadline_s=profile.deadline_s,
+        nonce=RESUME,
+        worktree=identity.worktree,
+        lane=identity.lane,
+        task_ref=payload.task_ref,
+        session_file=session_file,
         resource_pointers=identity.resource_pointers,
         watched=False,  # a resumed session answers its wake prompt: no job's marker, no rounds
-    )  # fmt: skip
+    )
     # The same door as every fire: the bridge (launch_argv) and the envelope (launch_env) come
     # from the recorded profile and the plugins, never rebuilt by hand here.
     argv, launch_env = dispatcher.compose(launch, task_summary=payload.task_summary)

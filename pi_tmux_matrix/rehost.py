@@ -89,9 +89,13 @@ def _plan(
 
     identity = claimed.identity
     contract = LaunchContract(
-        parent_pid=parent.pid, parent_start=parent.start_ticks, parent_session=parent_session,
-        agent_id=identity.agent_id, task_ref=claimed.task_ref, worktree_lane=identity.lane,
-    )  # fmt: skip
+        parent_pid=parent.pid,
+        parent_start=parent.start_ticks,
+        parent_session=parent_session,
+        agent_id=identity.agent_id,
+        task_ref=claimed.task_ref,
+        worktree_lane=identity.lane,
+    )
     try:
         profile = recorded_profile(dispatcher, claimed)
     except PiMatrixError:
@@ -100,11 +104,24 @@ def _plan(
         )
     cwd = identity.cwd or "/"
     launch = AgentLaunch(
-        job_id=REHOST, agent_id=identity.agent_id, session_id=identity.session_id, key=claimed.key,
-        profile=profile, task="", cwd=cwd, parent=parent, parent_session=parent_session, allowed_paths=(),
-        deadline_s=profile.deadline_s, nonce=REHOST, worktree=identity.worktree, lane=identity.lane,
-        task_ref=claimed.task_ref, session_file=identity.session_file, watched=False,
-    )  # fmt: skip
+        job_id=REHOST,
+        agent_id=identity.agent_id,
+        session_id=identity.session_id,
+        key=claimed.key,
+        profile=profile,
+        task="",
+        cwd=cwd,
+        parent=parent,
+        parent_session=parent_session,
+        allowed_paths=(),
+        deadline_s=profile.deadline_s,
+        nonce=REHOST,
+        worktree=identity.worktree,
+        lane=identity.lane,
+        task_ref=claimed.task_ref,
+        session_file=identity.session_file,
+        watched=False,
+    )
     argv = cli_argv(
         dispatcher.store.root, "host", f"--rehost={claimed.key}", f"--rehost-claim={claimed.generation}"
     )

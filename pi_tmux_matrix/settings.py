@@ -253,8 +253,9 @@ def _coerce(key: str, value: Any, path: Path) -> Any:
             return value
         log.warning(
             '%s: processMatrix.masterProjectTrust must be one of "pi", "trust", "never", not %r; using "pi"',
-            path, value,
-        )  # fmt: skip
+            path,
+            value,
+        )
         return None
     default, low, high = BOUNDS[key]
     # bool is an int subclass: `true` is a type error, not 1 ms. A fractional (or infinite,
@@ -317,8 +318,10 @@ def load_settings(
             if key == "masterProjectTrust" and path != files[0]:
                 log.warning(
                     "%s: processMatrix.masterProjectTrust is read from %s only (a project cannot "
-                    "grant itself trust); ignored here", path, files[0],
-                )  # fmt: skip
+                    "grant itself trust); ignored here",
+                    path,
+                    files[0],
+                )
                 continue
             coerced = _coerce(key, value, path)
             if coerced is not None:

@@ -33,9 +33,21 @@ if TYPE_CHECKING:
     Verbs: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 __all__ = [
-    "EPILOG", "STOP_WORD", "Io", "Parser", "add_verb", "age", "confirmed", "public_verbs",
-    "report_problems", "require_matrix", "settle_and_sweep", "stop_target", "store_of", "sweep_history",
-]  # fmt: skip
+    "EPILOG",
+    "STOP_WORD",
+    "Io",
+    "Parser",
+    "add_verb",
+    "age",
+    "confirmed",
+    "public_verbs",
+    "report_problems",
+    "require_matrix",
+    "settle_and_sweep",
+    "stop_target",
+    "store_of",
+    "sweep_history",
+]
 
 log = logging.getLogger(__name__)
 

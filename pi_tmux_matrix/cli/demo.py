@@ -179,17 +179,39 @@ class Demo:
     def start_master(self) -> Entry:
         """A long-running master (headless; its own session is a stand-in that keeps working)."""
         argv = [
-            sys.executable, "-m", "pi_tmux_matrix", "master", "--session-id", SESSION, "--task-ref", TASK,
-            "--headless", "--mode", "print", "--relaunch", "tmux" if self.tmux else "detached",
-            "--socket", self.socket, "--", sys.executable, "-m", "pi_tmux_matrix.testing.standin", "-p",
+            sys.executable,
+            "-m",
+            "pi_tmux_matrix",
+            "master",
+            "--session-id",
+            SESSION,
+            "--task-ref",
+            TASK,
+            "--headless",
+            "--mode",
+            "print",
+            "--relaunch",
+            "tmux" if self.tmux else "detached",
+            "--socket",
+            self.socket,
+            "--",
+            sys.executable,
+            "-m",
+            "pi_tmux_matrix.testing.standin",
+            "-p",
             "HANG orchestrating the demo",
-        ]  # fmt: skip
+        ]
         log = open(self.root / "master.log", "ab")  # noqa: SIM115 - handed to the child
         with log:
             proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=self.repo, env=self.env,
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd=self.repo,
+                env=self.env,
                 start_new_session=True,
-            )  # fmt: skip
+            )
         me = procs.identify(proc.pid)
         if me is not None:
             self.started.append(me)
@@ -211,11 +233,16 @@ class Demo:
         task = "HANG " + ("build the parser" if lane == "lane-a" else "write the docs")
         dispatcher = Dispatcher(self.store, load_settings(self.repo, self.env), env=self.env)
         request = FireRequest(
-            task=task, lane=lane, path=str(self.repo), socket=self.socket,
-            backend="tmux" if self.tmux else "subprocess", parent_pid=master.pid, parent_session=SESSION,
+            task=task,
+            lane=lane,
+            path=str(self.repo),
+            socket=self.socket,
+            backend="tmux" if self.tmux else "subprocess",
+            parent_pid=master.pid,
+            parent_session=SESSION,
             profile=profile,
             team=team,
-        )  # fmt: skip
+        )
         result = dispatcher.fire(request)
         self.jobs.append(result.job.id)
         for agent in result.job.agents:
@@ -403,6 +430,7 @@ def cmd_demo(args: argparse.Namespace, io: Io) -> int:
             io.out.write(
                 f"\n== done in {time.monotonic() - started:.1f}s; every process it started is stopped"
                 + (f" and its tmux server (-L {demo.socket}) is gone" if demo.tmux else "")
-                + (f"; kept {root}" if keep[0] else "") + "\n"
+                + (f"; kept {root}" if keep[0] else "")
+                + "\n"
             )
     return EXIT_OK

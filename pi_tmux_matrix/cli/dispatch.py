@@ -38,7 +38,9 @@ def default_socket() -> str:
 
 def register(sub: Verbs, epilog: str) -> None:
     fire = add_verb(
-        sub, "fire", epilog,
+        sub,
+        "fire",
+        epilog,
         usage="pi-matrix fire (--profile NAME | --team NAME | --agent JSON... | --agents-file FILE) "
         "[options] -- TASK...",
     )
@@ -46,11 +48,13 @@ def register(sub: Verbs, epilog: str) -> None:
     who.add_argument("--profile", metavar="NAME", help="a launch profile ('pi-matrix profiles' lists them)")
     who.add_argument("--team", metavar="NAME", help="a team template: several agents on one task")
     who.add_argument(
-        "--agent", action="append", metavar="JSON",
+        "--agent",
+        action="append",
+        metavar="JSON",
         help='an ad-hoc agent without a profile file, e.g. \'{"provider": "claude", "name": "rev"}\' '
         "(repeat for more; keys: provider, name, command, path, tools, resourceProfile, thinkingLevel, "
         "worktreeLane)",
-    )  # fmt: skip
+    )
     who.add_argument("--agents-file", metavar="FILE", help="ad-hoc agents: a JSON list of --agent objects")
     fire.add_argument("--lane", metavar="L", help="run in the git worktree of lane L (created or reused)")
     fire.add_argument("--goal-id", metavar="G", help="goal-bound launch: PI_TASK_REF is G")
@@ -77,16 +81,24 @@ def register(sub: Verbs, epilog: str) -> None:
         "--json", action="store_true", help="print the job id and each agent's key, target, pid"
     )
     fire.add_argument(
-        "--confirm-start", type=float, nargs="?", const=CONFIRM_S, metavar="SECONDS",
+        "--confirm-start",
+        type=float,
+        nargs="?",
+        const=CONFIRM_S,
+        metavar="SECONDS",
         help=f"wait until each agent's host has started it, at most SECONDS (default {CONFIRM_S:g}); "
         "exit 1 naming any agent that could not start (without it, fire returns once the panes are "
         "made, and 'pi-matrix jobs' and 'show' report a failed start)",
-    )  # fmt: skip
+    )
     fire.add_argument(
-        "--wait-ready", type=float, nargs="?", const=READY_S, metavar="SECONDS",
+        "--wait-ready",
+        type=float,
+        nargs="?",
+        const=READY_S,
+        metavar="SECONDS",
         help=f"then wait until each agent is ready (pi: its bridge reported in; others: running), "
         f"at most SECONDS (default {READY_S:g}); exit 1 naming any agent that is not",
-    )  # fmt: skip
+    )
     fire.set_defaults(handler=cmd_fire, takes_argv=True)
 
     jobs = add_verb(sub, "jobs", epilog)
@@ -100,9 +112,10 @@ def register(sub: Verbs, epilog: str) -> None:
     shape.add_argument("--json", action="store_true")
     shape.add_argument("--ndjson", action="store_true", help="one job per line")
     jobs.add_argument(
-        "--usage", action="store_true",
+        "--usage",
+        action="store_true",
         help="the usage workers claimed (advisory): a total per job and per master session",
-    )  # fmt: skip
+    )
     jobs.set_defaults(handler=cmd_jobs)
 
     job = add_verb(sub, "job", epilog)
@@ -111,23 +124,22 @@ def register(sub: Verbs, epilog: str) -> None:
     job.set_defaults(handler=cmd_job)
 
     followup = add_verb(
-        sub, "followup", epilog, usage="pi-matrix followup ID [--agent A] -- TEXT...",
-    )  # fmt: skip
+        sub,
+        "followup",
+        epilog,
+        usage="pi-matrix followup ID [--agent A] -- TEXT...",
+    )
     followup.add_argument("job_id", metavar="ID")
     followup.add_argument("--agent", metavar="A", help="only this agent of the job")
     followup.add_argument("--json", action="store_true")
     followup.set_defaults(handler=cmd_followup, takes_argv=True)
 
-    dismiss = add_verb(
-        sub, "dismiss", epilog
-    )
+    dismiss = add_verb(sub, "dismiss", epilog)
     dismiss.add_argument("job_id", metavar="ID")
     dismiss.add_argument("--json", action="store_true")
     dismiss.set_defaults(handler=cmd_dismiss)
 
-    resume = add_verb(
-        sub, "resume", epilog
-    )
+    resume = add_verb(sub, "resume", epilog)
     resume.add_argument("key", metavar="KEY")
     resume.add_argument("--dry-run", action="store_true", help="print argv, env and cwd; start nothing")
     resume.add_argument("--json", action="store_true")
@@ -143,9 +155,7 @@ def register(sub: Verbs, epilog: str) -> None:
     resume.add_argument("--parent-session", metavar="ID")
     resume.set_defaults(handler=cmd_resume)
 
-    profiles = add_verb(
-        sub, "profiles", epilog
-    )
+    profiles = add_verb(sub, "profiles", epilog)
     profiles.add_argument("--json", action="store_true")
     profiles.set_defaults(handler=cmd_profiles)
 
@@ -174,14 +184,25 @@ def cmd_fire(args: argparse.Namespace, io: Io) -> int:
             "give the task after --, e.g. pi-matrix fire --profile pi-worker -- fix the bug",
         )
     request = FireRequest(
-        task=task, profile=args.profile, team=args.team, agents=_adhoc_agents(args), lane=args.lane,
+        task=task,
+        profile=args.profile,
+        team=args.team,
+        agents=_adhoc_agents(args),
+        lane=args.lane,
         goal_id=args.goal_id,
-        path=args.path, socket=args.socket or default_socket(), deadline_s=args.deadline,
+        path=args.path,
+        socket=args.socket or default_socket(),
+        deadline_s=args.deadline,
         backend=args.backend,
-        dry_run=args.dry_run, parent_pid=args.parent_pid, parent_session=args.parent_session,
-        agent_id=args.agent_id, launch_key=args.launch_key, force=args.force, workspace=args.workspace,
+        dry_run=args.dry_run,
+        parent_pid=args.parent_pid,
+        parent_session=args.parent_session,
+        agent_id=args.agent_id,
+        launch_key=args.launch_key,
+        force=args.force,
+        workspace=args.workspace,
         confirm_s=_confirm_s(args),
-    )  # fmt: skip
+    )
     if args.force and args.launch_key is None:
         raise ContractError("--force", "given without --launch-key", "force replaces a job named by its key")
     dispatcher = dispatcher_of(args, args.path)
@@ -236,11 +257,17 @@ def _json(text: str | bytes, field: str) -> object:
 # At 80 columns: the job (its agents' names under it), the state and the tmux target stay
 # (docs/decisions.md#a-table-keeps-what-a-person-acts-on).
 JOB_COLUMNS = (
-    Column("JOB", 100), Column("STATE", 90, shrink=12), Column("KEY", 80, key=True),
-    Column("HOST", 60), Column("TMUX", 50, shrink=8), Column("TARGET", 95, shrink=12),
-    Column("TEAM", 45, shrink=8), Column("TASK", 55, shrink=10), Column("SPEND", 42, right=True),
+    Column("JOB", 100),
+    Column("STATE", 90, shrink=12),
+    Column("KEY", 80, key=True),
+    Column("HOST", 60),
+    Column("TMUX", 50, shrink=8),
+    Column("TARGET", 95, shrink=12),
+    Column("TEAM", 45, shrink=8),
+    Column("TASK", 55, shrink=10),
+    Column("SPEND", 42, right=True),
     Column("AGE", 70, right=True),
-)  # fmt: skip
+)
 
 
 def _job_rows(io: Io, view: ListedJob) -> list[Row]:
@@ -257,12 +284,21 @@ def _job_rows(io: Io, view: ListedJob) -> list[Row]:
     job = view.job
     rows = [
         Row(
-            (job.id, view.state, "", "", "", "", job.team or job.profile or "ad-hoc", job.task_ref or "-",
-             spend_cell(UsageTotal.of([r.usage for r in a.results] for a in view.agents)),
-             age(job.created_at)),
+            (
+                job.id,
+                view.state,
+                "",
+                "",
+                "",
+                "",
+                job.team or job.profile or "ad-hoc",
+                job.task_ref or "-",
+                spend_cell(UsageTotal.of([r.usage for r in a.results] for a in view.agents)),
+                age(job.created_at),
+            ),
             ("bold",),
         )
-    ]  # fmt: skip
+    ]
     for i, shown in enumerate(view.agents):
         agent, result = shown.agent, shown.result
         outcome = "working" if result is None else result.kind.value
@@ -274,11 +310,17 @@ def _job_rows(io: Io, view: ListedJob) -> list[Row]:
         if result is not None and result.detail:
             outcome += f" ({result.detail})"
         cells = (
-            agent.agent_id, f"round {agent.round}: {outcome}", agent.key,
-            "alive" if shown.host_alive else "gone", _tmux_cell(shown.tmux, agent.tmux_socket),
-            agent.target or "-", "", "",
-            spend_cell(UsageTotal.of([[r.usage for r in shown.results]])), "",
-        )  # fmt: skip
+            agent.agent_id,
+            f"round {agent.round}: {outcome}",
+            agent.key,
+            "alive" if shown.host_alive else "gone",
+            _tmux_cell(shown.tmux, agent.tmux_socket),
+            agent.target or "-",
+            "",
+            "",
+            spend_cell(UsageTotal.of([[r.usage for r in shown.results]])),
+            "",
+        )
         styles = ("", "", "", "green" if shown.host_alive else "red")
         rows.append(Row(cells, styles, tree_indent(i == len(view.agents) - 1)))
     return rows
@@ -410,9 +452,13 @@ def cmd_resume(args: argparse.Namespace, io: Io) -> int:
             f"stop it first ('pi-matrix stop {args.key}')"
         )
     request = Relaunch(
-        entry=entry, parent=parent, parent_session=session, state_dir=str(store.root),
-        socket=args.socket or default_socket(), backend=args.backend,
-    )  # fmt: skip
+        entry=entry,
+        parent=parent,
+        parent_session=session,
+        state_dir=str(store.root),
+        socket=args.socket or default_socket(),
+        backend=args.backend,
+    )
     from ..dispatch.plugins import plugin_manager
 
     # Through the hook, like a master's recovery: a plugin's relauncher is honoured in both paths.
@@ -432,11 +478,16 @@ def cmd_profiles(args: argparse.Namespace, io: Io) -> int:
 
     found = load_profiles(agent_dir())
     rows = [
-        {"name": name, "provider": found.profile(name).provider, "mode": found.profile(name).mode.value,
-         "source": found.profile(name).source, "description": found.profile(name).description,
-         "confined": found.profile(name).confinement}
+        {
+            "name": name,
+            "provider": found.profile(name).provider,
+            "mode": found.profile(name).mode.value,
+            "source": found.profile(name).source,
+            "description": found.profile(name).description,
+            "confined": found.profile(name).confinement,
+        }
         for name in found.names()
-    ]  # fmt: skip
+    ]
     teams = [
         {
             "name": name,

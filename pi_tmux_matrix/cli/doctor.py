@@ -75,9 +75,14 @@ def checks(state_flag: str | None) -> list[Check]:
     if pidfd is not None:
         os.close(pidfd)
     found.append(
-        _check("pidfd", pidfd is not None, "parent death seen at once" if pidfd else "polling fallback",
-               "a Linux kernel >= 5.3 sees parent death at once; polling still works", required=False)
-    )  # fmt: skip
+        _check(
+            "pidfd",
+            pidfd is not None,
+            "parent death seen at once" if pidfd else "polling fallback",
+            "a Linux kernel >= 5.3 sees parent death at once; polling still works",
+            required=False,
+        )
+    )
     state = resolve_state_dir(state_flag)
     try:
         info = os.lstat(state)
@@ -132,17 +137,28 @@ def _version_checks(command: list[str], answered: str) -> list[Check]:
     shown = " ".join(command)
     found: list[Check] = []
     if info.version is not None and version is not None and answered.startswith("it did not"):
-        found.append(_check("pi", False, f"{shown}: pi {info.text}, but {answered}",
-                            "see the pi's node check below", required=False))
+        found.append(
+            _check(
+                "pi",
+                False,
+                f"{shown}: pi {info.text}, but {answered}",
+                "see the pi's node check below",
+                required=False,
+            )
+        )
     elif version is None or not supported(version):
         what = ".".join(map(str, version)) if version else f"an unreadable version ({answered!r})"
-        found.append(_check(
-            "pi", False, f"{shown}: {what}, outside the supported range {supported_range()}",
-            f"install a supported pi: 'bash scripts/install-pi' (pi {PI_PIN}, and node 22 when "
-            f"needed) in a pi-matrix checkout, then "
-            f"export {ENV_PI_COMMAND}='[\"/path/to/the/checkout/{PINNED_BIN}\"]'",
-            required=False,
-        ))  # fmt: skip
+        found.append(
+            _check(
+                "pi",
+                False,
+                f"{shown}: {what}, outside the supported range {supported_range()}",
+                f"install a supported pi: 'bash scripts/install-pi' (pi {PI_PIN}, and node 22 when "
+                f"needed) in a pi-matrix checkout, then "
+                f"export {ENV_PI_COMMAND}='[\"/path/to/the/checkout/{PINNED_BIN}\"]'",
+                required=False,
+            )
+        )
     else:
         detail = f"{shown}: {answered} (supported: {supported_range()})"
         found.append(_check("pi", True, detail, required=False))
@@ -156,12 +172,16 @@ def _version_checks(command: list[str], answered: str) -> list[Check]:
         return found
     wanted = ">=" + ".".join(map(str, need))
     ok = node_version is not None and node_version >= need
-    found.append(_check(
-        "pi's node", ok, f"{node} {node_text or '(no version)'}; pi {info.text} needs node {wanted}",
-        f"'bash scripts/install-pi' installs node 22 next to pi when the system's is older, and "
-        f"{PINNED_BIN} runs pi on it; or install Node.js {wanted}",
-        required=False,
-    ))  # fmt: skip
+    found.append(
+        _check(
+            "pi's node",
+            ok,
+            f"{node} {node_text or '(no version)'}; pi {info.text} needs node {wanted}",
+            f"'bash scripts/install-pi' installs node 22 next to pi when the system's is older, and "
+            f"{PINNED_BIN} runs pi on it; or install Node.js {wanted}",
+            required=False,
+        )
+    )
     return found
 
 
@@ -189,13 +209,17 @@ def _pi_check() -> list[Check]:
             where = f"{missing}; the pinned install {binary} ({pinned}) is not in use"
             use = f"export {ENV_PI_COMMAND}='{json.dumps([str(binary)])}'"
             return [_check("pi", False, where, f"use it: {use}", required=False)]
-    return [_check(
-        "pi", False, missing,
-        f"install the pinned pi {PI_PIN}: 'bash scripts/install-pi' in a pi-matrix checkout (it installs "
-        f"@earendil-works/pi-coding-agent@{PI_PIN} into .pi-cli/, with node 22 when the system's is "
-        f"older), then export {ENV_PI_COMMAND}='[\"/path/to/the/checkout/{PINNED_BIN}\"]'",
-        required=False,
-    )]  # fmt: skip
+    return [
+        _check(
+            "pi",
+            False,
+            missing,
+            f"install the pinned pi {PI_PIN}: 'bash scripts/install-pi' in a pi-matrix checkout (it installs "
+            f"@earendil-works/pi-coding-agent@{PI_PIN} into .pi-cli/, with node 22 when the system's is "
+            f"older), then export {ENV_PI_COMMAND}='[\"/path/to/the/checkout/{PINNED_BIN}\"]'",
+            required=False,
+        )
+    ]
 
 
 def _search_checks() -> list[Check]:
@@ -224,9 +248,13 @@ def _fd_check(fd: SearchTool, pi_version: tuple[int, int, int] | None) -> Check:
         f"adapter for an older fd first on PATH"
     )
     if fd.path is None:
-        return _check("pi's fd", False, "no fd or fdfind: pi's find tool fails (pi never downloads one "
-                      "offline)", fix.replace("install fd", "install fd (Debian: fd-find)", 1),
-                      required=False)  # fmt: skip
+        return _check(
+            "pi's fd",
+            False,
+            "no fd or fdfind: pi's find tool fails (pi never downloads one offline)",
+            fix.replace("install fd", "install fd (Debian: fd-find)", 1),
+            required=False,
+        )
     if fd.adapter and fd.takes_flag:
         detail = (
             f"{fd.path}: the adapter of scripts/install-pi (first on its wrapper's PATH) for "
@@ -250,8 +278,13 @@ def _fd_check(fd: SearchTool, pi_version: tuple[int, int, int] | None) -> Check:
 
 def _rg_check(rg: SearchTool) -> Check:
     if rg.path is None:
-        return _check("pi's rg", False, "no rg: pi's grep tool fails (pi never downloads one offline)",
-                      "install ripgrep (Debian: ripgrep)", required=False)  # fmt: skip
+        return _check(
+            "pi's rg",
+            False,
+            "no rg: pi's grep tool fails (pi never downloads one offline)",
+            "install ripgrep (Debian: ripgrep)",
+            required=False,
+        )
     ok = rg.version is not None
     detail = f"{rg.path} ({rg.version or 'it did not answer --version'}; {_where(rg)})"
     return _check("pi's rg", ok, detail, "install ripgrep", required=False)

@@ -29,9 +29,7 @@ def register(sub: Verbs, epilog: str) -> None:
     shape.add_argument("--ndjson", action="store_true", help="one JSON object per line (for streaming tools)")
     ls.set_defaults(handler=cmd_ls)
 
-    show = add_verb(
-        sub, "show", epilog
-    )
+    show = add_verb(sub, "show", epilog)
     show.add_argument("key", metavar="KEY", help="the entry key, <role>-<sessionId>")
     show.add_argument(
         "--json", action="store_true", help="print the stored entry plus 'alive' and 'toolBlocks' as JSON"
@@ -39,8 +37,10 @@ def register(sub: Verbs, epilog: str) -> None:
     show.set_defaults(handler=cmd_show)
 
     repair = add_verb(
-        sub, "repair", epilog,
-        )
+        sub,
+        "repair",
+        epilog,
+    )
     repair.add_argument("--dry-run", action="store_true", help="report what would be done; change nothing")
     repair.add_argument("--json", action="store_true", help="print the actions as JSON")
     repair.set_defaults(handler=cmd_repair)

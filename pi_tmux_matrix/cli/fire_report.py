@@ -31,9 +31,10 @@ def check_wait_ready(seconds: float | None, *, enabled: bool) -> None:
         raise ContractError("--wait-ready", f"{seconds:g} seconds", "give a positive number of seconds")
     if not enabled:
         raise ContractError(
-            "--wait-ready", "needs the matrix (readiness is recorded in the agent's entry)",
+            "--wait-ready",
+            "needs the matrix (readiness is recorded in the agent's entry)",
             "turn processMatrix.enabled on, or fire without --wait-ready",
-        )  # fmt: skip
+        )
 
 
 def report_fire(io: Io, args: argparse.Namespace, store: MatrixStore, result: FireResult) -> int:

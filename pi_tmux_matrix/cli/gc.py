@@ -26,19 +26,25 @@ if TYPE_CHECKING:
 __all__ = ["GC_WORD", "cmd_gc", "register"]
 
 
-
 def register(sub: Verbs, epilog: str) -> None:
     gc = add_verb(
-        sub, "gc", epilog,
-        )  # fmt: skip
+        sub,
+        "gc",
+        epilog,
+    )
     gc.add_argument(
-        "--older-than", type=float, metavar="DAYS",
+        "--older-than",
+        type=float,
+        metavar="DAYS",
         help="the window in days, for this run (default: processMatrix.historyRetentionDays, 30)",
-    )  # fmt: skip
+    )
     gc.add_argument(
-        "--confirm", nargs="?", const=True, metavar="WORD",
+        "--confirm",
+        nargs="?",
+        const=True,
+        metavar="WORD",
         help=f"really remove, with the word {GC_WORD} (alone: asks y/N on a terminal); else a preview",
-    )  # fmt: skip
+    )
     gc.add_argument("--verbose", "-v", action="store_true", help="name every path, with the reason")
     gc.add_argument("--json", action="store_true")
     gc.set_defaults(handler=cmd_gc)
@@ -109,9 +115,13 @@ def cmd_gc(args: argparse.Namespace, io: Io) -> int:
     items = plan.items
     days = int(plan.days) if plan.days.is_integer() else plan.days
     body: dict[str, object] = {
-        "stateDir": str(store.root), "olderThanDays": days, "cutoff": plan.cutoff_ms,
-        "remove": [_json(i) for i in items], "totals": totals(items), "kept": [_json(i) for i in plan.kept],
-    }  # fmt: skip
+        "stateDir": str(store.root),
+        "olderThanDays": days,
+        "cutoff": plan.cutoff_ms,
+        "remove": [_json(i) for i in items],
+        "totals": totals(items),
+        "kept": [_json(i) for i in plan.kept],
+    }
     what = f"{sum(i.files for i in items)} file(s), {size(sum(i.size for i in items))}"
     if items and not confirmed(args, io, what, verb="gc: remove", word=GC_WORD):
         if args.json:

@@ -32,17 +32,20 @@ PRUNE_WORD: Final = "yes-prune"
 def register(sub: Verbs, epilog: str) -> None:
     """Add ``lanes``."""
     lanes = add_verb(
-        sub, "lanes", epilog,
+        sub,
+        "lanes",
+        epilog,
         usage=f"pi-matrix lanes [prune [--abandoned] [--confirm {PRUNE_WORD}]] [--path DIR] [--json]",
-    )  # fmt: skip
+    )
     lanes.add_argument(
         "action", nargs="?", choices=["prune"], help="remove idle lanes (a preview without the word)"
     )
     lanes.add_argument("--path", metavar="DIR", help="a folder of the repository (default: here)")
     lanes.add_argument(
-        "--abandoned", action="store_true",
+        "--abandoned",
+        action="store_true",
         help="prune: also unmerged idle lanes (their worktree only: the branch and its commits stay)",
-    )  # fmt: skip
+    )
     lanes.add_argument(
         "--confirm", nargs="?", const=True, metavar="WORD", help=f"prune: {PRUNE_WORD} to really remove"
     )
@@ -139,7 +142,13 @@ def _plan(state: LaneState) -> str:
 def _json(state: LaneState, word: str, using: list[str]) -> dict[str, object]:
     lane = state.lane
     return {
-        "name": lane.name, "branch": lane.branch, "worktree": lane.worktree, "repo": lane.repo,
-        "state": word, "merged": state.merged, "dirty": state.dirty, "missing": state.missing,
+        "name": lane.name,
+        "branch": lane.branch,
+        "worktree": lane.worktree,
+        "repo": lane.repo,
+        "state": word,
+        "merged": state.merged,
+        "dirty": state.dirty,
+        "missing": state.missing,
         "usedBy": using,
-    }  # fmt: skip
+    }

@@ -53,12 +53,18 @@ class _Liveness:
 
 
 LS_COLUMNS = (
-    Column("KEY", 100, key=True), Column("NAME", 70, shrink=12, cut_first=True), Column("ROLE", 60),
-    Column("STATUS", 90, shrink=9), Column("ALIVE", 80, shrink=5), Column("PID", 55, right=True),
+    Column("KEY", 100, key=True),
+    Column("NAME", 70, shrink=12, cut_first=True),
+    Column("ROLE", 60),
+    Column("STATUS", 90, shrink=9),
+    Column("ALIVE", 80, shrink=5),
+    Column("PID", 55, right=True),
     Column("PARENT", 30, right=True),
-    Column("LANE", 50, shrink=8), Column("TASK", 45, shrink=10), Column("AGE", 70, right=True),
+    Column("LANE", 50, shrink=8),
+    Column("TASK", 45, shrink=10),
+    Column("AGE", 70, right=True),
     Column("BEAT", 40, right=True),
-)  # fmt: skip
+)
 
 
 def cmd_ls(args: argparse.Namespace, io: Io) -> int:
@@ -80,15 +86,21 @@ def cmd_ls(args: argparse.Namespace, io: Io) -> int:
         table.append(
             Row(
                 (
-                    entry.key, entry.identity.agent_id, entry.role.value,
+                    entry.key,
+                    entry.identity.agent_id,
+                    entry.role.value,
                     status_cell(entry, live)[0],
-                    "yes" if live else (unsupervised(entry) or "no"), str(entry.pid or "-"),
-                    str(entry.parent_pid or "-"), entry.identity.lane or "-", task_cell(entry),
-                    age(entry.created_at, now), age(entry.heartbeat_at, now),
+                    "yes" if live else (unsupervised(entry) or "no"),
+                    str(entry.pid or "-"),
+                    str(entry.parent_pid or "-"),
+                    entry.identity.lane or "-",
+                    task_cell(entry),
+                    age(entry.created_at, now),
+                    age(entry.heartbeat_at, now),
                 ),
                 ("", "", "", status_cell(entry, live)[1], "green" if live else "red"),
             )
-        )  # fmt: skip
+        )
     if table:
         print_table(io, LS_COLUMNS, table)
     else:
@@ -131,9 +143,7 @@ def _ready_text(entry: Entry, now: int) -> str:
     return "- (pi's bridge never reported in)"
 
 
-def describe(
-    entry: Entry, alive: bool, blocked: list[ToolBlock], start_failure: str | None
-) -> list[str]:
+def describe(entry: Entry, alive: bool, blocked: list[ToolBlock], start_failure: str | None) -> list[str]:
     """``show``'s text for an entry, each line safe for a terminal (``top``'s detail pane too)."""
     now = now_ms()
     lines = [
@@ -235,9 +245,10 @@ def cmd_repair(args: argparse.Namespace, io: Io) -> int:
     settings = load_settings()
     if not settings.enabled and not args.dry_run:
         raise ContractError(
-            "processMatrix.enabled", "is false, so nothing may be written",
+            "processMatrix.enabled",
+            "is false, so nothing may be written",
             "use --dry-run to see what repair would do, or enable the matrix in settings.json",
-        )  # fmt: skip
+        )
     actions = store_of(args).repair(dry_run=args.dry_run)
     if args.json:
         io.out.write(json.dumps([attrs.asdict(a) for a in actions], indent=2) + "\n")

@@ -107,9 +107,13 @@ def _relauncher(args: argparse.Namespace, store: MatrixStore) -> Relauncher:
 
     def relaunch(entry: Entry, parent: procs.ProcessIdentity, parent_session: str) -> int:
         request = Relaunch(
-            entry=entry, parent=parent, parent_session=parent_session, state_dir=str(store.root),
-            socket=socket, backend=backend,
-        )  # fmt: skip
+            entry=entry,
+            parent=parent,
+            parent_session=parent_session,
+            state_dir=str(store.root),
+            socket=socket,
+            backend=backend,
+        )
         pid: int | None = plugins.hook.relaunch(request=request)
         if pid is None:
             raise PiMatrixError(f"{entry.key}: no plugin relaunched it")
@@ -217,9 +221,14 @@ def _master_contract(args: argparse.Namespace) -> LaunchContract:
 
 
 def _master_identity(  # noqa: PLR0917 (one call site; each argument is a different thing)
-    args: argparse.Namespace, argv: list[str], contract: LaunchContract, session_id: str, mode: Mode,
-    previous: Entry | None, io: Io,
-) -> tuple[list[str], AgentIdentityContract]:  # fmt: skip
+    args: argparse.Namespace,
+    argv: list[str],
+    contract: LaunchContract,
+    session_id: str,
+    mode: Mode,
+    previous: Entry | None,
+    io: Io,
+) -> tuple[list[str], AgentIdentityContract]:
     """The agent's argv (a pi gets the bridge, its session's one file and its project-trust
     decision) and the master's identity."""
     provider = provider_of(argv, args.provider)
@@ -270,10 +279,17 @@ def cmd_master(args: argparse.Namespace, io: Io) -> int:
     # A print-mode pi ends after one run: a handoff cannot wake it, so it is printed instead.
     bridged = identity.provider == "pi" and mode is not Mode.PRINT and BRIDGE_FLAG in argv
     terms = MasterTerms(
-        store=store, identity=identity, task_ref=contract.task_ref, task_state=args.task_state,
-        takeover=args.takeover, bridged=bridged, relauncher=_relauncher(args, store), rehoster=rehost,
-        prompter=_prompter(args, mode, bridged, io), housekeeping=settle_and_sweep,
-    )  # fmt: skip
+        store=store,
+        identity=identity,
+        task_ref=contract.task_ref,
+        task_state=args.task_state,
+        takeover=args.takeover,
+        bridged=bridged,
+        relauncher=_relauncher(args, store),
+        rehoster=rehost,
+        prompter=_prompter(args, mode, bridged, io),
+        housekeeping=settle_and_sweep,
+    )
     shown = _Shown(io)
     session = MasterSession(terms, shown)
     if args.once:

@@ -51,9 +51,7 @@ def register(sub: Verbs, epilog: str) -> None:
     scan.add_argument("--json", action="store_true")
     scan.set_defaults(handler=cmd_scan)
 
-    rec = add_verb(
-        sub, "reconcile", epilog
-    )
+    rec = add_verb(sub, "reconcile", epilog)
     rec.add_argument("--dry-run", action="store_true")
     rec.add_argument("--json", action="store_true")
     rec.set_defaults(handler=cmd_reconcile)
@@ -80,7 +78,7 @@ def register(sub: Verbs, epilog: str) -> None:
         sub,
         "stop",
         epilog,
-        )
+    )
     stop.add_argument("key", nargs="?", metavar="KEY|ID", help="an entry key (worker-…) or a job id (job-…)")
     stop.add_argument(
         "--confirm",

@@ -43,7 +43,7 @@ __all__ = [
     "table_width",
     "tree_indent",
     "unique_prefix_length",
-]  # fmt: skip
+]
 
 ELLIPSIS: Final = "…"
 GAP: Final = 2
@@ -52,9 +52,15 @@ GAP: Final = 2
 MIN_ID_CHARS: Final = 8
 
 STATUS_STYLES: Final[dict[str, str]] = {
-    "running": "green", "launching": "cyan", "adopted": "cyan", "winding_down": "yellow",
-    "resumable": "yellow", "terminal": "magenta", "closed": "dim", "gone": "red",
-}  # fmt: skip
+    "running": "green",
+    "launching": "cyan",
+    "adopted": "cyan",
+    "winding_down": "yellow",
+    "resumable": "yellow",
+    "terminal": "magenta",
+    "closed": "dim",
+    "gone": "red",
+}
 
 
 def status_cell(entry: Entry, host_alive: bool, *, reason: bool = True) -> tuple[str, str]:
@@ -265,9 +271,14 @@ def console_for(stream: IO[str], width: int | None = None) -> Console:
     from rich.console import Console
 
     return Console(
-        file=stream, width=width or 10_000, no_color=bool(os.environ.get("NO_COLOR")) or None,
-        highlight=False, markup=False, emoji=False, soft_wrap=True,
-    )  # fmt: skip
+        file=stream,
+        width=width or 10_000,
+        no_color=bool(os.environ.get("NO_COLOR")) or None,
+        highlight=False,
+        markup=False,
+        emoji=False,
+        soft_wrap=True,
+    )
 
 
 def print_table(io: Io, columns: Sequence[Column], rows: Sequence[Row], *, keys: Sequence[str] = ()) -> None:

@@ -32,7 +32,9 @@ NOTIFY_CHARS = 6000  # of a background fork's answer sent to its parent: fits th
 
 def register(sub: Verbs, epilog: str) -> None:
     fork = add_verb(
-        sub, "fork", epilog,
+        sub,
+        "fork",
+        epilog,
         usage="pi-matrix fork --session FILE [--wait | --background] [options] -- TASK...",
     )
     fork.add_argument("--session", metavar="FILE", required=True, help="the pi session file to fork")

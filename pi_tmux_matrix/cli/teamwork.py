@@ -30,9 +30,11 @@ def register(sub: Verbs, epilog: str) -> None:
     """Add ``var``, ``templates``, ``workspace``, ``stop-session``, ``notify`` and ``set-status``."""
     _register_workspace(sub, epilog)
     var = add_verb(
-        sub, "var", epilog,
+        sub,
+        "var",
+        epilog,
         usage="pi-matrix var ID [NAME [VALUE]] [--json]",
-    )  # fmt: skip
+    )
     var.add_argument("job_id", metavar="ID")
     var.add_argument("name", nargs="?", metavar="NAME", help="1-80 letters, digits, _ . -")
     var.add_argument("value", nargs="?", metavar="VALUE", help="set NAME to this (at most 16 KiB)")
@@ -40,9 +42,11 @@ def register(sub: Verbs, epilog: str) -> None:
     var.set_defaults(handler=cmd_var)
 
     stop_session = add_verb(
-        sub, "stop-session", epilog,
+        sub,
+        "stop-session",
+        epilog,
         usage=f"pi-matrix stop-session NAME [--socket S] [--confirm {STOP_WORD}]",
-    )  # fmt: skip
+    )
     stop_session.add_argument("name", metavar="NAME", help="the tmux session (a fire's --workspace)")
     stop_session.add_argument("--socket", metavar="S", help=SOCKET_HELP)
     stop_session.add_argument(
@@ -52,26 +56,28 @@ def register(sub: Verbs, epilog: str) -> None:
     stop_session.set_defaults(handler=cmd_stop_session)
 
     notify = add_verb(
-        sub, "notify", epilog,
+        sub,
+        "notify",
+        epilog,
         usage="pi-matrix notify SESSION [--socket S] -- TEXT...",
-    )  # fmt: skip
+    )
     notify.add_argument("session", metavar="SESSION")
     notify.add_argument("--socket", metavar="S", help=SOCKET_HELP)
     notify.set_defaults(handler=cmd_notify, takes_argv=True)
 
     status = add_verb(
-        sub, "set-status", epilog,
+        sub,
+        "set-status",
+        epilog,
         usage="pi-matrix set-status SESSION KEY [VALUE] [--socket S]",
-    )  # fmt: skip
+    )
     status.add_argument("session", metavar="SESSION")
     status.add_argument("key", metavar="KEY", help="1-64 of A-Z a-z 0-9 _ - (the option is @pi_KEY)")
     status.add_argument("value", nargs="?", metavar="VALUE", help="one printable line; none clears it")
     status.add_argument("--socket", metavar="S", help=SOCKET_HELP)
     status.set_defaults(handler=cmd_set_status)
 
-    templates = add_verb(
-        sub, "templates", epilog
-    )
+    templates = add_verb(sub, "templates", epilog)
     templates.add_argument("name", nargs="?", metavar="NAME", help="the template to show")
     templates.add_argument("--json", action="store_true")
     templates.set_defaults(handler=cmd_templates)
@@ -143,10 +149,12 @@ def cmd_stop_session(args: argparse.Namespace, io: Io) -> int:
     dispatcher = dispatcher_of(args)
     jobs, _problems = dispatcher.jobs.list_jobs()
     held = [
-        job for job in jobs
-        if job.stopped_at is None and job.dismissed_at is None
+        job
+        for job in jobs
+        if job.stopped_at is None
+        and job.dismissed_at is None
         and any(a.socket == socket and (a.target or "").startswith(f"{name}:") for a in job.agents)
-    ]  # fmt: skip
+    ]
     if not held:
         raise NoSuch(f"no job has agents in tmux session {name!r} on socket {socket!r}")
     if not confirmed(args, io, f"tmux session {name} ({len(held)} job(s))"):
@@ -195,11 +203,13 @@ def cmd_set_status(args: argparse.Namespace, io: Io) -> int:
 
 def _register_workspace(sub: Verbs, epilog: str) -> None:
     ws = add_verb(
-        sub, "workspace", epilog,
+        sub,
+        "workspace",
+        epilog,
         usage="pi-matrix workspace TEMPLATE --name SESSION [--path DIR] [--lane L] [--goal-id G] "
         "[--socket S] "
         "[--launch-key K [--force]] [--dry-run] [--json] [-- TASK...]",
-    )  # fmt: skip
+    )
     ws.add_argument("template", metavar="TEMPLATE", help="a team template ('pi-matrix templates' lists them)")
     ws.add_argument("--name", metavar="SESSION", help="the tmux session to open (it must not exist yet)")
     ws.add_argument("--path", metavar="DIR", help="the agents' working directory (default: here)")
@@ -233,11 +243,20 @@ def cmd_workspace(args: argparse.Namespace, io: Io) -> int:
         raise ContractError("--force", "given without --launch-key", "force replaces a job named by its key")
     socket = args.socket or default_socket()
     request = FireRequest(
-        task=" ".join(args.argv), team=validate_id(args.template, "TEMPLATE"), workspace=args.name,
-        watched=False, lane=args.lane, goal_id=args.goal_id, path=args.path, socket=socket,
-        dry_run=args.dry_run, parent_pid=args.parent_pid, parent_session=args.parent_session,
-        launch_key=args.launch_key, force=args.force,
-    )  # fmt: skip
+        task=" ".join(args.argv),
+        team=validate_id(args.template, "TEMPLATE"),
+        workspace=args.name,
+        watched=False,
+        lane=args.lane,
+        goal_id=args.goal_id,
+        path=args.path,
+        socket=socket,
+        dry_run=args.dry_run,
+        parent_pid=args.parent_pid,
+        parent_session=args.parent_session,
+        launch_key=args.launch_key,
+        force=args.force,
+    )
     result = dispatcher_of(args, args.path).fire(request)
     attach = f"tmux -L {socket} attach -t {args.name}"
     if args.json:

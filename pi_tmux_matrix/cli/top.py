@@ -34,13 +34,21 @@ if TYPE_CHECKING:
 __all__ = ["COLUMNS", "Item", "Snapshot", "Usage", "collect", "detail_lines", "pack"]
 
 COLUMNS = (
-    Column("KEY", 100, key=True), Column("NAME", 52, shrink=12, cut_first=True),
-    Column("STATUS", 90, shrink=9), Column("ALIVE", 80, shrink=5),
-    Column("CPU%", 75, right=True), Column("RSS", 70, right=True), Column("AGE", 60, right=True),
-    Column("LANE", 55, shrink=8), Column("TASK", 50, shrink=10), Column("BEAT", 40, right=True),
-    Column("HANDOFFS", 35, right=True), Column("SPEND", 33, right=True, cut_first=True),
-    Column("TMUX", 30, shrink=10), Column("REASON", 20, shrink=8),
-)  # fmt: skip
+    Column("KEY", 100, key=True),
+    Column("NAME", 52, shrink=12, cut_first=True),
+    Column("STATUS", 90, shrink=9),
+    Column("ALIVE", 80, shrink=5),
+    Column("CPU%", 75, right=True),
+    Column("RSS", 70, right=True),
+    Column("AGE", 60, right=True),
+    Column("LANE", 55, shrink=8),
+    Column("TASK", 50, shrink=10),
+    Column("BEAT", 40, right=True),
+    Column("HANDOFFS", 35, right=True),
+    Column("SPEND", 33, right=True, cut_first=True),
+    Column("TMUX", 30, shrink=10),
+    Column("REASON", 20, shrink=8),
+)
 
 
 def _bytes(size: int) -> str:
@@ -185,17 +193,27 @@ def collect(store: MatrixStore, usage: Usage) -> Snapshot:
         cpu, rss = used.get(entry.key, (None, None))
         shown, style = status_cell(entry, live, reason=False)  # the REASON column has it
         cells = (
-            entry.key, entry.identity.agent_id, shown,
+            entry.key,
+            entry.identity.agent_id,
+            shown,
             "yes" if live else (unsupervised(entry) or "no"),
-            "-" if cpu is None else f"{cpu:.1f}", "-" if rss is None else _bytes(rss),
-            age(entry.created_at, now), entry.identity.lane or "-", task_cell(entry),
-            age(entry.heartbeat_at, now), str(len(entry.undelivered)), spend_cell(spent.get(entry.key)),
-            targets.get(entry.key, "-"), entry.reason or "-",
-        )  # fmt: skip
+            "-" if cpu is None else f"{cpu:.1f}",
+            "-" if rss is None else _bytes(rss),
+            age(entry.created_at, now),
+            entry.identity.lane or "-",
+            task_cell(entry),
+            age(entry.heartbeat_at, now),
+            str(len(entry.undelivered)),
+            spend_cell(spent.get(entry.key)),
+            targets.get(entry.key, "-"),
+            entry.reason or "-",
+        )
         styles = (
-            "bold" if entry.role is Role.MASTER else "", "", style,
+            "bold" if entry.role is Role.MASTER else "",
+            "",
+            style,
             "green" if live else "red",
-        )  # fmt: skip
+        )
         return Item(entry, Row(cells, styles, indent))
 
     masters = [e for e in entries if e.role is Role.MASTER]

@@ -104,9 +104,12 @@ class Acts:
 
         owning_master(self.store, master.process.pid, master.session)
         request = Relaunch(
-            entry=entry, parent=master.process, parent_session=master.session, state_dir=str(self.store.root),
+            entry=entry,
+            parent=master.process,
+            parent_session=master.session,
+            state_dir=str(self.store.root),
             socket=default_socket(),
-        )  # fmt: skip
+        )
         pid = plugin_manager().hook.relaunch(request=request)
         return f"resumed {key}: host pid {pid}"
 

@@ -44,11 +44,25 @@ if TYPE_CHECKING:
 __all__ = ["run_screen", "split_keys"]
 
 _NAMED: Final = {
-    "\x1b[A": "up", "\x1b[B": "down", "\x1bOA": "up", "\x1bOB": "down", "\x1b[5~": "pgup",
-    "\x1b[6~": "pgdn", "\x1b[H": "home", "\x1b[F": "end", "\x1bOH": "home", "\x1bOF": "end",
-    "\x1b[1~": "home", "\x1b[4~": "end", "\r": "enter", "\n": "enter", "\x7f": "backspace",
-    "\x08": "backspace", "\x1b": "esc", "\x03": "ctrl-c",
-}  # fmt: skip
+    "\x1b[A": "up",
+    "\x1b[B": "down",
+    "\x1bOA": "up",
+    "\x1bOB": "down",
+    "\x1b[5~": "pgup",
+    "\x1b[6~": "pgdn",
+    "\x1b[H": "home",
+    "\x1b[F": "end",
+    "\x1bOH": "home",
+    "\x1bOF": "end",
+    "\x1b[1~": "home",
+    "\x1b[4~": "end",
+    "\r": "enter",
+    "\n": "enter",
+    "\x7f": "backspace",
+    "\x08": "backspace",
+    "\x1b": "esc",
+    "\x03": "ctrl-c",
+}
 HELP: Final = "j/k move  Enter detail  / filter  t attach  a adopt  c clean up  r resume  s stop  q quit"
 REFRESH_S: Final = 1.0
 ESC_WAIT_S: Final = 0.05
@@ -379,9 +393,12 @@ def run_screen(store: MatrixStore, io: Io, owner: tuple[ProcessIdentity, str] | 
 
 
 def _loop(
-    screen: Screen, terminal: _Terminal, watch: Watches, resized: procs.SignalWakeup,
+    screen: Screen,
+    terminal: _Terminal,
+    watch: Watches,
+    resized: procs.SignalWakeup,
     write: Callable[[str], None],
-) -> None:  # fmt: skip
+) -> None:
     import time
 
     next_refresh = time.monotonic() + REFRESH_S

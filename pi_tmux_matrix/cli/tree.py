@@ -21,11 +21,15 @@ if TYPE_CHECKING:
 __all__ = ["TREE_COLUMNS", "cmd_tree", "register"]
 
 TREE_COLUMNS = (
-    Column("KEY", 100, key=True), Column("NAME", 70, shrink=12, cut_first=True),
-    Column("STATUS", 90, shrink=9), Column("ALIVE", 80, shrink=5),
-    Column("LANE", 50, shrink=8), Column("TASK", 45, shrink=10), Column("AGE", 70, right=True),
+    Column("KEY", 100, key=True),
+    Column("NAME", 70, shrink=12, cut_first=True),
+    Column("STATUS", 90, shrink=9),
+    Column("ALIVE", 80, shrink=5),
+    Column("LANE", 50, shrink=8),
+    Column("TASK", 45, shrink=10),
+    Column("AGE", 70, right=True),
     Column("HANDOFFS", 40, right=True),
-)  # fmt: skip
+)
 
 
 def register(sub: Verbs, epilog: str) -> None:
@@ -72,13 +76,21 @@ def _write_text(io: Io, tree: list[dict[str, Any]], unparented: list[dict[str, A
     def row(node: dict[str, Any], indent: str = "") -> Row:
         alive = "yes" if node["alive"] else (node["unsupervised"] or "no")
         cells = (
-            node["key"], node["agentId"], node["statusText"], alive, node["lane"] or "-",
-            node["task"], age(now_ms() - node["ageMs"]), str(node["pendingHandoffs"]),
-        )  # fmt: skip
+            node["key"],
+            node["agentId"],
+            node["statusText"],
+            alive,
+            node["lane"] or "-",
+            node["task"],
+            age(now_ms() - node["ageMs"]),
+            str(node["pendingHandoffs"]),
+        )
         styles = (
-            "bold" if not indent else "", "", status_style(node["status"], node["statusText"]),
+            "bold" if not indent else "",
+            "",
+            status_style(node["status"], node["statusText"]),
             "green" if node["alive"] else "red",
-        )  # fmt: skip
+        )
         return Row(cells, styles, indent)
 
     def children(nodes: list[dict[str, Any]]) -> list[Row]:

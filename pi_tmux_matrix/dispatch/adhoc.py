@@ -95,13 +95,19 @@ class AdHocAgent:
             if self.worktree_lane is not None:
                 check_worktree_lane(Checker(self.field, "profile"), True, self.provider)
             return WorkerLaunchProfile(
-                name=f"{PROFILE_PREFIX}{self.name}", provider=self.provider, command=self.command,
-                description=f"ad-hoc agent {self.name}", mode=Mode.INTERACTIVE, tools=self.tools,
-                resource_profile=self.resource_profile, thinking=self.thinking,
+                name=f"{PROFILE_PREFIX}{self.name}",
+                provider=self.provider,
+                command=self.command,
+                description=f"ad-hoc agent {self.name}",
+                mode=Mode.INTERACTIVE,
+                tools=self.tools,
+                resource_profile=self.resource_profile,
+                thinking=self.thinking,
                 # The origin's pi path narrows pi's file tools to the agent's folder.
                 write_paths=("{cwd}",) if is_pi and self.path is not None else None,
-                deadline_s=DEFAULT_DEADLINE_S, source=self.field,
-            )  # fmt: skip
+                deadline_s=DEFAULT_DEADLINE_S,
+                source=self.field,
+            )
         except ProfileError as exc:
             raise self._renamed(exc) from None
 
@@ -175,9 +181,10 @@ def _unquoted(char: str, *, at_word_start: bool) -> str | None:
 def _needs_shell(field: str, text: str, why: str) -> ContractError:
     shown = text if len(text) <= 60 else text[:57] + "..."
     return ContractError(
-        field, f"{shown!r} needs a shell ({why}); no shell ever runs an agent's command",
+        field,
+        f"{shown!r} needs a shell ({why}); no shell ever runs an agent's command",
         "give plain words (quote a word with spaces), or put the pipeline in a script and give its path",
-    )  # fmt: skip
+    )
 
 
 def parse_agents(raw: object) -> tuple[AdHocAgent, ...]:
@@ -226,11 +233,17 @@ def _agent(index: int, entry: object) -> AdHocAgent:
     else:
         raise ContractError(f"{where}.command", f"must be a string, not {type(command).__name__}", "give one")
     return AdHocAgent(
-        index=index, provider=str(provider), name=name, command=words,
-        path=_text(values, "path", where), cwd=_text(values, "cwd", where), tools=_tools(values, where),
-        resource_profile=_text(values, "resource_profile", where), thinking=_text(values, "thinking", where),
+        index=index,
+        provider=str(provider),
+        name=name,
+        command=words,
+        path=_text(values, "path", where),
+        cwd=_text(values, "cwd", where),
+        tools=_tools(values, where),
+        resource_profile=_text(values, "resource_profile", where),
+        thinking=_text(values, "thinking", where),
         worktree_lane=_text(values, "worktree_lane", where),
-    )  # fmt: skip
+    )
 
 
 def _text(values: Mapping[str, object], key: str, where: str) -> str | None:

@@ -61,10 +61,14 @@ class Started:
     def recorded(self, agent: JobAgent) -> JobAgent:
         """``agent`` with this start written into it."""
         return attrs.evolve(
-            agent, pane_id=self.pane_id, target=self.target, host_pid=self.host_pid,
+            agent,
+            pane_id=self.pane_id,
+            target=self.target,
+            host_pid=self.host_pid,
             host_start=self.host.start_ticks if self.host else None,
-            boot_id=self.host.boot_id if self.host else None, log=self.log,
-        )  # fmt: skip
+            boot_id=self.host.boot_id if self.host else None,
+            log=self.log,
+        )
 
 
 def started_in(pane: Pane) -> Started:
@@ -126,9 +130,14 @@ class TmuxBackend:
             )
         else:
             pane = server.launch(
-                planned.argv, session=session, window_name=planned.window, cwd=planned.cwd,
-                env=planned.env, tags=tags, fresh=planned.layout == OPEN,
-            )  # fmt: skip
+                planned.argv,
+                session=session,
+                window_name=planned.window,
+                cwd=planned.cwd,
+                env=planned.env,
+                tags=tags,
+                fresh=planned.layout == OPEN,
+            )
         return started_in(pane)
 
     def adopt(self, job_id: str, agent: JobAgent, host: ProcessIdentity) -> Started | None:

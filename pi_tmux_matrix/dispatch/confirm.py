@@ -38,9 +38,14 @@ from .jobs import JobStore, result_now
 from .model import Job, JobAgent, PlannedAgent, ResultKind
 
 __all__ = [
-    "CONFIRM_S", "StartFailure", "check_programs", "confirm_starts", "record_failures", "settle_starts",
+    "CONFIRM_S",
+    "StartFailure",
+    "check_programs",
+    "confirm_starts",
+    "record_failures",
+    "settle_starts",
     "spawn_failure",
-]  # fmt: skip
+]
 
 CONFIRM_S: Final = 5.0
 
@@ -130,9 +135,16 @@ def record_failures(store: MatrixStore, jobs: JobStore, job: Job, failed: Sequen
     for failure in failed:
         agent = failure.agent
         jobs.put_result(
-            result_now(job, agent.agent_id, agent.key, agent.round, ResultKind.EXITED,
-                       detail=failure.reason, exit_code=failure.code)
-        )  # fmt: skip
+            result_now(
+                job,
+                agent.agent_id,
+                agent.key,
+                agent.round,
+                ResultKind.EXITED,
+                detail=failure.reason,
+                exit_code=failure.code,
+            )
+        )
         _close_unstarted(store, agent, failure.reason)
 
 

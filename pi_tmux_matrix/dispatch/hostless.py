@@ -97,9 +97,15 @@ def settle(jobs: JobStore, entries: MatrixStore | None, job: Job) -> list[AgentR
             continue
         detail, code, kind = _how_it_ended(jobs.store, agent, entry)
         result = result_now(
-            job, agent.agent_id, agent.key, agent.round, ResultKind.EXITED, detail=detail,
-            exit_code=code, exit_kind=kind,
-        )  # fmt: skip
+            job,
+            agent.agent_id,
+            agent.key,
+            agent.round,
+            ResultKind.EXITED,
+            detail=detail,
+            exit_code=code,
+            exit_kind=kind,
+        )
         try:
             stored = jobs.put_result(result)
         except PiMatrixError as exc:

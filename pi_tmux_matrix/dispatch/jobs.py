@@ -176,6 +176,13 @@ def result_now(
 ) -> AgentResult:
     """An :class:`AgentResult` stamped now."""
     return AgentResult(
-        job_id=job.id, agent_id=agent_id, key=key, round=round_, kind=kind, at=now_ms(), detail=detail,
-        exit_code=exit_code, exit_kind=exit_kind,
-    )  # fmt: skip
+        job_id=job.id,
+        agent_id=agent_id,
+        key=key,
+        round=round_,
+        kind=kind,
+        at=now_ms(),
+        detail=detail,
+        exit_code=exit_code,
+        exit_kind=exit_kind,
+    )

@@ -61,9 +61,14 @@ class Beside:
 
 
 def launch_one(
-    backends: Mapping[str, Backend], store: MatrixStore | None, job_id: str, agent: JobAgent,
-    plan: PlannedAgent, *, beside: Beside,
-) -> JobAgent:  # fmt: skip
+    backends: Mapping[str, Backend],
+    store: MatrixStore | None,
+    job_id: str,
+    agent: JobAgent,
+    plan: PlannedAgent,
+    *,
+    beside: Beside,
+) -> JobAgent:
     """Start ``agent``'s host (``store`` None: the matrix is off, no ticket, no entry)."""
     # The header's bytes are there before its pane is made (pi opens the file when it starts);
     # their fsync runs during the tmux call, done before the fire returns.
@@ -90,15 +95,27 @@ def publish_launching(store: MatrixStore, launch: AgentLaunch, host: ProcessIden
     """The launcher publishes the host's pid before the host registers
     (docs/decisions.md#the-launcher-publishes-the-pid-before-the-host-registers)."""
     identity = AgentIdentityContract(
-        agent_id=launch.agent_id, session_id=launch.session_id, session_file=launch.session_file,
-        cwd=launch.cwd, worktree=launch.worktree, lane=launch.lane, profile=launch.profile.name,
-        provider=launch.profile.provider, mode=launch.profile.mode,
-    )  # fmt: skip
+        agent_id=launch.agent_id,
+        session_id=launch.session_id,
+        session_file=launch.session_file,
+        cwd=launch.cwd,
+        worktree=launch.worktree,
+        lane=launch.lane,
+        profile=launch.profile.name,
+        provider=launch.profile.provider,
+        mode=launch.profile.mode,
+    )
     entry = lifecycle.new_entry(
-        role=Role.WORKER, identity=identity, process=host, now=now_ms(), parent=launch.parent,
-        parent_session_id=launch.parent_session, task_ref=launch.task_ref, task_summary=launch.task,
+        role=Role.WORKER,
+        identity=identity,
+        process=host,
+        now=now_ms(),
+        parent=launch.parent,
+        parent_session_id=launch.parent_session,
+        task_ref=launch.task_ref,
+        task_summary=launch.task,
         status=Status.LAUNCHING,
-    )  # fmt: skip
+    )
     # Not made durable (no fsync of the state dir:
     # docs/decisions.md#a-fire-fsyncs-only-what-a-crash-needs), and safe so: the host it names
     # already runs, and what gates its agent is the host's own durable ticket and registration

@@ -221,10 +221,11 @@ class Dispatcher:
         if not request.force:
             fired = max(0, now_ms() - old.created_at) // 1000
             raise ContractError(
-                "--launch-key", f"job {job.id} already exists (fired {fired}s ago)",
+                "--launch-key",
+                f"job {job.id} already exists (fired {fired}s ago)",
                 "pick another key, or pass --force to archive the old job's record (its live panes are "
                 "never touched)",
-            )  # fmt: skip
+            )
         if archive:
             name = self.jobs.archive(old)
             log.warning("fire: job %s archived as %s (--force)", job.id, name)
@@ -241,10 +242,11 @@ class Dispatcher:
         if there:
             where = f"tmux session {request.workspace!r} already exists on socket {request.socket!r}"
             raise ContractError(
-                workspace_field(request), where,
+                workspace_field(request),
+                where,
                 f"pick another name, or stop it first ('pi-matrix stop-session {request.workspace} --socket "
                 f"{request.socket} --confirm yes-tmux-stop' stops its jobs)",
-            )  # fmt: skip
+            )
 
     def _notify(self, hook: str, **kwargs: object) -> None:
         """Call a notification hook through pluggy, one plugin at a time (each call wrapped by every
@@ -331,9 +333,11 @@ class Dispatcher:
             for agent in current.agents:
                 if agent.agent_id in live_ids:
                     next_round = attrs.evolve(
-                        agent, nonce=new_nonce(), round=agent.round + 1,
+                        agent,
+                        nonce=new_nonce(),
+                        round=agent.round + 1,
                         deadline_at=now_ms() + int(agent.deadline_s * 1000),
-                    )  # fmt: skip
+                    )
                     rearmed[agent.agent_id] = next_round
                     agents.append(next_round)
                 else:

@@ -165,11 +165,15 @@ class Planner:
             # Every entry's profile and folder are checked before any lane is made.
             return "agents", [
                 _Member(
-                    a.profile(), a.name, "", a.folder and _folder(*a.folder),
-                    a.worktree_lane and validate_id(a.worktree_lane, f"{a.field}.worktreeLane"), a.field,
+                    a.profile(),
+                    a.name,
+                    "",
+                    a.folder and _folder(*a.folder),
+                    a.worktree_lane and validate_id(a.worktree_lane, f"{a.field}.worktreeLane"),
+                    a.field,
                 )
                 for a in request.agents
-            ]  # fmt: skip
+            ]
         if request.team is not None:
             team = self.profiles.team(request.team)
             return team.name, [
@@ -293,22 +297,32 @@ class Planner:
         worktree = self._worktree(cwd, lane, dry_run=request.dry_run)
         job_id = job_id_of(request) or new_job_id()
         place = _JobPlace(
-            job_id=job_id, task=task, task_ref=self._task_ref(request, parent, parent_session),
-            cwd=worktree or cwd, folder=cwd, worktree=worktree, lane=lane, parent=parent,
+            job_id=job_id,
+            task=task,
+            task_ref=self._task_ref(request, parent, parent_session),
+            cwd=worktree or cwd,
+            folder=cwd,
+            worktree=worktree,
+            lane=lane,
+            parent=parent,
             parent_session=parent_session,
-            backend=backend.name, socket=backend.socket(request.socket),
-        )  # fmt: skip
+            backend=backend.name,
+            socket=backend.socket(request.socket),
+        )
         if request.agent_id is not None:
             base = validate_id(request.agent_id, "--agent-id")
         else:
             base = f"{label}-{window_name(job_id[-6:])}"
         compiled = [
             self._plan_agent(
-                request, self._place_of(place, m, dry_run=request.dry_run), m.profile,
-                agent_id_of(job_id, f"{base}-{m.suffix}" if m.suffix else base), m.instructions,
+                request,
+                self._place_of(place, m, dry_run=request.dry_run),
+                m.profile,
+                agent_id_of(job_id, f"{base}-{m.suffix}" if m.suffix else base),
+                m.instructions,
             )
             for m in members
-        ]  # fmt: skip
+        ]
         if not request.watched:
             # One window of tiled panes: the first makes the fresh session, the others split it.
             compiled = [
@@ -316,17 +330,29 @@ class Planner:
                 for n, (planned, agent) in enumerate(compiled)
             ]
         job = Job(
-            id=job_id, created_at=now_ms(), parent_pid=parent.pid, parent_session_id=parent_session,
-            task=bounded(task, 2000), profile=request.profile, team=request.team,
-            agents=tuple(agent for _, agent in compiled), task_ref=place.task_ref, lane=lane,
-            backend=request.backend, watched=request.watched,
-        )  # fmt: skip
+            id=job_id,
+            created_at=now_ms(),
+            parent_pid=parent.pid,
+            parent_session_id=parent_session,
+            task=bounded(task, 2000),
+            profile=request.profile,
+            team=request.team,
+            agents=tuple(agent for _, agent in compiled),
+            task_ref=place.task_ref,
+            lane=lane,
+            backend=request.backend,
+            watched=request.watched,
+        )
         return job, [planned for planned, _ in compiled]
 
     def _plan_agent(
-        self, request: FireRequest, place: _JobPlace, profile: WorkerLaunchProfile, agent_id: str,
+        self,
+        request: FireRequest,
+        place: _JobPlace,
+        profile: WorkerLaunchProfile,
+        agent_id: str,
         instructions: str,
-    ) -> tuple[PlannedAgent, JobAgent]:  # fmt: skip
+    ) -> tuple[PlannedAgent, JobAgent]:
         from .profile import resolve_write_paths
 
         # pi keeps the id in a session file's header: a pi agent's file is created with ours,
@@ -350,21 +376,44 @@ class Planner:
         text = "\n\n".join(p for p in parts if p)
         allowed = resolve_write_paths(profile, cwd=place.cwd, worktree=place.worktree)
         launch = AgentLaunch(
-            job_id=place.job_id, agent_id=agent_id, session_id=session_id, key=f"worker-{session_id}",
-            profile=profile, task=text, cwd=place.cwd, parent=place.parent,
-            parent_session=place.parent_session, allowed_paths=tuple(allowed), deadline_s=deadline_s,
-            nonce=nonce, worktree=place.worktree, lane=place.lane, task_ref=place.task_ref,
-            session_file=session_file, watched=request.watched,
-        )  # fmt: skip
+            job_id=place.job_id,
+            agent_id=agent_id,
+            session_id=session_id,
+            key=f"worker-{session_id}",
+            profile=profile,
+            task=text,
+            cwd=place.cwd,
+            parent=place.parent,
+            parent_session=place.parent_session,
+            allowed_paths=tuple(allowed),
+            deadline_s=deadline_s,
+            nonce=nonce,
+            worktree=place.worktree,
+            lane=place.lane,
+            task_ref=place.task_ref,
+            session_file=session_file,
+            watched=request.watched,
+        )
         argv, env = self.compose(launch, task_summary=place.task or "(no task: waiting for you)")
         planned = PlannedAgent(launch, argv, env, place.cwd, window_name(agent_id), request.workspace)
         agent = JobAgent(
-            agent_id=agent_id, key=launch.key, session_id=session_id, profile=profile.name,
-            provider=profile.provider, mode=profile.mode.value, cwd=place.cwd, backend=place.backend,
-            nonce=nonce, round=1, deadline_s=deadline_s,
+            agent_id=agent_id,
+            key=launch.key,
+            session_id=session_id,
+            profile=profile.name,
+            provider=profile.provider,
+            mode=profile.mode.value,
+            cwd=place.cwd,
+            backend=place.backend,
+            nonce=nonce,
+            round=1,
+            deadline_s=deadline_s,
             deadline_at=now_ms() + int(deadline_s * 1000) if request.watched else 0,
-            worktree=place.worktree, lane=place.lane, session_file=session_file, socket=place.socket,
-        )  # fmt: skip
+            worktree=place.worktree,
+            lane=place.lane,
+            session_file=session_file,
+            socket=place.socket,
+        )
         return planned, agent
 
     def compose(self, launch: AgentLaunch, *, task_summary: str) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -381,29 +430,43 @@ class Planner:
 
         profile = launch.profile
         command = agent_command(
-            self.pi_located(profile), task=launch.task or None, session_file=launch.session_file,
+            self.pi_located(profile),
+            task=launch.task or None,
+            session_file=launch.session_file,
             lane=launch.lane,
-        )  # fmt: skip
+        )
         agent_argv = list(command.argv)
         extra = [a for part in self.plugins.hook.launch_argv(launch=launch) if part for a in part]
         if extra:
             at = len(agent_argv) - 1 if agent_argv and agent_argv[-1] == launch.task else len(agent_argv)
             agent_argv[at:at] = extra
         identity = AgentIdentityContract(
-            agent_id=launch.agent_id, session_id=launch.session_id, session_file=launch.session_file,
-            cwd=launch.cwd, worktree=launch.worktree, lane=launch.lane, profile=profile.name,
-            provider=profile.provider, mode=profile.mode, resource_pointers=launch.resource_pointers,
-        )  # fmt: skip
+            agent_id=launch.agent_id,
+            session_id=launch.session_id,
+            session_file=launch.session_file,
+            cwd=launch.cwd,
+            worktree=launch.worktree,
+            lane=launch.lane,
+            profile=profile.name,
+            provider=profile.provider,
+            mode=profile.mode,
+            resource_pointers=launch.resource_pointers,
+        )
         return tuple(
             host_argv(
-                self.store.root, identity=identity, task_summary=task_summary, task_ref=launch.task_ref,
-                lane=launch.lane, rpc_prompt=command.rpc_prompt, agent_argv=agent_argv,
+                self.store.root,
+                identity=identity,
+                task_summary=task_summary,
+                task_ref=launch.task_ref,
+                lane=launch.lane,
+                rpc_prompt=command.rpc_prompt,
+                agent_argv=agent_argv,
                 ticket=launch.ticket if self.settings.enabled else None,
                 # A job's marker rounds are watched by the agent's own host
                 # (docs/decisions.md#the-agents-host-watches-its-own-rounds).
                 job=(launch.job_id, launch.agent_id) if launch.watched else None,
             )
-        )  # fmt: skip
+        )
 
     def pi_located(self, profile: WorkerLaunchProfile) -> WorkerLaunchProfile:
         """A pi profile whose command is plain ``pi`` runs ``$PI_MATRIX_PI_COMMAND`` when set (pi

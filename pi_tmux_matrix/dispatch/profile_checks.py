@@ -159,9 +159,20 @@ class Checker:
 
 # -a/--approve too: a worker never trusts the project's .pi/ (launch-profiles.md#project-trust).
 _PI_AUTHORITY_FLAGS: Final = frozenset(
-    {"--tools", "--no-tools", "-nt", "--no-builtin-tools", "-nbt", "-e", "--extension", "--no-extensions",
-     "-ne", "--approve", "-a"}
-)  # fmt: skip
+    {
+        "--tools",
+        "--no-tools",
+        "-nt",
+        "--no-builtin-tools",
+        "-nbt",
+        "-e",
+        "--extension",
+        "--no-extensions",
+        "-ne",
+        "--approve",
+        "-a",
+    }
+)
 
 
 def check_command(check: Checker, value: object, provider: str) -> None:
@@ -183,14 +194,16 @@ def check_command(check: Checker, value: object, provider: str) -> None:
         flag = word.split("=", 1)[0]
         if provider == "pi" and flag in _PI_AUTHORITY_FLAGS:
             raise check.fail(
-                f"command[{index}]", f"{shown(word)} sets pi's tools, extensions or project trust",
+                f"command[{index}]",
+                f"{shown(word)} sets pi's tools, extensions or project trust",
                 "use the profile's tools and extensions fields instead",
-            )  # fmt: skip
+            )
         if AGENT_LAUNCHING_TOOLS & set(re.split(r"[,= ]", word)):
             raise check.fail(
-                f"command[{index}]", f"{shown(word)} names a tool that launches agents",
+                f"command[{index}]",
+                f"{shown(word)} names a tool that launches agents",
                 "remove it: every dispatched agent is a worker",
-            )  # fmt: skip
+            )
 
 
 def check_mode(check: Checker, mode: object, provider: str) -> None:

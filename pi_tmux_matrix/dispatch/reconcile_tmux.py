@@ -112,11 +112,15 @@ def untracked(sockets: AbstractSet[str], known: AbstractSet[str], cache: PaneCac
             if job_id and job_id not in known:
                 rows.append(
                     UntrackedPane(
-                        job_id=job_id, key=pane.tag(KEY_TAG), socket=socket, pane_id=pane.pane_id,
-                        target=pane.target, host_pid=pane.pane_pid,
+                        job_id=job_id,
+                        key=pane.tag(KEY_TAG),
+                        socket=socket,
+                        pane_id=pane.pane_id,
+                        target=pane.target,
+                        host_pid=pane.pane_pid,
                         host_alive=procs.identify(pane.pane_pid) is not None,
                     )
-                )  # fmt: skip
+                )
     return rows
 
 

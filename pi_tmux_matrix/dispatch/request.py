@@ -112,9 +112,10 @@ def agent_id_of(job_id: str, agent_id: str) -> str:
     room = ID_MAX - len(f"{job_id}..{MAX_ROUND}")
     if len(agent_id) > room:
         raise ContractError(
-            "--agent-id", f"{agent_id[:40]!r}... is {len(agent_id)} characters (a team adds its suffix)",
+            "--agent-id",
+            f"{agent_id[:40]!r}... is {len(agent_id)} characters (a team adds its suffix)",
             f"use at most {room} characters: its result records are named <job>.<agent>.<round>",
-        )  # fmt: skip
+        )
     return agent_id
 
 
@@ -175,9 +176,10 @@ def launch_job_id(key: str) -> str:
     """The job id of launch key ``key`` (``fire --launch-key``; a job verb may name the job by it)."""
     if not LAUNCH_KEY.fullmatch(key):
         raise ContractError(
-            "--launch-key", f"{key[:90]!r} is not a launch key",
+            "--launch-key",
+            f"{key[:90]!r} is not a launch key",
             "use 4-80 letters, digits, '_', '.', ':' or '-', starting with a letter or digit",
-        )  # fmt: skip
+        )
     if ID_PATTERN.fullmatch(key):
         return key
     # ':' names no file here: the key is kept readable, made a file-safe id, and told apart from

@@ -48,10 +48,12 @@ _FOLDERS: Final = ("results", "variables", "logs", PIPES)
 _RECORD_FOLDERS: Final = frozenset({"results", "variables"})
 _ARCHIVES: Final = ("archived-jobs", "archived-results")
 _WHAT: Final = {
-    "results": "a result or usage claim of no job", "variables": "variables of no job",
+    "results": "a result or usage claim of no job",
+    "variables": "variables of no job",
     "archived-jobs": "a job archived by fire --force",
-    "archived-results": "a result archived by fire --force", PIPES: "a pane pipe of no job",
-}  # fmt: skip
+    "archived-results": "a result archived by fire --force",
+    PIPES: "a pane pipe of no job",
+}
 
 
 def job_names(s: Survey) -> frozenset[str]:

@@ -110,9 +110,14 @@ class RoundWatch:
             return None
         if agent.backend == TMUX:
             return cls(
-                store, job_id, agent_id, pane=pane or agent.pane_id, socket=agent.socket,
-                skip_through=skip_through, own_pane=pane is not None,
-            )  # fmt: skip
+                store,
+                job_id,
+                agent_id,
+                pane=pane or agent.pane_id,
+                socket=agent.socket,
+                skip_through=skip_through,
+                own_pane=pane is not None,
+            )
         # The fire records the log once the host runs; its name is the backend's (backends.py).
         log_file = agent.log or str(store.root / "logs" / f"{job_id}.{agent_id}.log")
         return cls(store, job_id, agent_id, follow=log_file, skip_through=skip_through)
@@ -178,9 +183,14 @@ class RoundWatch:
     def _rounds(self) -> None:
         jobs, watched = JobStore(self.store), self.skip_through
         in_host = InHost(
-            os.getpid(), self._done[0], self._wake[0], self._deadline_stop,
-            key=self.host_key, exit_code=lambda: self._exit_code, look_s=self.look_s,
-        )  # fmt: skip
+            os.getpid(),
+            self._done[0],
+            self._wake[0],
+            self._deadline_stop,
+            key=self.host_key,
+            exit_code=lambda: self._exit_code,
+            look_s=self.look_s,
+        )
         loaded: list[pluggy.PluginManager] = []
 
         def plugins(cwd: str) -> Callable[[], pluggy.PluginManager]:
@@ -203,10 +213,18 @@ class RoundWatch:
                 # A fresh host's first round: its pipe was on before the agent started.
                 first = self.own_pane and self._piped and watched == 0
                 Watcher(
-                    self.store, job, agent, agent.round, follow=self.follow, socket=self.socket,
-                    pane=self.pane, plugins_of=plugins(agent.cwd), pipe_fd=self._read_fd(),
-                    in_host=in_host, scan_history=not first,
-                ).run()  # fmt: skip
+                    self.store,
+                    job,
+                    agent,
+                    agent.round,
+                    follow=self.follow,
+                    socket=self.socket,
+                    pane=self.pane,
+                    plugins_of=plugins(agent.cwd),
+                    pipe_fd=self._read_fd(),
+                    in_host=in_host,
+                    scan_history=not first,
+                ).run()
                 watched = agent.round
             elif not self._ended():
                 watched = max(watched, agent.round)

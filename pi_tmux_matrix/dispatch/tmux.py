@@ -295,10 +295,20 @@ class TmuxServer:
         if result is None or (not made(result) and not self._has_session_quiet(session)):
             # A fresh session's window names each pane's agent on its border (its AGENT_TAG).
             window = ["set-option", "-w", "-t", f"={session}:"]
-            labels: list[str | Then] = [
-                THEN, *window, "pane-border-status", "top",
-                THEN, *window, "pane-border-format", f" #{{{AGENT_TAG}}} ",
-            ] if fresh else []  # fmt: skip
+            labels: list[str | Then] = (
+                [
+                    THEN,
+                    *window,
+                    "pane-border-status",
+                    "top",
+                    THEN,
+                    *window,
+                    "pane-border-format",
+                    f" #{{{AGENT_TAG}}} ",
+                ]
+                if fresh
+                else []
+            )
             # A new session's one window is its current one: ``=session:`` names it.
             session_tail = option_args(f"={session}:", f"={session}:", tag_items)
             result = self._run("new-session", "-s", session, *spec, *tail, *labels, *session_tail)
@@ -448,9 +458,11 @@ class TmuxServer:
         """Set (or with None unset) the session's user option ``@pi_<key>`` for a status line."""
         check_session(session, "session")
         name = status_option(key)
-        args = ["set-option", "-u", "-t", f"={session}:", name] if value is None else [
-            "set-option", "-t", f"={session}:", name, check_notice(value)
-        ]  # fmt: skip
+        args = (
+            ["set-option", "-u", "-t", f"={session}:", name]
+            if value is None
+            else ["set-option", "-t", f"={session}:", name, check_notice(value)]
+        )
         result = self._run(*args)
         if result.returncode != 0:
             raise self._failed(result, f"set-option {name} on session {session!r}")

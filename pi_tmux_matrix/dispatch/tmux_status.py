@@ -48,11 +48,15 @@ class TmuxStatus:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "available": self.available, "binary": self.binary, "version": self.version,
-            "socket": self.socket, "serverRunning": self.sessions is not None,
-            "sessions": list(self.sessions or ()), "insideTmux": self.inside_tmux,
+            "available": self.available,
+            "binary": self.binary,
+            "version": self.version,
+            "socket": self.socket,
+            "serverRunning": self.sessions is not None,
+            "sessions": list(self.sessions or ()),
+            "insideTmux": self.inside_tmux,
             "currentSession": self.current_session,
-        }  # fmt: skip
+        }
 
     def lines(self) -> list[str]:
         tmux = f"available ({self.binary}, {self.version})" if self.available else "missing (not on PATH)"

@@ -47,10 +47,20 @@ MAX_CLAIM_BYTES: Final = 4096
 MAX_TOKENS: Final = 10**15  # far above any real run: a bigger count is a broken claim
 MAX_COST: Final = 10.0**9
 MAX_LABEL: Final = 200  # characters of model / provider
-_TOKENS: Final = {"input": "input", "output": "output", "cacheRead": "cache_read",
-                  "cacheWrite": "cache_write", "totalTokens": "total_tokens"}  # fmt: skip
-_COSTS: Final = {"input": "input", "output": "output", "cacheRead": "cache_read",
-                 "cacheWrite": "cache_write", "total": "total"}  # fmt: skip
+_TOKENS: Final = {
+    "input": "input",
+    "output": "output",
+    "cacheRead": "cache_read",
+    "cacheWrite": "cache_write",
+    "totalTokens": "total_tokens",
+}
+_COSTS: Final = {
+    "input": "input",
+    "output": "output",
+    "cacheRead": "cache_read",
+    "cacheWrite": "cache_write",
+    "total": "total",
+}
 _LABELS: Final = ("model", "provider")
 
 
@@ -151,8 +161,11 @@ def _fields(raw: Any, known: dict[str, str], where: str, *, whole: bool) -> dict
     unknown = sorted(set(raw) - set(known) - ({"cost", *_LABELS} if where == "the claim" else set()))
     if unknown:
         raise ValueError(f"unknown field {unknown[0]!r} in {where}"[:200])
-    return {known[k]: _number(v, k if where == "the claim" else f"cost.{k}", whole=whole)
-            for k, v in raw.items() if k in known}  # fmt: skip
+    return {
+        known[k]: _number(v, k if where == "the claim" else f"cost.{k}", whole=whole)
+        for k, v in raw.items()
+        if k in known
+    }
 
 
 def _label(value: Any, name: str) -> str | None:
@@ -224,11 +237,13 @@ class UsageTotal:
             valid = [u.claimed for u in rounds if u is not None and u.claimed is not None]
             invalid = sum(1 for u in rounds if u is not None and u.claimed is None)
             total = total + cls(
-                agents=1, claimed_by=1 if valid else 0, invalid=invalid,
+                agents=1,
+                claimed_by=1 if valid else 0,
+                invalid=invalid,
                 tokens=sum(u.tokens or 0 for u in valid),
                 dollars=sum(u.dollars or 0.0 for u in valid),
                 priced=sum(1 for u in valid if u.dollars is not None),
-            )  # fmt: skip
+            )
         return total
 
     def __add__(self, other: UsageTotal) -> UsageTotal:
@@ -245,7 +260,11 @@ class UsageTotal:
 
     def to_json(self) -> dict[str, object]:
         return {
-            "advisory": True, "agents": self.agents, "claimedBy": self.claimed_by,
-            "unclaimed": self.unclaimed, "invalidClaims": self.invalid, "totalTokens": self.tokens,
+            "advisory": True,
+            "agents": self.agents,
+            "claimedBy": self.claimed_by,
+            "unclaimed": self.unclaimed,
+            "invalidClaims": self.invalid,
+            "totalTokens": self.tokens,
             "cost": round(self.dollars, 6) if self.priced else None,
-        }  # fmt: skip
+        }

@@ -189,9 +189,14 @@ class UntrackedPane(_Subscriptable):
 
     def to_json(self) -> dict[str, object]:
         return {
-            "jobId": self.job_id, "key": self.key, "socket": self.socket, "paneId": self.pane_id,
-            "target": self.target, "hostPid": self.host_pid, "hostAlive": self.host_alive,
-        }  # fmt: skip
+            "jobId": self.job_id,
+            "key": self.key,
+            "socket": self.socket,
+            "paneId": self.pane_id,
+            "target": self.target,
+            "hostPid": self.host_pid,
+            "hostAlive": self.host_alive,
+        }
 
 
 @attrs.frozen

@@ -114,9 +114,15 @@ class Watcher:
         exit_kind: str | None = None,
     ) -> AgentResult | None:
         result = result_now(
-            self.job, self.agent.agent_id, self.agent.key, self.round, kind, detail=detail,
-            exit_code=exit_code, exit_kind=exit_kind,
-        )  # fmt: skip
+            self.job,
+            self.agent.agent_id,
+            self.agent.key,
+            self.round,
+            kind,
+            detail=detail,
+            exit_code=exit_code,
+            exit_kind=exit_kind,
+        )
         written = self.jobs.put_result(result)
         if written is None:
             return None  # someone saw the end first (a stop, another watcher): theirs stands
@@ -136,9 +142,15 @@ class Watcher:
         since takes nothing, and its end hands off as before."""
         name = self.agent.result_name(self.job.id, self.round)
         text = round_message(
-            job=self.job.id, round_=self.round, outcome=kind.value, marker=self.scanner.marker,
-            reason=detail, text=self.scanner.round_text, path=self.jobs.results.path(name), usage=usage,
-        )  # fmt: skip
+            job=self.job.id,
+            round_=self.round,
+            outcome=kind.value,
+            marker=self.scanner.marker,
+            reason=detail,
+            text=self.scanner.round_text,
+            path=self.jobs.results.path(name),
+            usage=usage,
+        )
         key = self._host_key()
         to = addressee(self.store, key, self._host_pid())
         try:

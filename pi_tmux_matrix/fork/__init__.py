@@ -54,19 +54,37 @@ if TYPE_CHECKING:  # the checker sees every name with its type; at run time they
 
 _ROOMS: dict[str, tuple[str, ...]] = {
     "model": (
-        "INTERRUPTED", "PARENT_ABORTED", "ForkCapReached", "ForkRequest", "ForkRun", "ForkUsage",
-        "RunMode", "RunStatus", "finished", "parse_usage", "summary", "usage_total",
+        "INTERRUPTED",
+        "PARENT_ABORTED",
+        "ForkCapReached",
+        "ForkRequest",
+        "ForkRun",
+        "ForkUsage",
+        "RunMode",
+        "RunStatus",
+        "finished",
+        "parse_usage",
+        "summary",
+        "usage_total",
     ),
     "script": (
-        "EXIT_MARKER", "FORCED_ENV", "child_env", "child_flags", "config_flags", "find_exit_code",
-        "inherited_flags", "launch_script", "merge_flags", "parent_argv_from_host",
+        "EXIT_MARKER",
+        "FORCED_ENV",
+        "child_env",
+        "child_flags",
+        "config_flags",
+        "find_exit_code",
+        "inherited_flags",
+        "launch_script",
+        "merge_flags",
+        "parent_argv_from_host",
     ),
     "store": ("RunStore",),
     "panes": ("FORK_TAG", "stop_run_process"),
     "launch": ("start_fork",),
     "wait": ("StopRequest", "abort_run", "abort_runs", "reap", "refresh", "wait_run"),
     "deliver": ("due", "mark_delivered", "runs_stamp", "undelivered"),
-}  # fmt: skip
+}
 _WHERE = {name: room for room, names in _ROOMS.items() for name in names}
 
 __all__ = [name for names in _ROOMS.values() for name in names]

@@ -38,9 +38,14 @@ class RunStore:
     def __init__(self, store: MatrixStore) -> None:
         self.store = store
         self.records: Records[ForkRun] = Records(
-            store, "runs", ForkRun, newest=RUN_SCHEMA_VERSION, own_name=lambda run: run.id, missing=NotFound,
+            store,
+            "runs",
+            ForkRun,
+            newest=RUN_SCHEMA_VERSION,
+            own_name=lambda run: run.id,
+            missing=NotFound,
             folders=True,
-        )  # fmt: skip
+        )
 
     def folder(self, run_id: str) -> Path:
         return self.records.folder(run_id)

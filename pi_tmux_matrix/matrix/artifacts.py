@@ -72,9 +72,7 @@ def _texts(artifact: dict[str, object]) -> list[str]:
 
 def _runs(folder: Path) -> list[Path]:
     try:
-        names = sorted(
-            n for n in os.listdir(folder) if n.startswith("run-") and n.endswith(".json")
-        )
+        names = sorted(n for n in os.listdir(folder) if n.startswith("run-") and n.endswith(".json"))
     except OSError:
         return []
     return [folder / n for n in reversed(names[-RECENT_RUNS:])]

@@ -14,9 +14,17 @@ from typing import Final
 from .fsio import opened_dir
 
 __all__ = [
-    "LOCKS", "MAILBOX", "PIPES", "QUARANTINE", "RESERVED_DIRS", "SUFFIX", "TMP_SUFFIX", "inbox_name",
-    "lists_nothing", "notices_name",
-]  # fmt: skip
+    "LOCKS",
+    "MAILBOX",
+    "PIPES",
+    "QUARANTINE",
+    "RESERVED_DIRS",
+    "SUFFIX",
+    "TMP_SUFFIX",
+    "inbox_name",
+    "lists_nothing",
+    "notices_name",
+]
 
 SUFFIX: Final = ".json"
 TMP_SUFFIX: Final = ".json.tmp"

@@ -137,9 +137,15 @@ def round_message(
 ) -> str:
     """The ``round`` message a watcher posts to the agent's host."""
     body = {
-        "job": job, "round": round_, "outcome": outcome, "marker": marker, "reason": reason[:500],
-        "text": text[-ROUND_TEXT_CHARS:], "path": path, "usage": usage[:MAX_REASON],
-    }  # fmt: skip
+        "job": job,
+        "round": round_,
+        "outcome": outcome,
+        "marker": marker,
+        "reason": reason[:500],
+        "text": text[-ROUND_TEXT_CHARS:],
+        "path": path,
+        "usage": usage[:MAX_REASON],
+    }
     return json.dumps(body)
 
 
@@ -150,10 +156,15 @@ def parse_round(text: str) -> RoundEnd | None:
         outcome = _ROUND_OUTCOMES[raw["outcome"]]
         path = raw.get("path")
         return RoundEnd(
-            job=str(raw["job"]), round=int(raw["round"]), outcome=outcome, marker=str(raw["marker"]),
-            reason=str(raw.get("reason") or ""), text=str(raw.get("text") or ""),
-            path=path if isinstance(path, str) else None, usage=str(raw.get("usage") or "")[:MAX_REASON],
-        )  # fmt: skip
+            job=str(raw["job"]),
+            round=int(raw["round"]),
+            outcome=outcome,
+            marker=str(raw["marker"]),
+            reason=str(raw.get("reason") or ""),
+            text=str(raw.get("text") or ""),
+            path=path if isinstance(path, str) else None,
+            usage=str(raw.get("usage") or "")[:MAX_REASON],
+        )
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -252,12 +263,14 @@ class Inbox:
             if exc.committed:
                 raise StoreError(
                     f"{self.key}: the message is queued but may not survive a crash ({why})",
-                    path=str(final), errno=exc.errno,
-                ) from None  # fmt: skip
+                    path=str(final),
+                    errno=exc.errno,
+                ) from None
             raise StoreError(
                 f"{self.key}: the message could not be queued ({why}); nothing was sent",
-                path=str(final), errno=exc.errno,
-            ) from None  # fmt: skip
+                path=str(final),
+                errno=exc.errno,
+            ) from None
         return final
 
     def take(self) -> list[Message]:

@@ -54,9 +54,10 @@ def owning_master(
         # A worker counts a parent that is no running master lost at its first looks
         # (docs/decisions.md#a-parent-must-be-a-live-master): it would wind down as soon as it started.
         raise ContractError(
-            "--parent-pid", f"process {parent_pid} is not a running master of this matrix",
+            "--parent-pid",
+            f"process {parent_pid} is not a running master of this matrix",
             "name the pid of a live 'pi-matrix master' (pi-matrix ls shows them), or run this under one",
-        )  # fmt: skip
+        )
     if sessions and session not in sessions:
         # A worker recorded under a session its parent does not have is nobody's: no master of
         # that session is there to take its handoff, recover it, or see it in its tree.
@@ -64,7 +65,7 @@ def owning_master(
             "--parent-session",
             f"{session!r} is not the session of the master at pid {parent_pid} ({', '.join(sessions)})",
             f"pass --parent-session {sessions[0]}, or the pid of the master of {session!r}",
-        )  # fmt: skip
+        )
     return master, session
 
 
@@ -72,10 +73,12 @@ def masters_of(entries: Iterable[Entry], process: ProcessIdentity) -> list[Entry
     """The running master entries of exactly this process, by pid and start time (two only for
     the instant of a session switch, which re-keys a master under the same process)."""
     return [
-        e for e in entries
-        if e.role is Role.MASTER and e.status is Status.RUNNING
+        e
+        for e in entries
+        if e.role is Role.MASTER
+        and e.status is Status.RUNNING
         and (e.pid, e.proc_start) == (process.pid, process.start_ticks)
-    ]  # fmt: skip
+    ]
 
 
 def master_entry(store: MatrixStore, process: ProcessIdentity, session: str) -> Entry | None:

@@ -111,9 +111,7 @@ class RecordStore:
         with self._dir_fd(create=False) as fd:
             return None if fd is None else self._read(fd, name)
 
-    def put(
-        self, name: str, record: JSONObject, *, exclusive: bool = False, sync_dir: bool = True
-    ) -> bool:
+    def put(self, name: str, record: JSONObject, *, exclusive: bool = False, sync_dir: bool = True) -> bool:
         """Write the record; with ``exclusive`` only if absent (False when it was taken).
         ``sync_dir=False``: whole but not yet durable (see :func:`~.fsio.durable_write`)."""
         with self.locked(name) as fd:

@@ -127,10 +127,18 @@ def salvage(path: str) -> Entry | None:
             identity=identity, reason="repaired", at=now, task_ref=task_ref, task_summary=summary
         )
         return Entry(
-            key=key, role=Role.WORKER, status=Status.RESUMABLE, identity=identity, created_at=now,
-            updated_at=now, reason="repaired", parent_session_id=parent, task_ref=task_ref,
-            task_summary=summary, resumable=payload,
-        )  # fmt: skip
+            key=key,
+            role=Role.WORKER,
+            status=Status.RESUMABLE,
+            identity=identity,
+            created_at=now,
+            updated_at=now,
+            reason="repaired",
+            parent_session_id=parent,
+            task_ref=task_ref,
+            task_summary=summary,
+            resumable=payload,
+        )
     except (PiMatrixError, ValueError, TypeError):
         return None
 

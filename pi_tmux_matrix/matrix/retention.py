@@ -45,10 +45,25 @@ from .statedir import is_key
 from .store import MatrixStore
 
 __all__ = [
-    "DAY_MS", "GC_LOCK", "STATE_FILE", "SWEEP_EVERY_MS", "Found", "Group", "Plan", "Removal", "Report",
-    "Survey", "apply", "combine", "mark_swept", "matrix_history", "owner_of", "remove_path", "stat_items",
+    "DAY_MS",
+    "GC_LOCK",
+    "STATE_FILE",
+    "SWEEP_EVERY_MS",
+    "Found",
+    "Group",
+    "Plan",
+    "Removal",
+    "Report",
+    "Survey",
+    "apply",
+    "combine",
+    "mark_swept",
+    "matrix_history",
+    "owner_of",
+    "remove_path",
+    "stat_items",
     "sweep_due",
-]  # fmt: skip
+]
 
 DAY_MS: Final = 24 * 3600 * 1000
 # At most one sweep an hour from reconcile and a master's activation (``pi-matrix gc`` any time).

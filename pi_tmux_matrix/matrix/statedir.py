@@ -33,6 +33,7 @@ from .locks import LockError, LockTimeout, drop_held, entry_lock
 
 __all__ = ["LOCKS", "QUARANTINE", "RESERVED_DIRS", "SUFFIX", "TMP_SUFFIX", "Problem", "StateDir", "is_key"]
 
+
 def is_key(name: str) -> bool:
     """Whether ``name`` is an entry key (``<role>-<sessionId>``)."""
     # parse_key's own pattern, without building the Role a listing of every file does not need.

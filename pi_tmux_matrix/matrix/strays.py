@@ -23,7 +23,6 @@ __all__ = ["shown_status", "stop_agent", "stop_stray", "stray_agent", "unsupervi
 _SAYS_RUNNING = frozenset({Status.RUNNING, Status.ADOPTED, Status.WINDING_DOWN})
 
 
-
 def stray_agent(entry: Entry) -> ProcessIdentity | None:
     """The agent ``entry`` names, when it runs while its host does not."""
     agent = entry.child_process

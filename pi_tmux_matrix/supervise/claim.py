@@ -137,9 +137,8 @@ class Yielding:
         who = f"pid {successor.pid}" if successor is not None and successor.pid else "another process"
         running = self.agent.popen is not None and self.agent.popen.poll() is None
         stopping = self.role is Role.MASTER and running
-        self.line = (
-            f"pi-matrix: {self.record.key} was taken over by {who}: this host writes nothing more"
-            + ("; its agent is stopped" if stopping else "")
+        self.line = f"pi-matrix: {self.record.key} was taken over by {who}: this host writes nothing more" + (
+            "; its agent is stopped" if stopping else ""
         )
         if stopping:
             self.agent.request_stop(ExitKind.KILLED, TAKEN_OVER)

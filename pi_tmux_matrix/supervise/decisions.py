@@ -27,8 +27,14 @@ from ..matrix.model import Entry, Status
 from ..matrix.store import MatrixStore
 
 __all__ = [
-    "ACCEPT_WAIT_S", "GRANTED", "Decision", "accepted", "await_acceptance", "launching_note", "told_one_shot",
-]  # fmt: skip
+    "ACCEPT_WAIT_S",
+    "GRANTED",
+    "Decision",
+    "accepted",
+    "await_acceptance",
+    "launching_note",
+    "told_one_shot",
+]
 
 # How long one activation waits, for all its grants together, to see them accepted: a host takes
 # a grant when its inbox wakes it (at once) or at its poll; past this the report says so instead.

@@ -98,15 +98,23 @@ class AgentHost:
         self.me = procs.current()
         self.record = OwnRecord(store, spec.identity.key(self.role), events_cap=settings.events_max_bytes)
         self.agent = AgentChild(
-            self.record, mode=spec.mode, is_pi=spec.identity.is_pi, stop_grace_s=spec.stop_grace_s,
-            out=self.out, die_with_host=self.role is Role.MASTER,
-        )  # fmt: skip
+            self.record,
+            mode=spec.mode,
+            is_pi=spec.identity.is_pi,
+            stop_grace_s=spec.stop_grace_s,
+            out=self.out,
+            die_with_host=self.role is Role.MASTER,
+        )
         self.yielding = Yielding(self.record, self.agent, self.role, err or sys.stderr)
         self.record.on_superseded = self.yielding
         self.worker = WorkerSide(
-            self.record, self.agent, self.role, self.me, settings.adoption_grace_ms / 1000,
+            self.record,
+            self.agent,
+            self.role,
+            self.me,
+            settings.adoption_grace_ms / 1000,
             beat_window_s=(2 * settings.heartbeat_ms + settings.watcher_poll_ms) / 1000,
-        )  # fmt: skip
+        )
         self.reports = BridgeReports(artifacts=str(store.root / "artifacts"))
         self.rounds = Rounds(self.record, self.reports, self.record.events)
         self.handoffs_told: set[str] = set()  # the workers whose word of a new handoff came
@@ -145,11 +153,17 @@ class AgentHost:
             else:
                 self.worker.parent = procs.identify(contract.parent_pid)
         entry = lifecycle.new_entry(
-            role=self.role, identity=self.spec.identity, process=self.me, now=now_ms(),
-            parent=self.worker.parent, parent_pid=contract.parent_pid, task_ref=contract.task_ref,
-            parent_session_id=contract.parent_session, task_summary=self.spec.task_summary,
+            role=self.role,
+            identity=self.spec.identity,
+            process=self.me,
+            now=now_ms(),
+            parent=self.worker.parent,
+            parent_pid=contract.parent_pid,
+            task_ref=contract.task_ref,
+            parent_session_id=contract.parent_session,
+            task_summary=self.spec.task_summary,
             agent_version=agent_version(self.spec.argv, self.spec.identity),
-        )  # fmt: skip
+        )
         if self.spec.take_over is not None:
             entry = lifecycle.with_child(entry, self.spec.take_over)
         registered = self.record.register(entry, expected=self.spec.claim, check=check)
@@ -188,10 +202,14 @@ class AgentHost:
         pointer = self.reports.result_pointer or str(self.events.path)
         self.record.write(
             stop.end_step(
-                record, now_ms(), summary=summary, result_pointer=pointer, lost=lost,
+                record,
+                now_ms(),
+                summary=summary,
+                result_pointer=pointer,
+                lost=lost,
                 handoff=not self.rounds.handed_off,
             )
-        )  # fmt: skip
+        )
 
     # -- session switch (/new, /resume, /fork) -----------------------------------------------------
     def switch_session(

@@ -206,9 +206,14 @@ def grant(store: MatrixStore, observed: Entry, master: ProcessIdentity, session:
     except AdoptionRefused as exc:
         # The worker's own log (its host writes the winner's "adopted" there): who lost to whom.
         EventLog(store, observed.key, max_bytes=None).write(
-            "adoption_refused", by_pid=master.pid, by_session=session, sender=sender,
-            winner_pid=exc.winner_pid, winner_session=exc.winner_session, how=exc.how,
-        )  # fmt: skip
+            "adoption_refused",
+            by_pid=master.pid,
+            by_session=session,
+            sender=sender,
+            winner_pid=exc.winner_pid,
+            winner_session=exc.winner_session,
+            how=exc.how,
+        )
         raise
 
 

@@ -35,9 +35,16 @@ if TYPE_CHECKING:
     from .relaunch import Rehoster, Relauncher
 
 __all__ = [
-    "ACK_THREADS", "BRIDGE_FLAG", "HANDOFF_REPOST_S", "TAKEOVER_GRACE_S", "TAKEOVER_WAIT_S",
-    "MasterSession", "MasterTerms", "MasterView", "bridged_pi",
-]  # fmt: skip
+    "ACK_THREADS",
+    "BRIDGE_FLAG",
+    "HANDOFF_REPOST_S",
+    "TAKEOVER_GRACE_S",
+    "TAKEOVER_WAIT_S",
+    "MasterSession",
+    "MasterTerms",
+    "MasterView",
+    "bridged_pi",
+]
 
 HANDOFF_REPOST_S: Final = 15.0  # a handoff notice pi has not taken by then is posted again
 # Threads that mark pi's taken handoffs delivered: their durable writes overlap (one journal commit
@@ -185,10 +192,18 @@ class MasterSession:
     def _master_at(self, me: procs.ProcessIdentity, *, deliver: bool) -> Master:
         terms = self.terms
         return Master(
-            terms.store, terms.session_id, me, terms.relauncher, task_ref=terms.task_ref,
-            task_state=terms.task_state, prompter=terms.prompter, rehoster=terms.rehoster,
-            deliver=self.deliver if deliver else None, acks=self.acks, housekeeping=terms.housekeeping,
-        )  # fmt: skip
+            terms.store,
+            terms.session_id,
+            me,
+            terms.relauncher,
+            task_ref=terms.task_ref,
+            task_state=terms.task_state,
+            prompter=terms.prompter,
+            rehoster=terms.rehoster,
+            deliver=self.deliver if deliver else None,
+            acks=self.acks,
+            housekeeping=terms.housekeeping,
+        )
 
     def deliver(self, entry: Entry, handoff: Handoff) -> bool:
         """Hand one handoff to the master; True once it may be marked delivered."""
@@ -248,9 +263,13 @@ class MasterSession:
             on_tick(host)
 
         return HostHooks(
-            self.on_registered, tick, self.on_switch, on_agent_end, may_register=self.claim,
+            self.on_registered,
+            tick,
+            self.on_switch,
+            on_agent_end,
+            may_register=self.claim,
             on_wake=self.on_wake,
-        )  # fmt: skip
+        )
 
     def on_registered(self, host: AgentHost) -> None:
         self.host = host

@@ -114,6 +114,10 @@ class Rounds:
             )
         )
         self.events.write(
-            "round_handoff", job=end.job, round=end.round, outcome=end.outcome.value,
-            written=written is not None, from_artifact=from_artifact,
-        )  # fmt: skip
+            "round_handoff",
+            job=end.job,
+            round=end.round,
+            outcome=end.outcome.value,
+            written=written is not None,
+            from_artifact=from_artifact,
+        )

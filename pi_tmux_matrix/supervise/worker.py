@@ -382,9 +382,11 @@ class WorkerSide:
             self._by_listing = False
         # The parent now watched, as the entry names it: the evidence a host and its entry agree.
         self.record.events.write(
-            "adopted", parent_pid=new_parent.pid, parent_start=new_parent.start_ticks,
+            "adopted",
+            parent_pid=new_parent.pid,
+            parent_start=new_parent.start_ticks,
             parent_session=written.parent_session_id,
-        )  # fmt: skip
+        )
         if self.told_lost:
             # One notice into the agent's own session: its last one said it would be stopped.
             self.told_lost = False

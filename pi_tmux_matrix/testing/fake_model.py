@@ -26,9 +26,21 @@ from typing import Final
 from ..errors import ContractError
 
 __all__ = [
-    "API_KEY", "BACKUP_SUFFIX", "HOST", "MARKER_CODE", "MODEL", "PROVIDER", "FakeModel", "Reply", "Request",
-    "check_agent_dir", "default_reply", "is_ours", "text_of", "write_pi_agent_dir",
-]  # fmt: skip
+    "API_KEY",
+    "BACKUP_SUFFIX",
+    "HOST",
+    "MARKER_CODE",
+    "MODEL",
+    "PROVIDER",
+    "FakeModel",
+    "Reply",
+    "Request",
+    "check_agent_dir",
+    "default_reply",
+    "is_ours",
+    "text_of",
+    "write_pi_agent_dir",
+]
 
 HOST: Final = "127.0.0.1"  # never another interface: it answers anyone who asks
 PROVIDER: Final = "fake"
