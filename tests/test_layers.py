@@ -402,7 +402,7 @@ def test_the_any_allowlist_names_what_is_there() -> None:
 # path, and no module re-exports a name that moved out of it.
 GONE_MODULES = (
     "_deprecated", "runs", "standin", "supervise.lifecycle", "supervise.mailbox", "resume",
-    "supervise.rehost", "cli.handoffs",
+    "supervise.rehost", "cli.handoffs", "dispatch.profile_checks", "dispatch.teams",
 )  # fmt: skip
 GONE_NAMES = {
     "supervise.master": ("calling_master", "owning_master", "require_master"),

@@ -326,7 +326,7 @@ def test_the_built_in_tool_list_is_the_installed_pis() -> None:
     """PI_BUILTIN_TOOLS holds pi's own `allToolNames`: a pi that adds a tool fails here first."""
     from pi_support import pi_bin
 
-    from pi_tmux_matrix.dispatch.profile_checks import PI_BUILTIN_TOOLS
+    from pi_tmux_matrix.dispatch.profile import PI_BUILTIN_TOOLS
 
     binary = Path(pi_bin()).resolve()
     cli = binary if binary.name == "cli.js" else None

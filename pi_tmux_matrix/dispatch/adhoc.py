@@ -21,8 +21,7 @@ import attrs
 
 from ..errors import ContractError, ProfileError
 from ..identity import Mode, validate_id
-from .profile import PROVIDERS, WorkerLaunchProfile
-from .profile_checks import Checker, check_worktree_lane
+from .profile import PROVIDERS, Checker, WorkerLaunchProfile, check_worktree_lane
 
 __all__ = ["MAX_AGENTS", "AdHocAgent", "parse_agents", "split_command"]
 
