@@ -416,6 +416,8 @@ GONE_NAMES = {
     ),
     "dispatch.plan": ("FireRequest", "marker_instruction", "MAX_DEADLINE_S", "MAX_TASK_BYTES"),
     "dispatch.backends": ("DEFAULT_SOCKET",),
+    # The tmux model runs nothing: its one socket probe is the runner's (dispatch.tmux).
+    "dispatch.tmux_model": ("listening",),
     # Issue 32.8: the master session and the handoff text live below cli/.
     "cli.master": ("HANDOFF_REPOST_S", "handoff_message"),
     "cli.base": ("printable",),

@@ -6,7 +6,7 @@ goes through :mod:`pi_tmux_matrix.dispatch.tmux_model` first, which holds the ru
 otherwise apply to it (a final ``;``, format expansion, single-word commands), the :class:`Pane`
 and the row format.
 
-Pane tags: see :mod:`.tmux_model`.
+Pane tags: see :mod:`.tmux_model`, the pure half (what tmux's words are); this is the I/O half.
 Unreachable is not absent: when no server answers, every query raises :class:`TmuxUnavailable`
 (which never proves an agent dead); ``[]`` and ``None`` mean the server answered.
 libtmux is not used: its ``tmux_cmd`` has no timeout and cannot keep variables out of a server.
@@ -44,7 +44,6 @@ from .tmux_model import (
     check_tags,
     check_window_name,
     env_args,
-    listening,
     literal,
     made,
     option_args,
@@ -514,3 +513,24 @@ class TmuxServer:
         if stat.S_ISSOCK(info.st_mode) and info.st_uid == os.geteuid() and not self.reachable():
             with contextlib.suppress(OSError):
                 os.unlink(path)
+
+
+def listening(path: str) -> bool:
+    """Whether a server listens on the socket file at all, answering or not: False when the file is
+    missing or nobody accepts on it (the server is gone), True for a server that is there but hung
+    (its kernel backlog still takes the connection). Runs no tmux: a connect only."""
+    # Imported here: a host imports this module for its pane's pipe and never asks this; socket
+    # (with array) would be ~0.2 MiB of each host (docs/decisions.md#a-host-loads-only-what-it-uses).
+    import socket
+
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+        return False
+    except OSError:
+        return True  # a full backlog or a timeout: something is there, it does not answer
+    finally:
+        probe.close()
+    return True

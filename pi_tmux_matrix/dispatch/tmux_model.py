@@ -1,7 +1,10 @@
 """What tmux reports and what we pass it, without running it: the :class:`Pane`, the row format,
 pane tag names, and the checks and escapes every word we hand tmux goes through.
 
-:mod:`pi_tmux_matrix.dispatch.tmux` runs the commands; this module only knows tmux's words. tmux
+The pure half of tmux, kept apart from the I/O half: :mod:`pi_tmux_matrix.dispatch.tmux` runs the
+commands (and is the only module that does); this module only knows tmux's words, so a launch
+plan (:mod:`.plan`), a record held against panes (:mod:`.reconcile_tmux`) or a session name
+checked by the CLI uses them without the runner, and they are tested without a tmux. tmux
 re-reads its argv, and three of its rules would otherwise change what we pass:
 
 - a word that ends in ``;`` ends the tmux command (the rest of the words would run as another tmux
@@ -47,7 +50,6 @@ __all__ = [
     "check_tags",
     "check_window_name",
     "env_args",
-    "listening",
     "literal",
     "made",
     "option_args",
@@ -298,24 +300,3 @@ def socket_file(name: str, path: str | None = None) -> str:
     """Where the server of ``tmux -L name`` listens (``path``: a ``tmux -S`` socket as given)."""
     folder = os.path.join(os.environ.get("TMUX_TMPDIR") or "/tmp", f"tmux-{os.geteuid()}")
     return path or os.path.join(folder, name)
-
-
-def listening(path: str) -> bool:
-    """Whether a server listens on the socket file at all, answering or not: False when the file is
-    missing or nobody accepts on it (the server is gone), True for a server that is there but hung
-    (its kernel backlog still takes the connection). Runs no tmux: a connect only."""
-    # Imported here: a host imports this module for its pane's pipe and never asks this; socket
-    # (with array) would be ~0.2 MiB of each host (docs/decisions.md#a-host-loads-only-what-it-uses).
-    import socket
-
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(path)
-    except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
-        return False
-    except OSError:
-        return True  # a full backlog or a timeout: something is there, it does not answer
-    finally:
-        probe.close()
-    return True
