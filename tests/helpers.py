@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +21,7 @@ from pi_tmux_matrix.matrix.store import MatrixStore, now_ms
 
 if TYPE_CHECKING:
     from pi_tmux_matrix.dispatch.model import Job
+    from pi_tmux_matrix.dispatch.watch import InHost
 
 
 def make_identity(session: str = "s1", **changes: Any) -> AgentIdentityContract:
@@ -189,6 +192,20 @@ def plant_job(store: MatrixStore, job_id: str, tmp_path: Path) -> Job:
         profile="stand-in", team=None, agents=(agent,), backend=SUBPROCESS,
     )  # fmt: skip
     return JobStore(store).create(job)
+
+
+@contextmanager
+def in_host(stop: Callable[[], None] = lambda: None, **changes: Any) -> Iterator[InHost]:
+    """What a round needs of the host it runs in, as the round thread hands it over: this process
+    as the host, and its two pipes (the agent ended; the host took mail), closed at the end."""
+    from pi_tmux_matrix.dispatch.watch import InHost
+
+    done, wake = os.pipe(), os.pipe()
+    try:
+        yield InHost(os.getpid(), done[0], wake[0], stop, **changes)
+    finally:
+        for fd in (*done, *wake):
+            os.close(fd)
 
 
 def plant_hostile_files(root: Path, outside: Path) -> None:

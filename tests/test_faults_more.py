@@ -22,14 +22,22 @@ from pathlib import Path
 
 import attrs
 import pytest
-from helpers import job_on_host, make_entry, make_identity, plant_job, read_events, spawn_registered_parent
+from helpers import (
+    in_host,
+    job_on_host,
+    make_entry,
+    make_identity,
+    plant_job,
+    read_events,
+    spawn_registered_parent,
+)
 from labs import Lab
 from seams import ENOSPC_LINE, full_disk
 from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore
-from pi_tmux_matrix.dispatch.watch import InHost, Watcher
+from pi_tmux_matrix.dispatch.watch import Watcher
 from pi_tmux_matrix.identity import Mode
 from pi_tmux_matrix.matrix.mailbox import Inbox
 from pi_tmux_matrix.matrix.model import Entry, ExitKind, Status
@@ -130,15 +138,10 @@ def test_11_a_deadline_whose_timeout_result_cannot_be_written_still_stops_the_ag
 
     monkeypatch.setattr(JobStore, "put_result", full)  # our seam: the one result write
     stopped: list[str] = []
-    done, wake = os.pipe(), os.pipe()
-    try:
-        in_host = InHost(os.getpid(), done[0], wake[0], lambda: stopped.append("deadline"))
-        watcher = Watcher(store, job, job.agents[0], 1, in_host=in_host)
+    with in_host(lambda: stopped.append("deadline")) as host:
+        watcher = Watcher(store, job, job.agents[0], 1, host)
         with pytest.raises(OSError, match="No space left"):
             watcher.run()
-    finally:
-        for fd in (*done, *wake):
-            os.close(fd)
     assert stopped == ["deadline"], "the agent outlived its deadline"
 
 

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from helpers import plant_job
+from helpers import in_host, plant_job
 from pi_support import bridge_harness, pi_jiti, read_line
 
 from pi_tmux_matrix.bridge import bridge_path
@@ -188,9 +188,10 @@ def test_the_hosts_result_artifact_is_read_only_from_a_regular_file(store: Matri
 
 
 @pytest.fixture
-def watcher(store: MatrixStore, tmp_path: Path) -> Watcher:
+def watcher(store: MatrixStore, tmp_path: Path) -> Iterator[Watcher]:
     job = plant_job(store, "job-20261206-010000-a1b2c3", tmp_path)
-    return Watcher(store, job, job.agents[0], 1)
+    with in_host() as host:
+        yield Watcher(store, job, job.agents[0], 1, host)
 
 
 @pytest.mark.parametrize("kind", KINDS)

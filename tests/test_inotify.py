@@ -22,7 +22,7 @@ from typing import Any
 
 import attrs
 import pytest
-from helpers import plant_job, read_events, spawn_sleeper
+from helpers import in_host, plant_job, read_events
 from labs import Lab
 from waiting import wait_for
 
@@ -30,6 +30,7 @@ from pi_tmux_matrix import inotify, procs
 from pi_tmux_matrix.cli import main
 from pi_tmux_matrix.cli.app import Io
 from pi_tmux_matrix.contract import LaunchContract
+from pi_tmux_matrix.dispatch import watch
 from pi_tmux_matrix.dispatch.jobs import JobStore
 from pi_tmux_matrix.dispatch.model import ResultKind
 from pi_tmux_matrix.dispatch.watch import Watcher
@@ -232,24 +233,16 @@ def test_a_host_watches_its_inbox_on_one_instance_and_is_refused_once(
 # --- the watcher: no instance, and never a silent death ------------------------------------------
 @pytest.fixture
 def followed(tmp_path: Path) -> Iterator[tuple[Watcher, Path]]:
-    """A watcher of a detached agent's round, in-process, following a log; its host is a sleeper."""
+    """A subprocess-backend agent's round as its host's round thread runs it: following the host's
+    log, in this process (the host)."""
     store = MatrixStore(tmp_path / "state")
-    host = spawn_sleeper(60)
-    try:
-        identity = procs.identify(host.pid)
-        assert identity is not None
-        job = plant_job(store, "job-20261207-010000-a1b2c3", tmp_path)
-        log = store.side_dir("logs") / "job.a1.log"
-        log.write_text("starting\n")
-        agent = attrs.evolve(
-            job.agents[0], host_pid=identity.pid, host_start=identity.start_ticks,
-            boot_id=identity.boot_id, log=str(log),
-        )  # fmt: skip
-        job = JobStore(store).update(job.id, lambda j: attrs.evolve(j, agents=(agent,)))
-        yield Watcher(store, job, agent, 1, follow=str(log)), log
-    finally:
-        host.kill()
-        host.wait(10)
+    job = plant_job(store, "job-20261207-010000-a1b2c3", tmp_path)
+    log = store.side_dir("logs") / "job.a1.log"
+    log.write_text("starting\n")
+    agent = attrs.evolve(job.agents[0], log=str(log))
+    job = JobStore(store).update(job.id, lambda j: attrs.evolve(j, agents=(agent,)))
+    with in_host() as host:
+        yield Watcher(store, job, agent, 1, host, follow=str(log)), log
 
 
 def later(seconds: float, action: Callable[[], None]) -> threading.Thread:
@@ -312,10 +305,10 @@ def test_a_watcher_that_fails_says_so_in_the_agents_events(
     went on saying ``running``: now the agent's events say the round is not watched."""
     watcher, _log = followed
 
-    def no_fds(_identity: object) -> int:
+    def no_fds(_path: object) -> int:
         raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
-    monkeypatch.setattr(procs, "open_pidfd", no_fds)
+    monkeypatch.setattr(watch, "open_state_file", no_fds)  # the round's log cannot be opened
     with pytest.raises(OSError, match="Too many open files"):
         watcher.run()
     (failed,) = events_named(watcher.store, "watcher_failed")

@@ -285,7 +285,7 @@ def test_a_pi_rounds_result_waits_for_the_claim_of_the_run_that_printed_the_mark
     import threading
     import time
 
-    from helpers import plant_job
+    from helpers import in_host, plant_job
 
     from pi_tmux_matrix.dispatch.model import ResultKind
     from pi_tmux_matrix.dispatch.watch import Watcher
@@ -305,15 +305,16 @@ def test_a_pi_rounds_result_waits_for_the_claim_of_the_run_that_printed_the_mark
         claim.write_text('{"totalTokens": 25}')
         (artifacts / "run-0002.json").write_text(json.dumps({"text": f"done\nDONE:{agent.nonce}"}))
 
-    watcher = Watcher(store, job, agent, 1)
-    watcher.scanner.feed(f"done\nDONE:{agent.nonce}\n".encode())
-    watcher._found = (ResultKind.DONE, "")
     ending = threading.Thread(target=marker_run_ends)
-    ending.start()
-    try:
-        assert watcher._marker_found()
-    finally:
-        ending.join()
+    with in_host() as host:
+        watcher = Watcher(store, job, agent, 1, host)
+        watcher.scanner.feed(f"done\nDONE:{agent.nonce}\n".encode())
+        watcher._found = (ResultKind.DONE, "")
+        ending.start()
+        try:
+            assert watcher._marker_found()
+        finally:
+            ending.join()
     result = JobStore(store).result(job.id, agent.agent_id, 1)
     assert result is not None and result.usage is not None and result.usage.claimed is not None
     assert result.usage.claimed.total_tokens == 25

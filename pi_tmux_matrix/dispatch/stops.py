@@ -1,7 +1,7 @@
 """Stopping job agents from the owner's side: through their hosts, all at once, then by
 identity-checked signals; an agent whose host is gone is stopped by its own identity; only the
-panes the dispatcher owns are closed (``stop JOB``, ``dismiss``, a launch that failed, the
-deadline of a round watched outside its host)."""
+panes the dispatcher owns are closed (``stop JOB``, ``dismiss``, a launch that failed). A round's
+deadline is not stopped from here: the agent's own host stops it (:mod:`.watch`)."""
 
 from __future__ import annotations
 
@@ -18,18 +18,13 @@ from ..matrix.store import MatrixStore
 from ..matrix.strays import stop_stray, stray_agent
 from .model import JobAgent
 
-__all__ = ["STOP_WAIT_S", "STRAY_GRACE_S", "stop_agent", "stop_agents"]
+__all__ = ["STOP_WAIT_S", "STRAY_GRACE_S", "stop_agents"]
 
 log = logging.getLogger(__name__)
 
 STOP_WAIT_S: Final = 15.0  # host stop sequence: request + grace + SIGTERM + SIGKILL, with margin
 HOST_TERM_GRACE_S: Final = 5.0  # a host that did not finish its stop: SIGTERM, this long, SIGKILL
 STRAY_GRACE_S: Final = 5.0  # an agent without its host: SIGTERM, this long, then SIGKILL
-
-
-def stop_agent(store: MatrixStore, agent: JobAgent, *, reason: str, wait_s: float = STOP_WAIT_S) -> bool:
-    """The owner-side stop of one agent (see :func:`stop_agents`); True when its host is gone."""
-    return not stop_agents(store, [agent], reason=reason, wait_s=wait_s)
 
 
 def stop_agents(

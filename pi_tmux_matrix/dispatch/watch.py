@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Final
 
 import attrs
 
-from .. import procs
 from ..errors import CorruptEntry, PiMatrixError, TmuxUnavailable
 from ..matrix.artifacts import marked_answer
 from ..matrix.fsio import open_state_file
@@ -39,7 +38,6 @@ from .hostless import HOST_ENDED, exit_words
 from .jobs import JobStore, result_now
 from .markers import MarkerScanner
 from .model import AgentResult, Job, JobAgent, ResultKind
-from .stops import stop_agent
 
 if TYPE_CHECKING:
     import pluggy
@@ -76,21 +74,21 @@ class InHost:
 
 @attrs.define
 class Watcher:
+    """One round of one agent, run by the round thread of that agent's host (:mod:`.roundwatch`)."""
+
     store: MatrixStore
     job: Job
     agent: JobAgent
     round: int
+    in_host: InHost  # the host this round runs in: how its agent ended, its deadline stop, its wakes
     follow: str | None = None
     socket: str | None = None
     pane: str | None = None
-    # Both come from the host's round thread (:mod:`.roundwatch`): the plugin manager, and the
-    # FIFO tmux's ``pipe-pane`` writes the pane's output to.
-    plugins: pluggy.PluginManager | None = None
-    # Or how to get them when a result is written (the round thread loads them then, once).
+    # Both come from the host's round thread: how to get the plugin manager when a result is
+    # written (the thread loads it then, once), and the FIFO tmux's ``pipe-pane`` writes the
+    # pane's output to.
     plugins_of: Callable[[], pluggy.PluginManager] | None = None
     pipe_fd: int | None = None
-    # The host this round runs in (None: a watcher of its own, which finds the host by its pid).
-    in_host: InHost | None = None
     # False: the pipe was on the pane before its agent started, so its history holds nothing the
     # pipe did not bring (a fresh host's first round): no capture-pane.
     scan_history: bool = True
@@ -131,9 +129,8 @@ class Watcher:
         if kind in (ResultKind.DONE, ResultKind.BLOCKED):
             self._tell_host(kind, detail, "" if result.usage is None else result.usage.line())
         with contextlib.suppress(Exception):  # a plugin's failure never loses a written result
-            plugins = self.plugins if self.plugins_of is None else self.plugins_of()
-            if plugins is not None:
-                plugins.hook.on_terminal(job=self.job, result=result)
+            if self.plugins_of is not None:
+                self.plugins_of().hook.on_terminal(job=self.job, result=result)
         return result
 
     def _tell_host(self, kind: ResultKind, detail: str, usage: str) -> None:
@@ -152,7 +149,7 @@ class Watcher:
             usage=usage,
         )
         key = self._host_key()
-        to = addressee(self.store, key, self._host_pid())
+        to = addressee(self.store, key, self.in_host.pid)
         try:
             Inbox(self.store, key).post("round", text, sender="pi-matrix watch", to=to)
         except PiMatrixError as exc:
@@ -169,23 +166,18 @@ class Watcher:
         except PiMatrixError:
             return False
 
-    def _host_pid(self) -> int | None:
-        return self.in_host.pid if self.in_host is not None else self.agent.host_pid
-
     def _host_key(self) -> str:
-        if self.in_host is not None and self.in_host.key is not None:
-            return self.in_host.key()
-        return self.agent.key
+        return self.in_host.key() if self.in_host.key is not None else self.agent.key
 
     def host_ended(self) -> AgentResult | None:
-        if self.in_host is not None and self.in_host.key is None:
+        if self.in_host.key is None:
             code = self.in_host.exit_code()  # nothing registered: the host knows how it ended
             detail = "agent exited" + (f" with code {code}" if code is not None else "")
             return self.write(ResultKind.EXITED, detail, exit_code=code)
         entry = self.store.find(self._host_key())
-        if self.in_host is not None and (entry is None or entry.pid != self.in_host.pid):
+        if entry is None or entry.pid != self.in_host.pid:
             return None  # the key is another host's now (a lost claim): its rounds are not ours
-        exit_record = entry.exit if entry is not None and entry.pid == self._host_pid() else None
+        exit_record = entry.exit
         if exit_record is None:
             return self.write(ResultKind.EXITED, HOST_ENDED)
         detail, code, kind = exit_words(self.store, self.agent.key, exit_record)
@@ -198,17 +190,11 @@ class Watcher:
             written = self.write(ResultKind.TIMEOUT, f"deadline of {self.agent.deadline_s:.0f}s passed")
         except (PiMatrixError, OSError):
             # The result is lost (a full disk), the owner's limit is not: stop, then report.
-            self._stop_for_deadline()
+            self.in_host.stop()
             raise
         if written is None:
             return
-        self._stop_for_deadline()
-
-    def _stop_for_deadline(self) -> None:
-        if self.in_host is not None:
-            self.in_host.stop()  # the host is this process: it stops its own agent
-        else:
-            stop_agent(self.store, self.agent, reason="deadline")
+        self.in_host.stop()  # the host is this process: it stops its own agent
 
     # -- the loop -----------------------------------------------------------------------------------
     def run(self) -> int:
@@ -223,23 +209,10 @@ class Watcher:
     def _run(self) -> int:
         if self.superseded():
             return 0
-        host = self.agent.host
-        if self.in_host is not None:
-            pidfd = None  # the host is this process: it says when its agent ended
-        else:
-            pidfd = procs.open_pidfd(host) if host is not None else None
-            if pidfd is None:
-                self._scan_history()
-                if not self._marker_found():
-                    self.host_ended()
-                return 0
         selector = selectors.DefaultSelector()
-        if self.in_host is not None:
-            selector.register(self.in_host.done_fd, selectors.EVENT_READ, "host")
-            selector.register(self.in_host.wake_fd, selectors.EVENT_READ, "wake")
-        else:
-            assert pidfd is not None
-            selector.register(pidfd, selectors.EVENT_READ, "host")
+        # The host is this process: it says when its agent ended, and when it took mail.
+        selector.register(self.in_host.done_fd, selectors.EVENT_READ, "host")
+        selector.register(self.in_host.wake_fd, selectors.EVENT_READ, "wake")
         follow_fd = self._open_sources(selector)
         try:
             self._scan_history()
@@ -250,8 +223,6 @@ class Watcher:
             return 0
         finally:
             selector.close()  # closes no fd: the host's FIFO and pipes outlive the round
-            if pidfd is not None:
-                os.close(pidfd)
             if follow_fd is not None:
                 os.close(follow_fd)
 
@@ -278,7 +249,7 @@ class Watcher:
         if remaining <= 0:
             self.on_deadline()
             return True
-        quiet = self.in_host.look_s if self.in_host is not None else 30.0
+        quiet = self.in_host.look_s
         ready = selector.select(timeout=min(remaining, FOLLOW_POLL_S if follow_fd is not None else quiet))
         for key, _ in ready:
             if key.data == "host":
@@ -300,8 +271,6 @@ class Watcher:
                     return True
                 # Just looked: not again below (an idle fleet's every wake read the job twice).
                 self._next_look = time.monotonic() + SUPERSEDED_EVERY_S
-        if follow_fd is None and self.in_host is None:
-            return self.superseded()
         if follow_fd is not None and self._read_follow(follow_fd):
             return True
         # Not at every chunk of a busy pane: a follow-up wakes a host's round at once anyway.
@@ -378,9 +347,9 @@ class Watcher:
             return
         if source_fd is None or self._pipe_closed:
             return
-        # A pane's pipe ends when the pane does; the FIFO of a host's own pane only after the
-        # host: there, what the agent printed last is in already, or a moment away.
-        deadline = time.monotonic() + (0.3 if self.in_host is not None else 1.0)
+        # The FIFO of a host's own pane ends only after the host: what the agent printed last is
+        # in already, or a moment away.
+        deadline = time.monotonic() + 0.3
         while time.monotonic() < deadline and not self._pipe_closed and self._found is None:
             try:
                 data = os.read(source_fd, 65536)
