@@ -5,7 +5,8 @@ master's pi conversation, with the real pi CLI on both ends
 A real interactive ``pi-matrix master -- pi`` runs in a private tmux server (``tmux -L``, never
 the user's); a real interactive ``pi-worker`` is fired through the dispatcher with that master
 as its parent; both talk to a fake OpenAI-compatible model started here on 127.0.0.1 (the wire
-format of tests/fake_llm.py: benchmarks run without pytest, so nothing is imported from tests/).
+format of pi_tmux_matrix.testing.fake_model, with a hold the benchmark releases; the tests use
+that one itself).
 The model holds the worker's first request until the benchmark releases it: that instant is
 "the answer". The figure ends at the first request of the master's pi whose messages hold
 ``[pi-matrix handoff]`` and the worker's key: the handoff is in the master's conversation.

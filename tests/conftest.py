@@ -17,16 +17,17 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 import pi_support
-from fake_llm import FakeLLM, Scripted
 from forklab import Caller
 from helpers import Reaper
 from labs import STANDIN_PRINT, Lab
 from masterlab import MasterLab
+from model_script import Scripted
 from pilabs import MLab, PiPair, on_the_fake_model, pi_lab
 from tmux_support import kill_tmux_server, require_tmux
 
 from pi_tmux_matrix.contract import ENV_STATE_DIR, NEVER_INHERITED
 from pi_tmux_matrix.matrix.store import MatrixStore
+from pi_tmux_matrix.testing.fake_model import FakeModel
 
 if TYPE_CHECKING:
     from pi_tmux_matrix.dispatch.tmux import TmuxServer
@@ -172,10 +173,10 @@ def caller(tmp_path: Path, tmux_socket: str) -> Iterator[Caller]:
 
 
 @pytest.fixture
-def picaller(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Caller, FakeLLM]]:
+def picaller(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[Caller, FakeModel]]:
     """``caller`` with the real pi against the fake model."""
     binary = pi_support.pi_bin()
-    with FakeLLM() as llm:
+    with FakeModel() as llm:
         world = Caller(tmp_path, tmux_socket)
         try:
             on_the_fake_model(world, llm, binary)

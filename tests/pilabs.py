@@ -1,7 +1,8 @@
 """The Lab with the real pi CLI (pinned, from npm) against the fake model on 127.0.0.1, and what
 its tests do with it: a pi master typed into a tmux window or run in print mode, the notices its
 host posts, a worker fired with a scripted model. The fixtures (``pilab``, ``mlab``) are in
-conftest.py; reading and scripting the model's side is in fake_llm.py."""
+conftest.py; the model is the shipped ``pi_tmux_matrix.testing.fake_model``, scripting and reading
+its side is in model_script.py."""
 
 from __future__ import annotations
 
@@ -15,26 +16,27 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fake_llm import FakeLLM, Reply, Scripted, default_reply, write_pi_agent_dir
 from labs import Lab
+from model_script import Scripted
 from pi_support import pi_bin
 from waiting import wait_for
 
 from pi_tmux_matrix.matrix.model import Entry, Status
+from pi_tmux_matrix.testing.fake_model import FakeModel, Reply, default_reply, write_pi_agent_dir
 
 
 class PiLab(Lab):
     """:class:`labs.Lab` whose pi profiles run the real pi (``pi``) against ``llm``; ``env``
     adds to the lab's environment."""
 
-    def __init__(self, tmp: Path, socket: str, llm: FakeLLM, pi: str, **env: str) -> None:
+    def __init__(self, tmp: Path, socket: str, llm: FakeModel, pi: str, **env: str) -> None:
         super().__init__(tmp, socket)
         self.llm = llm
         self.pi = pi
         on_the_fake_model(self, llm, pi, **env)
 
 
-def on_the_fake_model(lab: Lab, llm: FakeLLM, pi: str, **env: str) -> None:
+def on_the_fake_model(lab: Lab, llm: FakeModel, pi: str, **env: str) -> None:
     """Point ``lab``'s agent dir and environment at ``llm`` and the pi binary ``pi`` (offline,
     a temp dir of its own, no proxy for 127.0.0.1); ``env`` adds to its environment."""
     write_pi_agent_dir(lab.agent_dir, llm.base_url)
@@ -46,8 +48,8 @@ def on_the_fake_model(lab: Lab, llm: FakeLLM, pi: str, **env: str) -> None:
     )  # fmt: skip
 
 
-PiPair = tuple[PiLab, FakeLLM]  # the ``pilab`` fixture
-MLab = tuple[PiLab, FakeLLM, Scripted]  # the ``mlab`` fixture
+PiPair = tuple[PiLab, FakeModel]  # the ``pilab`` fixture
+MLab = tuple[PiLab, FakeModel, Scripted]  # the ``mlab`` fixture
 
 
 @contextmanager
@@ -57,7 +59,7 @@ def pi_lab(
     """A :class:`PiLab` on a fake model started here (answering with ``responder``), everything
     cleaned up after."""
     binary = pi_bin()
-    with FakeLLM(responder=responder) as llm:
+    with FakeModel(responder=responder) as llm:
         lab = PiLab(tmp_path, tmux_socket, llm, binary, **env)
         try:
             yield lab
@@ -120,7 +122,7 @@ def capture(lab: Lab) -> str:
     return done.stdout
 
 
-def idle_pi_master(lab: PiLab, llm: FakeLLM) -> Entry:
+def idle_pi_master(lab: PiLab, llm: FakeModel) -> Entry:
     """An interactive pi master in tmux that has answered its first prompt and waits."""
     master_window(lab, "Begin.")
     entry = wait_for(
@@ -158,7 +160,7 @@ def scoped_profile(lab: PiLab, name: str, *, tools: list[str], write_paths: list
     )
 
 
-def run_worker(lab: PiLab, llm: FakeLLM, profile: str, *calls: Reply, lane: str | None = None) -> Any:
+def run_worker(lab: PiLab, llm: FakeModel, profile: str, *calls: Reply, lane: str | None = None) -> Any:
     """Fire one print-mode pi worker (in ``lane``'s worktree if given) whose model makes ``calls``
     in order, then finishes; wait until its host has recorded the end."""
     llm.script(*calls)

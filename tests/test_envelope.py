@@ -12,14 +12,15 @@ import uuid
 from pathlib import Path
 
 import pytest
-from fake_llm import FakeLLM, Reply, tool_results, write_pi_agent_dir
 from helpers import read_events
+from model_script import tool_results
 from pi_support import pi_bin, pi_jiti, pi_search_path
 from pilabs import PiPair, run_worker, scoped_profile
 from waiting import wait_for
 
 from pi_tmux_matrix.bridge import bridge_path
 from pi_tmux_matrix.contract import ENV_ALLOWED_PATHS
+from pi_tmux_matrix.testing.fake_model import FakeModel, Reply, write_pi_agent_dir
 
 
 @pytest.mark.real_pi
@@ -155,7 +156,7 @@ def test_the_bridge_alone_given_a_malformed_value_ends_the_session_before_any_to
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     target = work / "written.txt"
-    with FakeLLM() as llm:
+    with FakeModel() as llm:
         write_pi_agent_dir(Path(os.environ["PI_CODING_AGENT_DIR"]), llm.base_url)
         llm.script(Reply(tool="write", arguments={"path": str(target), "content": "no"}))
         key = f"worker-{uuid.uuid4()}"

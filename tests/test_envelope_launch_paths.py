@@ -17,18 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM, Reply
 from helpers import read_events
 from pilabs import PiLab, PiPair
 from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.matrix.model import Entry, Status
+from pi_tmux_matrix.testing.fake_model import FakeModel, Reply
 
 pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 
 SECRET = "the-outside-secret"
-Scoped = tuple[PiLab, FakeLLM, Path]  # the ``scoped`` fixture
+Scoped = tuple[PiLab, FakeModel, Path]  # the ``scoped`` fixture
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def blocked(lab: PiLab, key: str, count: int) -> list[dict[str, Any]]:
     return records
 
 
-def assert_envelope_held(lab: PiLab, llm: FakeLLM, secret: Path, records: list[dict[str, Any]]) -> None:
+def assert_envelope_held(lab: PiLab, llm: FakeModel, secret: Path, records: list[dict[str, Any]]) -> None:
     assert [r["tool"] for r in records[-2:]] == ["read", "write"]
     assert "outside this worker's allowed paths" in records[-2]["reason"]
     assert "agent dir" in records[-1]["reason"]
@@ -78,7 +78,7 @@ def assert_envelope_held(lab: PiLab, llm: FakeLLM, secret: Path, records: list[d
     assert SECRET not in every_request, "the model was shown the file outside its allowed paths"
 
 
-def fire_scoped(lab: PiLab, llm: FakeLLM, secret: Path) -> tuple[Entry, Any]:
+def fire_scoped(lab: PiLab, llm: FakeModel, secret: Path) -> tuple[Entry, Any]:
     llm.script(*escapes(lab, secret))
     lab.start_master()
     fired = lab.fire("Do the chores.", profile="pi-scoped")

@@ -13,10 +13,12 @@ from __future__ import annotations
 import os
 
 import pytest
-from fake_llm import Reply, tool_results
 from helpers import read_events
+from model_script import tool_results
 from pilabs import PiPair, run_worker, scoped_profile
 from waiting import wait_for
+
+from pi_tmux_matrix.testing.fake_model import Reply
 
 pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 

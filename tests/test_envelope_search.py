@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import Reply, tool_results
 from helpers import read_events
+from model_script import tool_results
 from pi_support import pi_bin, pi_dist, pi_jiti, pi_search_path
 from pilabs import PiPair, run_worker, scoped_profile
 from waiting import wait_for
 
 from pi_tmux_matrix.bridge import bridge_path
+from pi_tmux_matrix.testing.fake_model import Reply
 
 pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 

@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM, Reply
 from forklab import Caller
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 from pi_tmux_matrix import pisession
 from pi_tmux_matrix.fork import RunStore
 from pi_tmux_matrix.fork.compaction import OM_FOLDED, compact_snapshot
+from pi_tmux_matrix.testing.fake_model import FakeModel, Reply
 
 HEADER = {"type": "session", "version": 3, "id": "parent-1", "timestamp": "2026-12-03T00:00:00.000Z"}
 USAGE = {"input": 1, "output": 1, "cacheRead": 0, "cacheWrite": 0, "totalTokens": 2, "cost": {"total": 0}}
@@ -175,7 +175,7 @@ def test_case_2_a_compaction_with_empty_memory_details_is_patched_in_place() -> 
 
 @pytest.mark.real_pi
 def test_a_real_pi_fork_reads_the_virtual_compaction_instead_of_the_discarded_turns(
-    picaller: tuple[Caller, FakeLLM],
+    picaller: tuple[Caller, FakeModel],
 ) -> None:
     caller, llm = picaller
     session = Session(cwd=str(caller.work))

@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM, Reply
 from forklab import Caller
 from pi_support import pi_bin
 from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.fork import PARENT_ABORTED, RunStatus, RunStore
+from pi_tmux_matrix.testing.fake_model import FakeModel, Reply
 
 pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 
@@ -32,7 +32,7 @@ def _is_fork(request: dict[str, Any]) -> bool:
     return "You are a fork" in _system_prompt(request)
 
 
-def test_a_real_pi_fork_answers_once_writes_its_result_and_exits(picaller: tuple[Caller, FakeLLM]) -> None:
+def test_a_real_pi_fork_answers_once_writes_its_result_and_exits(picaller: tuple[Caller, FakeModel]) -> None:
     caller, llm = picaller
     llm.script(Reply(text="The fork checked it: all good."))
     before = caller.session.read_bytes()
@@ -58,7 +58,7 @@ def test_a_real_pi_fork_answers_once_writes_its_result_and_exits(picaller: tuple
 
 
 def test_a_running_real_pi_fork_is_stopped_and_failed_when_its_parent_shuts_down(
-    picaller: tuple[Caller, FakeLLM],
+    picaller: tuple[Caller, FakeModel],
 ) -> None:
     caller, llm = picaller
     llm.script(Reply(text="too late", delay_s=60))
@@ -78,7 +78,7 @@ def test_a_running_real_pi_fork_is_stopped_and_failed_when_its_parent_shuts_down
 
 
 def test_a_real_pi_forks_usage_counts_every_assistant_message_of_its_run(
-    picaller: tuple[Caller, FakeLLM],
+    picaller: tuple[Caller, FakeModel],
 ) -> None:
     """A tool-call round and the final answer are two paid requests: the run's usage is both."""
     caller, llm = picaller
@@ -91,7 +91,9 @@ def test_a_real_pi_forks_usage_counts_every_assistant_message_of_its_run(
     assert run["activity"] == ["bash: echo checked"]  # the run's tool calls, one line each (issue 23)
 
 
-def test_a_real_pi_masters_end_stops_the_fork_its_bash_tool_started(picaller: tuple[Caller, FakeLLM]) -> None:
+def test_a_real_pi_masters_end_stops_the_fork_its_bash_tool_started(
+    picaller: tuple[Caller, FakeModel],
+) -> None:
     """The whole path with real pi on both sides: a print-mode pi master under its host runs
     ``pi-matrix fork --background`` through its bash tool and ends its turn; its host stops the
     still-running real-pi fork and fails it with the seed message."""
@@ -125,7 +127,7 @@ def test_a_real_pi_masters_end_stops_the_fork_its_bash_tool_started(picaller: tu
         wait_for("the fork pane to close", lambda: run.pane_id not in caller.panes())
 
 
-def test_a_real_pi_fork_child_cannot_write_into_the_agent_dir(picaller: tuple[Caller, FakeLLM]) -> None:
+def test_a_real_pi_fork_child_cannot_write_into_the_agent_dir(picaller: tuple[Caller, FakeModel]) -> None:
     """Issue 16 (the fork launch path): a fork child runs with full scope (a confined worker may
     not fork at all), but pi's agent dir and .pi folders stay never-writable, as for every worker."""
     caller, llm = picaller

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import Reply
 from pilabs import MLab, PiLab, PiPair, capture, master_window, run_print_master
 from waiting import wait_for
 
@@ -22,6 +21,7 @@ from pi_tmux_matrix.fork import INTERRUPTED, PARENT_ABORTED, RunStatus, RunStore
 from pi_tmux_matrix.matrix.mailbox import EventLog
 from pi_tmux_matrix.matrix.store import MatrixStore
 from pi_tmux_matrix.supervise.rpc import command_for
+from pi_tmux_matrix.testing.fake_model import Reply
 
 FORK_RESULT_TYPE = "pi-matrix-fork-result"
 BACKGROUND_ANSWER = "Background answer." + " More." * 500  # past a run record's 2,000-char summary

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM, last_conversation
 from helpers import dead_identity, make_entry, read_events
 from labs import STANDIN_PRINT, Lab
+from model_script import last_conversation
 from pilabs import MLab, delivered, idle_pi_master, master_window, notices_posted
 from waiting import wait_for
 
@@ -26,6 +26,7 @@ from pi_tmux_matrix import procs
 from pi_tmux_matrix.matrix import lifecycle
 from pi_tmux_matrix.matrix.model import ExitKind, ExitRecord
 from pi_tmux_matrix.matrix.store import now_ms
+from pi_tmux_matrix.testing.fake_model import FakeModel
 
 SLOW_BEAT_MS = 60_000
 BOUND_S = 15.0  # far above the ≤1 s goal (a loaded CI machine), far below one heartbeat
@@ -105,7 +106,7 @@ def test_a_handoff_reaches_an_idle_pi_masters_conversation_as_it_is_written(mlab
     # Written, delivered or not yet: the bridge may take it within milliseconds of the write.
     wait_for(f"{key}'s handoff", lambda: lab.store.get(key).handoffs, timeout=60)
 
-    def in_conversation(llm: FakeLLM = llm) -> bool:
+    def in_conversation(llm: FakeModel = llm) -> bool:
         return any(key in text for text in last_conversation(llm))
 
     wait_for("the handoff in the model's conversation", in_conversation, timeout=BOUND_S)

@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM, Reply, last_conversation
+from model_script import last_conversation
 from pilabs import MLab, PiLab, PiPair, delivered, idle_pi_master, master_window, notices_posted
 from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.matrix.model import Entry
 from pi_tmux_matrix.supervise.handoff_text import handoff_message
+from pi_tmux_matrix.testing.fake_model import FakeModel, Reply
 
 pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 
@@ -61,7 +62,7 @@ def finish_workers_while_held(lab: PiLab, master: Entry, count: int, *, kill: bo
     return keys
 
 
-def assert_each_once_in_order(lab: PiLab, llm: FakeLLM, keys: list[str], since: int = 0) -> None:
+def assert_each_once_in_order(lab: PiLab, llm: FakeModel, keys: list[str], since: int = 0) -> None:
     """Every key's handoff in the model's latest conversation exactly once, in posting order."""
 
     def all_seen() -> bool:

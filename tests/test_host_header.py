@@ -14,11 +14,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from fake_llm import FakeLLM, write_pi_agent_dir
 from pi_support import pi_bin
 
 from pi_tmux_matrix.bridge import bridge_path
 from pi_tmux_matrix.matrix.store import MatrixStore
+from pi_tmux_matrix.testing.fake_model import FakeModel, write_pi_agent_dir
 
 pytestmark = pytest.mark.real_pi
 
@@ -30,7 +30,7 @@ def test_a_host_started_by_hand_writes_the_header_of_its_new_session_file(tmp_pa
     state = tmp_path / "state"
     session_id = str(uuid.uuid4())
     session_file = tmp_path / "sessions" / "mine.jsonl"
-    with FakeLLM() as llm:
+    with FakeModel() as llm:
         write_pi_agent_dir(Path(os.environ["PI_CODING_AGENT_DIR"]), llm.base_url)
         env = dict(os.environ, PI_MATRIX_STATE_DIR=str(state), PI_OFFLINE="1", NO_PROXY="127.0.0.1,localhost")
         host = [

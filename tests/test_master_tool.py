@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import Reply, last_tool_result, tool
+from model_script import last_tool_result, tool
 from pilabs import MLab, PiLab, capture, job_of, master_window, run_print_master
 from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore
 from pi_tmux_matrix.matrix.model import Status
+from pi_tmux_matrix.testing.fake_model import Reply
 
 pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 

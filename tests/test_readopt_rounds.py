@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import MARKER_CODE, FakeLLM, Reply, default_reply
 from pilabs import MLab, idle_pi_master, master_window
 from waiting import wait_for
 
 from pi_tmux_matrix import procs
+from pi_tmux_matrix.testing.fake_model import MARKER_CODE, FakeModel, Reply, default_reply
 
 pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 
@@ -47,7 +47,7 @@ def _masters(request: dict[str, Any]) -> bool:
     return "tmux_agent_manager" in str(request.get("tools"))
 
 
-def _handoff_at(llm: FakeLLM, key: str, after: float) -> float | None:
+def _handoff_at(llm: FakeModel, key: str, after: float) -> float | None:
     """When the master's pi first sent the model a conversation holding ``key``'s handoff."""
     for at, request in llm.timed_requests():
         said = str(request.get("messages"))

@@ -11,7 +11,6 @@ from typing import Any
 
 import attrs
 import pytest
-from fake_llm import Reply
 from helpers import make_entry, make_identity, read_events
 from labs import Lab
 from pilabs import PiPair
@@ -29,6 +28,7 @@ from pi_tmux_matrix.matrix.codec import (
     unstructure_entry,
 )
 from pi_tmux_matrix.matrix.model import Entry, ExitKind, ExitRecord, Status
+from pi_tmux_matrix.testing.fake_model import Reply
 
 # --- the record -----------------------------------------------------------------------------------
 

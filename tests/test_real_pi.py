@@ -197,7 +197,7 @@ def test_a_new_master_of_the_same_session_and_task_relaunches_dead_pi_into_the_s
 
 
 def test_an_rpc_worker_takes_prompt_steer_and_abort_through_its_host(pilab: PiPair) -> None:
-    from fake_llm import Reply
+    from pi_tmux_matrix.testing.fake_model import Reply
 
     lab, llm = pilab
     lab.start_master()

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fake_llm import FakeLLM
 from labs import Lab
 from pi_support import pi_bin
 from tmux_support import require_tmux
@@ -22,6 +21,7 @@ from waiting import wait_for
 
 from pi_tmux_matrix.dispatch.model import ResultKind
 from pi_tmux_matrix.piversion import pi_info
+from pi_tmux_matrix.testing.fake_model import FakeModel
 
 pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 
@@ -59,8 +59,8 @@ def dollar_syntax() -> bool:
 
 
 @pytest.fixture
-def llm() -> Iterator[FakeLLM]:
-    with FakeLLM() as server:
+def llm() -> Iterator[FakeModel]:
+    with FakeModel() as server:
         yield server
 
 
@@ -87,7 +87,7 @@ def _pi_env(tmp_path: Path, binary: str, **extra: str) -> dict[str, str]:
     ],
 )
 def test_the_documented_files_reach_the_provider_under_a_host(
-    tmp_path: Path, llm: FakeLLM, how: str, expected: str
+    tmp_path: Path, llm: FakeModel, how: str, expected: str
 ) -> None:
     binary = pi_bin()
     agent_dir = Path(os.environ["PI_CODING_AGENT_DIR"])
@@ -111,7 +111,7 @@ def test_the_documented_files_reach_the_provider_under_a_host(
 
 
 def test_a_fired_worker_in_tmux_reads_the_key_from_auth_json(
-    tmp_path: Path, tmux_socket: str, llm: FakeLLM
+    tmp_path: Path, tmux_socket: str, llm: FakeModel
 ) -> None:
     require_tmux()
     binary = pi_bin()

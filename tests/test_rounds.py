@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import MARKER_CODE, Reply, last_conversation
 from labs import Lab
+from model_script import last_conversation
 from pilabs import MLab, idle_pi_master, notices_posted
 from waiting import wait_for
 
@@ -30,6 +30,7 @@ from pi_tmux_matrix.matrix.store import MatrixStore
 from pi_tmux_matrix.supervise.bridge_reports import BridgeReports
 from pi_tmux_matrix.supervise.record import OwnRecord
 from pi_tmux_matrix.supervise.rounds import ARTIFACT_WAIT_S, Rounds
+from pi_tmux_matrix.testing.fake_model import MARKER_CODE, Reply
 
 CUSTOM_STANDIN = (
     '[profile]\nname = "standin-custom"\nprovider = "custom"\n'

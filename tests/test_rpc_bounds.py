@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM, Reply, write_pi_agent_dir
 from helpers import Reaper, make_entry
 from hosts import Host, pi_matrix
 from pi_support import pi_bin
@@ -40,6 +39,7 @@ from pi_tmux_matrix.matrix.store import MatrixStore
 from pi_tmux_matrix.settings import EVENTS_MAX_BYTES
 from pi_tmux_matrix.supervise import rpc
 from pi_tmux_matrix.supervise.rpc import LINE_MAX_BYTES, RECORD_BYTES, RpcPipe, loggable
+from pi_tmux_matrix.testing.fake_model import FakeModel, Reply, write_pi_agent_dir
 
 TIMINGS = {"adoptionGraceMs": 5_000, "watcherPollMs": 1_000, "heartbeatMs": 1_000}
 DEEP = 3_000  # the nesting of the issue's tool call
@@ -54,10 +54,10 @@ def work(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def llm(isolated_env: Path) -> Iterator[FakeLLM]:
+def llm(isolated_env: Path) -> Iterator[FakeModel]:
     """The fake model, with pi's agent dir pointed at it and the matrix's timings at their lower
     bounds (``settings`` adds to the same file)."""
-    with FakeLLM() as fake:
+    with FakeModel() as fake:
         agent_dir = Path(os.environ["PI_CODING_AGENT_DIR"])
         write_pi_agent_dir(agent_dir, fake.base_url)
         settings(processMatrix=TIMINGS)
@@ -128,7 +128,7 @@ def runs_ended(host: Host) -> int:
 @pytest.mark.real_pi
 @pytest.mark.parametrize("depth", [2_000, DEEP])
 def test_a_tool_call_nested_thousands_deep_is_recorded_raw_and_the_rpc_host_goes_on(
-    reaper: Reaper, store: MatrixStore, work: Path, llm: FakeLLM, depth: int
+    reaper: Reaper, store: MatrixStore, work: Path, llm: FakeModel, depth: int
 ) -> None:
     """Python's parser recursed once per level and gave up past ~1,000. pi 0.73.1 itself copes
     with 2,000 (the model answers after the call, and the next prompt too); at the issue's 3,000
@@ -165,7 +165,7 @@ def test_a_tool_call_nested_thousands_deep_is_recorded_raw_and_the_rpc_host_goes
 
 @pytest.mark.real_pi
 def test_a_lone_surrogate_in_a_tool_call_is_recorded_and_the_rpc_host_goes_on(
-    reaper: Reaper, store: MatrixStore, work: Path, llm: FakeLLM
+    reaper: Reaper, store: MatrixStore, work: Path, llm: FakeModel
 ) -> None:
     """JSON may escape a lone surrogate ("\\ud800"), and pi writes one back that way; it parses
     to a string UTF-8 cannot encode, which failed the events line and killed the host."""
@@ -285,7 +285,7 @@ CAP = 64 * 1024  # eventsMaxBytes' lower bound
 
 @pytest.mark.real_pi
 def test_a_long_streamed_answer_keeps_the_events_file_linear_and_under_its_cap(
-    reaper: Reaper, store: MatrixStore, work: Path, llm: FakeLLM
+    reaper: Reaper, store: MatrixStore, work: Path, llm: FakeModel
 ) -> None:
     answer = ("lorem ipsum " * ANSWER_CHARS)[: ANSWER_CHARS - 8] + " THE-END"
     llm.script(Reply(text=answer, chunk_chars=1000))  # 100 KB in 100 deltas: ~11 MB of updates

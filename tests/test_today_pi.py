@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM
 from pilabs import PiLab, pi_lab
 from tmux_support import require_tmux
 from waiting import wait_for
@@ -38,6 +37,7 @@ from pi_tmux_matrix.piversion import (
 )
 from pi_tmux_matrix.projecttrust import decide_master_trust, trust_requiring_resource
 from pi_tmux_matrix.settings import load_settings
+from pi_tmux_matrix.testing.fake_model import FakeModel
 
 
 # -- a pi package as npm lays it out, without pi ------------------------------------------------
@@ -220,7 +220,7 @@ def tool_names(request: dict[str, Any]) -> set[str]:
 
 
 @pytest.fixture
-def plab(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[PiLab, FakeLLM, str]]:
+def plab(tmp_path: Path, tmux_socket: str) -> Iterator[tuple[PiLab, FakeModel, str]]:
     with pi_lab(tmp_path, tmux_socket, PI_MATRIX_TMUX_SOCKET=tmux_socket) as the_lab:
         yield the_lab, the_lab.llm, the_lab.pi
 
@@ -245,7 +245,7 @@ def untrusted_project(lab: PiLab) -> None:
 
 @pytest.mark.real_pi
 def test_a_fired_interactive_pi_worker_in_a_project_with_pi_settings_starts_untrusted(
-    plab: tuple[PiLab, FakeLLM, str],
+    plab: tuple[PiLab, FakeModel, str],
 ) -> None:
     require_tmux()
     lab, llm, binary = plab
@@ -263,7 +263,7 @@ def test_a_fired_interactive_pi_worker_in_a_project_with_pi_settings_starts_untr
 
 @pytest.mark.real_pi
 def test_a_worker_whose_pi_version_cannot_be_seen_is_answered_no_by_its_bridge(
-    plab: tuple[PiLab, FakeLLM, str], tmp_path: Path
+    plab: tuple[PiLab, FakeModel, str], tmp_path: Path
 ) -> None:
     """A wrapper pi-matrix cannot see into gets no --no-approve: the bridge answers pi's
     project_trust event "no" (PI_MATRIX_PROJECT_TRUST), so the worker neither waits nor trusts."""
@@ -314,7 +314,7 @@ def capture(lab: PiLab) -> str:
     return done.stdout
 
 
-def bridged_request(lab: PiLab, llm: FakeLLM) -> dict[str, Any]:
+def bridged_request(lab: PiLab, llm: FakeModel) -> dict[str, Any]:
     """The master pi's first request, once it came: the bridge's tool is in it."""
     request = wait_for("the master pi's first request", lambda: llm.requests[:1], timeout=60,
                        detail=lambda: capture(lab))[0]  # fmt: skip
@@ -324,7 +324,7 @@ def bridged_request(lab: PiLab, llm: FakeLLM) -> dict[str, Any]:
 
 @pytest.mark.real_pi
 def test_a_master_in_a_project_follows_pis_own_dialog_and_gets_its_bridge_once_answered(
-    plab: tuple[PiLab, FakeLLM, str],
+    plab: tuple[PiLab, FakeModel, str],
 ) -> None:
     require_tmux()
     lab, llm, binary = plab
@@ -341,7 +341,7 @@ def test_a_master_in_a_project_follows_pis_own_dialog_and_gets_its_bridge_once_a
 
 
 @pytest.mark.real_pi
-def test_a_master_decided_ahead_never_shows_the_dialog(plab: tuple[PiLab, FakeLLM, str]) -> None:
+def test_a_master_decided_ahead_never_shows_the_dialog(plab: tuple[PiLab, FakeModel, str]) -> None:
     require_tmux()
     lab, llm, binary = plab
     needs_trust_dialog(binary)
@@ -362,7 +362,7 @@ def test_a_master_decided_ahead_never_shows_the_dialog(plab: tuple[PiLab, FakeLL
 
 @pytest.mark.real_pi
 def test_a_pi_wrapper_under_another_name_gets_the_bridge_with_provider_pi_or_is_refused(
-    plab: tuple[PiLab, FakeLLM, str], tmp_path: Path
+    plab: tuple[PiLab, FakeModel, str], tmp_path: Path
 ) -> None:
     lab, llm, binary = plab
     # Its program is in a variable: nothing in its words says it is pi, its name says it may be.

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import attrs
 import pytest
-from fake_llm import Reply, last_tool_result, tool
 from labs import Lab
+from model_script import last_tool_result, tool
 from pilabs import MLab, run_print_master
 from repos import git
 from waiting import wait_for
@@ -21,6 +21,7 @@ from pi_tmux_matrix.dispatch.jobs import JobStore
 from pi_tmux_matrix.dispatch.model import ResultKind
 from pi_tmux_matrix.dispatch.request import FireRequest
 from pi_tmux_matrix.errors import ContractError
+from pi_tmux_matrix.testing.fake_model import Reply
 
 STANDIN = f"{sys.executable} -m pi_tmux_matrix.testing.standin"
 

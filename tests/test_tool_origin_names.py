@@ -9,12 +9,13 @@ import json
 import subprocess
 
 import pytest
-from fake_llm import Reply, last_tool_result, tool
 from labs import Lab
+from model_script import last_tool_result, tool
 from pilabs import MLab, run_print_master
 from waiting import wait_for
 
 from pi_tmux_matrix.dispatch.jobs import JobStore
+from pi_tmux_matrix.testing.fake_model import Reply
 
 pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
 

@@ -9,12 +9,13 @@ import subprocess
 import sys
 
 import pytest
-from fake_llm import Reply, last_tool_result, tool
 from labs import Lab
+from model_script import last_tool_result, tool
 from pilabs import MLab, run_print_master
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore
+from pi_tmux_matrix.testing.fake_model import Reply
 
 
 def _fire(at: Lab, *words: str, task: str = "HANG keyed work") -> subprocess.CompletedProcess[str]:

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import FakeLLM, Reply, last_tool_result, tool, write_pi_agent_dir
 from labs import Lab
+from model_script import last_tool_result, tool
 from pi_support import pi_bin
 from pilabs import MLab, run_print_master
 
 from pi_tmux_matrix.bridge import bridge_path
+from pi_tmux_matrix.testing.fake_model import FakeModel, Reply, write_pi_agent_dir
 
 
 def _cli(at: Lab, *words: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -149,7 +150,7 @@ def _tmux_agents_notice(at: Lab, path: str) -> dict[str, Any]:
 def test_the_tmux_agents_command_in_the_masters_pi_shows_availability_and_guidance(
     sublab: Lab,
 ) -> None:
-    with FakeLLM() as llm:
+    with FakeModel() as llm:
         write_pi_agent_dir(sublab.agent_dir, llm.base_url)
         node = str(Path(shutil.which("node") or "node").parent)
         shown = _tmux_agents_notice(sublab, f"{node}{os.pathsep}{os.environ.get('PATH', '')}")

@@ -15,14 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_llm import Reply, last_tool_result, tool
 from labs import Lab
+from model_script import last_tool_result, tool
 from pilabs import MLab, PiPair, job_of, run_print_master
 from waiting import wait_for
 
 from pi_tmux_matrix.dispatch.jobs import JobStore
 from pi_tmux_matrix.dispatch.usage import ClaimedUsage, UsageTotal, parse_claim, read_claim
 from pi_tmux_matrix.supervise.handoff_text import handoff_line, handoff_message
+from pi_tmux_matrix.testing.fake_model import Reply
 
 CLAIM = '{"input": 1000, "output": 234, "totalTokens": 1234, "cost": {"total": 0.05}, "model": "m-1"}'
 LINE = "usage (advisory, claimed by the worker): 1234 tokens, $0.0500, model m-1"

@@ -12,14 +12,15 @@ import subprocess
 import time
 
 import pytest
-from fake_llm import Reply, last_tool_result, tool
 from labs import Lab
+from model_script import last_tool_result, tool
 from pilabs import MLab, run_print_master
 from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore
 from pi_tmux_matrix.matrix.model import Status
+from pi_tmux_matrix.testing.fake_model import Reply
 
 STOP = "yes-tmux-stop"
 
