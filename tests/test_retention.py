@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -319,10 +318,14 @@ with MatrixStore(sys.argv[1]).locked(sys.argv[2]):
 CONTENDER = """
 import os, random, sys, time
 from pi_tmux_matrix.matrix.store import MatrixStore
-root, key, marker, until = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+root, key, marker, go, seconds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
 store = MatrixStore(root)
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.01)
+until = time.monotonic() + seconds
 rounds = clashes = 0
-while time.time() < until:
+while time.monotonic() < until:
     with store.locked(key) as root_fd:
         try:
             os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -342,10 +345,13 @@ def test_a_lock_file_removed_under_contention_never_lets_two_writers_hold_it(
     store: MatrixStore, tmp_path: Path, reaper: Reaper
 ) -> None:
     store.create(make_entry("hot1"))
-    marker = tmp_path / "inside"
-    until = time.time() + 3.0
-    argv = [sys.executable, "-c", CONTENDER, str(store.root), "worker-hot1", str(marker), str(until)]
+    marker, go = tmp_path / "inside", tmp_path / "go"
+    argv = [sys.executable, "-c", CONTENDER, str(store.root), "worker-hot1", str(marker), str(go), "3.0"]
     contenders = [reaper.popen(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)) for _ in range(5)]
+    # The 3 s of contention start once all five are up: a start slowed by a loaded machine would
+    # otherwise eat the window (a contender that began after it ended locked nothing at all).
+    assert [popen.stdout.readline() for popen in contenders] == ["ready\n"] * 5
+    go.touch()
     counts = [tuple(map(int, popen.communicate(timeout=60)[0].split())) for popen in contenders]
     assert all(popen.returncode == 0 for popen in contenders)
     assert sum(rounds for rounds, _ in counts) > 100, counts  # they really contended
