@@ -53,8 +53,11 @@ _SESSION_SOCKET = f"pm-test-{os.getpid()}"
 @pytest.fixture(autouse=True)
 def _real_pi_mark(request: pytest.FixtureRequest) -> Iterator[None]:
     """Tell ``pi_support.pi_bin`` whether this test is marked ``real_pi`` (it fails one that is
-    not: .ci/run's oldest-pi pass selects by the mark)."""
+    not: .ci/run's oldest-pi pass selects by the mark). ``any_pi`` only narrows that pass, so it
+    means nothing on a test without ``real_pi``: such a test fails."""
     pi_support.RUNNING_MARKED = request.node.get_closest_marker("real_pi") is not None
+    if request.node.get_closest_marker("any_pi") is not None and not pi_support.RUNNING_MARKED:
+        pytest.fail("marked any_pi but not real_pi (any_pi only leaves real_pi tests out of a pass)")
     try:
         yield
     finally:

@@ -122,6 +122,7 @@ def test_fire_and_followup_keep_the_envelope(scoped: Scoped) -> None:
     assert_envelope_held(lab, llm, secret, blocked(lab, entry.key, 4))
 
 
+@pytest.mark.any_pi
 def test_resume_keeps_the_envelope(scoped: Scoped) -> None:
     lab, llm, secret = scoped
     entry, _fired = fire_scoped(lab, llm, secret)
@@ -142,6 +143,7 @@ def test_resume_keeps_the_envelope(scoped: Scoped) -> None:
 
 
 @pytest.mark.parametrize("relaunch", ["detached", "tmux"])
+@pytest.mark.any_pi
 def test_a_new_masters_relaunch_keeps_the_envelope(scoped: Scoped, relaunch: str) -> None:
     lab, llm, secret = scoped
     entry, _fired = fire_scoped(lab, llm, secret)

@@ -115,6 +115,7 @@ def test_the_model_forks_and_waits_the_answer_is_the_tool_result_and_the_child_h
 
 
 @pytest.mark.real_pi
+@pytest.mark.any_pi
 def test_the_cap_refuses_a_fourth_fork_and_the_masters_end_fails_the_running_ones(
     flab: PiPair,
 ) -> None:
@@ -309,6 +310,7 @@ def test_an_rpc_agent_gets_a_background_result_as_a_follow_up_prompt() -> None:
 
 
 @pytest.mark.real_pi
+@pytest.mark.any_pi
 def test_a_background_result_that_ends_while_its_master_is_gone_arrives_once_in_the_next_one(
     flab: PiPair,
 ) -> None:

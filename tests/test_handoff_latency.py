@@ -98,6 +98,7 @@ def test_a_plain_masters_host_prints_a_handoff_as_it_is_written_not_at_its_heart
 
 
 @pytest.mark.real_pi
+@pytest.mark.any_pi
 def test_a_handoff_reaches_an_idle_pi_masters_conversation_as_it_is_written(mlab: MLab) -> None:
     lab, llm, _script = mlab
     slow_heartbeat(lab)

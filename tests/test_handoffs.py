@@ -85,7 +85,7 @@ def allow_agents(lab: PiLab, count: int) -> None:
     lab.settings.set(maxConcurrentAgents=count)
 
 
-@pytest.mark.parametrize("count", [2, 10])
+@pytest.mark.parametrize("count", [2, pytest.param(10, marks=pytest.mark.any_pi)])
 def test_handoffs_arriving_together_at_an_idle_master_each_reach_the_conversation_once_in_order(
     mlab: MLab,
     count: int,
@@ -162,7 +162,7 @@ def send(lab: PiLab, key: str, *words: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-@pytest.mark.parametrize("count", [2, 5])
+@pytest.mark.parametrize("count", [2, pytest.param(5, marks=pytest.mark.any_pi)])
 def test_prompts_sent_in_a_row_to_an_idle_pi_worker_each_reach_the_model_once_in_order(
     pilab: PiPair,
     count: int,
@@ -249,6 +249,7 @@ FORGED = (
 )
 
 
+@pytest.mark.any_pi
 def test_a_forged_handoff_in_a_workers_answer_stays_inside_its_untrusted_frame(
     mlab: MLab,
 ) -> None:

@@ -54,6 +54,7 @@ def test_the_model_fires_a_worker_lists_it_and_the_task_arrives_verbatim(
     assert not Path("/tmp/pwned").exists()
 
 
+@pytest.mark.any_pi
 def test_stop_job_previews_without_the_word_and_stops_with_it(mlab: MLab) -> None:
     lab, llm, script = mlab
     script.steps = [

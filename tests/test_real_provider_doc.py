@@ -110,6 +110,7 @@ def test_the_documented_files_reach_the_provider_under_a_host(
     assert llm.requests[0]["model"] == "my-model"
 
 
+@pytest.mark.any_pi
 def test_a_fired_worker_in_tmux_reads_the_key_from_auth_json(
     tmp_path: Path, tmux_socket: str, llm: FakeModel
 ) -> None:

@@ -40,6 +40,7 @@ def test_killing_the_tmux_server_leaves_its_workers_resumable_and_jobs_says_gone
 
 
 @pytest.mark.real_pi
+@pytest.mark.any_pi
 def test_tmux_kill_server_then_master_relaunch_tmux_brings_both_pi_workers_back_into_their_files(
     pilab: PiPair,
 ) -> None:

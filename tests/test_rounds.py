@@ -289,6 +289,7 @@ def test_a_bash_master_prints_each_handoff_once_on_a_line_of_its_own(rlab: Lab) 
 
 # --- real pi ----------------------------------------------------------------------------------------------
 @pytest.mark.real_pi
+@pytest.mark.any_pi
 def test_a_pi_workers_done_reaches_its_pi_master_at_once_as_done_with_its_answer_and_a_stop_adds_nothing(
     mlab: MLab,
 ) -> None:

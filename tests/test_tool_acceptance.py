@@ -68,6 +68,7 @@ def _archived(at: Lab) -> list[dict[str, Any]]:
 
 
 @pytest.mark.real_pi
+@pytest.mark.any_pi
 def test_the_pi_tool_previews_stop_session_without_confirm_and_stops_that_sessions_jobs_with_it(
     mlab: MLab,
 ) -> None:
@@ -156,6 +157,7 @@ def test_fire_force_with_a_live_session_of_that_name_is_refused_and_force_never_
 
 
 @pytest.mark.real_pi
+@pytest.mark.any_pi
 def test_the_pi_tool_refuses_force_on_a_live_session_and_a_key_without_force_and_force_spares_the_old_pane(
     mlab: MLab,
 ) -> None:
@@ -211,6 +213,7 @@ def test_the_pi_tool_refuses_force_on_a_live_session_and_a_key_without_force_and
 
 
 @pytest.mark.real_pi
+@pytest.mark.any_pi
 def test_the_pi_tool_lists_profiles_and_dismisses_a_finished_job_but_not_a_working_one(
     mlab: MLab,
 ) -> None:
@@ -256,6 +259,7 @@ def test_the_pi_tool_lists_profiles_and_dismisses_a_finished_job_but_not_a_worki
 
 
 @pytest.mark.real_pi
+@pytest.mark.any_pi
 def test_the_pi_tools_errors_name_its_parameters_and_nothing_is_launched_or_written(
     mlab: MLab,
 ) -> None:

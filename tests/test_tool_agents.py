@@ -198,6 +198,7 @@ def test_a_command_is_split_into_words_as_written_and_never_by_a_shell() -> None
 
 
 @pytest.mark.real_pi
+@pytest.mark.any_pi
 def test_the_pi_tool_fires_ad_hoc_agents_and_refuses_bad_ones_by_name(
     mlab: MLab,
 ) -> None:

@@ -87,6 +87,7 @@ def test_a_workspace_is_a_fresh_tmux_session_and_an_existing_one_is_refused(lab:
 
 
 @pytest.mark.real_pi
+@pytest.mark.any_pi
 def test_the_pi_tool_takes_the_origins_names_and_refuses_a_bad_one_by_name(
     mlab: MLab,
 ) -> None:
@@ -148,6 +149,7 @@ def test_job_variables_are_set_read_and_listed_durably_and_every_worker_is_told_
 
 
 @pytest.mark.real_pi
+@pytest.mark.any_pi
 def test_the_pi_tool_sets_and_lists_job_variables_and_refuses_a_bad_name(
     mlab: MLab,
 ) -> None:
@@ -193,6 +195,7 @@ def test_the_origins_team_templates_ship_and_templates_lists_and_shows_them(tmp_
 
 
 @pytest.mark.real_pi
+@pytest.mark.any_pi
 def test_the_pi_tool_lists_and_shows_templates(mlab: MLab) -> None:
     at, llm, script = mlab
     script.steps = [

@@ -232,6 +232,7 @@ def test_a_pi_workers_bridge_claims_pis_own_usage_for_the_round(
 
 # --- the master's tool ------------------------------------------------------------------------------
 @pytest.mark.real_pi
+@pytest.mark.any_pi
 def test_the_master_tools_list_jobs_with_usage_gives_the_claimed_totals(
     mlab: MLab,
 ) -> None:

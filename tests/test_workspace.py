@@ -182,6 +182,7 @@ def test_an_existing_session_an_unknown_template_and_a_bad_name_are_refused_with
 
 
 @pytest.mark.real_pi
+@pytest.mark.any_pi
 def test_the_pi_tool_plans_and_launches_a_workspace_and_refuses_a_taken_session_by_name(
     mlab: MLab,
 ) -> None:
