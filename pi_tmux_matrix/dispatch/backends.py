@@ -66,7 +66,7 @@ class Started:
             target=self.target,
             host_pid=self.host_pid,
             host_start=self.host.start_ticks if self.host else None,
-            boot_id=self.host.boot_id if self.host else None,
+            boot_id=self.host.boot_id if self.host else agent.boot_id,
             log=self.log,
         )
 

@@ -27,7 +27,15 @@ from .confirm import spawn_failure
 from .jobs import JobStore, result_now
 from .model import AgentResult, Job, JobAgent, ResultKind
 
-__all__ = ["UNSUPERVISED", "Supervision", "exit_words", "settle", "settle_all", "supervision"]
+__all__ = [
+    "UNSUPERVISED",
+    "Supervision",
+    "exit_words",
+    "of_an_ended_boot",
+    "settle",
+    "settle_all",
+    "supervision",
+]
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +57,17 @@ class Supervision(enum.Enum):
     ENDED = "ended"  # the host is dead and so is its agent: the round's end is ours to write
 
 
+def of_an_ended_boot(agent: JobAgent) -> bool:
+    """No host recorded, launched in a boot that has ended: the crash that ended it undid the
+    fire's record of the host (docs/decisions.md#a-fire-fsyncs-only-what-a-crash-needs), and
+    ended that host and its agent too."""
+    return agent.host is None and agent.boot_id is not None and agent.boot_id != procs.boot_id()
+
+
 def supervision(agent: JobAgent, entry: Entry | None) -> Supervision:
     """Judged by process identity only (never by tmux, which proves nothing about the agent)."""
     if agent.host is None:
-        return Supervision.UNKNOWN
+        return Supervision.ENDED if of_an_ended_boot(agent) else Supervision.UNKNOWN
     if procs.is_alive(agent.host):
         return Supervision.HOST
     if entry is None:

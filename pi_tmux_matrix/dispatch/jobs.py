@@ -54,7 +54,7 @@ class JobStore:
     # -- jobs -------------------------------------------------------------------------------------
     def create(self, job: Job, *, sync_dir: bool = True) -> Job:
         """Write a new job record. ``sync_dir=False``: whole and visible, but durable only once
-        the next durable write to ``jobs/`` (the fire's own update of it) fsyncs the folder."""
+        ``jobs/`` is fsynced (:meth:`sync`, which a fire runs beside its tmux call)."""
         validate_id(job.id, "job id")
         if not self.jobs.put(job.id, job, exclusive=True, sync_dir=sync_dir):
             raise CorruptEntry(self.jobs.path(job.id), "a job with this id already exists")
@@ -66,10 +66,15 @@ class JobStore:
         validate_id(job_id, "job id")
         return self.jobs.get(job_id)
 
-    def update(self, job_id: str, change: Callable[[Job], Job | None]) -> Job:
-        """Change a job under its lock (``change`` returning None writes nothing)."""
+    def update(self, job_id: str, change: Callable[[Job], Job | None], *, sync_dir: bool = True) -> Job:
+        """Change a job under its lock (``change`` returning None writes nothing). ``sync_dir=False``:
+        whole and visible, but a crash may undo it (only a fire's record of its panes asks so)."""
         validate_id(job_id, "job id")
-        return self.jobs.update(job_id, change)
+        return self.jobs.update(job_id, change, sync_dir=sync_dir)
+
+    def sync(self) -> None:
+        """fsync ``jobs/``: the records written there with ``sync_dir=False`` survive a crash now."""
+        self.jobs.sync()
 
     def list_jobs(self) -> tuple[list[Job], list[Problem]]:
         return self.jobs.list()

@@ -166,11 +166,14 @@ class Dispatcher:
             self.planner.check_room(job, planned)
             self._check_launch_key(request, job, archive=True)
             # Written whole (its bytes fsynced before it gets its name) and visible before any
-            # host starts (each reads it), but its folder is fsynced once, by the update below
-            # (always run, same folder), not twice (each fsync is a journal commit a series of
-            # fires waits for in turn). Until then only its hosts know of it; a crash that undoes
-            # it (an OS crash: fsync guards nothing else) ends those hosts too, and the fire that
-            # made it never returned (docs/decisions.md#a-fire-fsyncs-only-what-a-crash-needs).
+            # host starts (each reads it), but made durable only by its folder's fsync, run after
+            # the launches beside the update below and the launching entries' writes (each fsync is
+            # a journal commit a series of fires waits for in turn: these share one).
+            # The update below, which records the hosts and panes, leaves that fsync out: a crash
+            # that undoes it leaves this version, whose agents name the boot they were launched
+            # in, and readers settle them as ended with that boot; a crash that undoes this one
+            # too ends its hosts, and the fire that made it never returned
+            # (docs/decisions.md#a-fire-fsyncs-only-what-a-crash-needs).
             self.jobs.create(job, sync_dir=False)
             launched: list[JobAgent] = []
             beside = Beside()  # what the launches owe and nothing waits for (dispatch/launching.py)
@@ -183,10 +186,12 @@ class Dispatcher:
                 raise DispatchError(failure) from exc
             finally:
                 by_id = {a.agent_id: a for a in launched}
+                beside.run("the job record's fsync", self.jobs.sync)
                 try:
                     job = self.jobs.update(
                         job.id,
                         lambda j: attrs.evolve(j, agents=tuple(by_id.get(a.agent_id, a) for a in j.agents)),
+                        sync_dir=False,
                     )
                 finally:
                     unwritten = beside.join()

@@ -83,7 +83,7 @@ class JobAgent:
     target: str | None = None  # human tmux target, session:window
     host_pid: int | None = None  # the pane's process: the agent host
     host_start: int | None = None  # its kernel start ticks (identity, not just a pid)
-    boot_id: str | None = None
+    boot_id: str | None = None  # its host's boot: set when planned (before the host is known)
     log: str | None = None  # subprocess backend: the host's output file
 
     @property

@@ -413,6 +413,7 @@ class Planner:
             lane=place.lane,
             session_file=session_file,
             socket=place.socket,
+            boot_id=procs.boot_id(),  # its host runs in this boot: a crash that ends it ends the host
         )
         return planned, agent
 

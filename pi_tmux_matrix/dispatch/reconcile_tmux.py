@@ -18,7 +18,7 @@ from ..errors import TmuxUnavailable
 from ..matrix.store import MatrixStore, now_ms
 from .backends import started_in
 from .confirm import settle_starts
-from .hostless import settle
+from .hostless import of_an_ended_boot, settle
 from .jobs import JobStore
 from .model import Job, JobAgent
 from .tmux import TmuxServer
@@ -128,8 +128,9 @@ def _orphaned(view: JobView, states: dict[str, TmuxState]) -> bool:
     """Unfinished, every pane recorded, and every unfinished agent's pane gone and host dead (an
     agent running on unsupervised is not lost: its job is running)."""
     unfinished = [a for a in view.agents if a.result is None]
-    # A fire still launching has no panes yet: not orphaned.
-    recorded = all(a.pane_id is not None for a in view.job.agents if a.in_tmux)
+    # A fire still launching has no panes yet: not orphaned (unless it was launched in a boot
+    # that has ended, whose crash undid the record of its panes).
+    recorded = all(a.pane_id is not None or of_an_ended_boot(a) for a in view.job.agents if a.in_tmux)
     return (
         view.state == "running"
         and bool(unfinished)

@@ -25,7 +25,7 @@ from ..errors import CorruptEntry
 from ..identity import ID_PATTERN, validate_id
 from ..strictjson import JSONObject
 from .codec import MAX_ENTRY_BYTES, DecodeError, structure, unstructure
-from .fsio import durable_unlink, durable_write, opened_dir, read_bounded
+from .fsio import durable_unlink, durable_write, fsync_dir, opened_dir, read_bounded
 from .statedir import LOCKS, QUARANTINE, RESERVED_DIRS, SUFFIX, Problem, StateDir
 
 __all__ = ["RecordStore", "Records"]
@@ -122,16 +122,23 @@ class RecordStore:
         return True
 
     def update(
-        self, name: str, change: Callable[[JSONObject | None], JSONObject | None]
+        self, name: str, change: Callable[[JSONObject | None], JSONObject | None], *, sync_dir: bool = True
     ) -> JSONObject | None:
-        """Read, change and write under the record's lock; ``change`` returning None writes nothing."""
+        """Read, change and write under the record's lock; ``change`` returning None writes nothing.
+        ``sync_dir=False``: whole but not yet durable (see :func:`~.fsio.durable_write`)."""
         with self.locked(name) as fd:
             current = self._read(fd, name)
             changed = change(current)
             if changed is None:
                 return current
-            self._write(fd, name, changed, exclusive=False)
+            self._write(fd, name, changed, exclusive=False, sync_dir=sync_dir)
             return changed
+
+    def sync(self) -> None:
+        """fsync the record dir: the records written with ``sync_dir=False`` survive a crash now."""
+        with self._dir_fd(create=False) as fd:
+            if fd is not None:
+                fsync_dir(fd)
 
     def names(self) -> list[str]:
         """The name of every file named like a record, valid or not, sorted; nothing is read."""
@@ -306,9 +313,10 @@ class Records(Generic[T]):
         ``sync_dir=False``: whole but not yet durable (see :func:`~.fsio.durable_write`)."""
         return self.files.put(name, self.encode(record), exclusive=exclusive, sync_dir=sync_dir)
 
-    def update(self, name: str, change: Callable[[T], T | None]) -> T:
+    def update(self, name: str, change: Callable[[T], T | None], *, sync_dir: bool = True) -> T:
         """Change the record under its lock (``change`` returning None writes nothing); returns
-        what is on disk afterwards. The owner's ``missing`` error if absent."""
+        what is on disk afterwards. The owner's ``missing`` error if absent. ``sync_dir=False``:
+        whole but not yet durable (see :func:`~.fsio.durable_write`)."""
         seen: list[T] = []
 
         def apply(raw: JSONObject | None) -> JSONObject | None:
@@ -319,8 +327,12 @@ class Records(Generic[T]):
             seen.append(current if changed is None else changed)
             return None if changed is None else self.encode(changed)
 
-        self.files.update(name, apply)
+        self.files.update(name, apply, sync_dir=sync_dir)
         return seen[-1]
+
+    def sync(self) -> None:
+        """See :meth:`RecordStore.sync`."""
+        self.files.sync()
 
     def names(self) -> list[str]:
         """Every record's name, valid or not (see :meth:`RecordStore.names`)."""
