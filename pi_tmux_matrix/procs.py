@@ -33,6 +33,7 @@ __all__ = [
     "is_alive",
     "open_pidfd",
     "process_state",
+    "release_free_heap",
     "rss_bytes",
     "running_pids",
     "send_signal",
@@ -258,6 +259,15 @@ def die_with_parent(sig: int | signal.Signals) -> Callable[[], None]:
             os.kill(os.getpid(), number)  # ourselves: no pid that could have been reused
 
     return arm
+
+
+def release_free_heap() -> None:
+    """Give the memory the C allocator holds free back to the kernel (glibc's ``malloc_trim``;
+    nothing where libc has none, as musl's). A long-lived process that allocated much on its way
+    to idling (imports, parsing) otherwise keeps those pages resident for good."""
+    trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def open_pidfd(identity: ProcessIdentity) -> int | None:

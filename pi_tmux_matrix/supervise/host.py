@@ -119,6 +119,7 @@ class AgentHost:
         self.rounds = Rounds(self.record, self.reports, self.record.events)
         self.handoffs_told: set[str] = set()  # the workers whose word of a new handoff came
         self._selector: selectors.BaseSelector | None = None
+        self._trimmed = False  # the free heap given back once, at the first heartbeat
 
     # What the program reads of its host (cli/master.py: its hooks, and ``reports`` for delivery).
     @property
@@ -432,6 +433,12 @@ class AgentHost:
             # Whole, not durable: a crash that undoes a beat ended this host too
             # (docs/decisions.md#a-heartbeat-is-whole-but-not-made-durable).
             self.record.write(lambda e: lifecycle.heartbeat(e, beat), durable=False)
+            if not self._trimmed:
+                # Its start is behind it (imports, registration, the agent's spawn): what the
+                # allocator still holds free goes back, ~1 MiB of every host
+                # (docs/decisions.md#a-hosts-memory-is-judged-by-its-pss).
+                self._trimmed = True
+                procs.release_free_heap()
             self.reports.check_silent(time.monotonic(), self.events, self.key)
             if self.hooks.on_tick is not None and not self.record.superseded:
                 self.hooks.on_tick(self)
