@@ -14,6 +14,7 @@ import json
 import os
 import stat
 import threading
+import time
 
 import attrs
 import pytest
@@ -23,7 +24,7 @@ from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore, new_job_id
-from pi_tmux_matrix.dispatch.model import ResultKind
+from pi_tmux_matrix.dispatch.model import SUBPROCESS, ResultKind
 from pi_tmux_matrix.errors import DispatchError, StoreError
 from pi_tmux_matrix.matrix.model import Status
 from pi_tmux_matrix.matrix.store import MatrixStore
@@ -43,7 +44,7 @@ def _observe_fsyncs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool, bo
     return seen
 
 
-def test_a_fire_fsyncs_each_record_once_and_waits_only_for_what_the_host_reads_and_its_pane(
+def test_a_fire_fsyncs_each_record_once_and_waits_only_for_the_record_of_its_panes(
     lab: Lab,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -51,10 +52,11 @@ def test_a_fire_fsyncs_each_record_once_and_waits_only_for_what_the_host_reads_a
     each fsynced once before it counts; of the folders only ``jobs/``, once, after the job's first
     version got its name. The state root is not fsynced for the ``launching`` entry, which a
     crash makes moot (its host dies with it). Five fsyncs; there were seven (``jobs/`` twice, the
-    state root once). The fire's own thread makes two, one on each side of its tmux call: the
-    job's first version (its hosts read it) and the update recording its panes; the rest run
-    beside (``jobs/`` beside the update, whose own folder fsync, a third on the fire's path, is
-    left out: docs/decisions.md#a-fire-fsyncs-only-what-a-crash-needs)."""
+    state root once). The fire's own thread makes one, after its tmux call: the update recording
+    its panes (there were three: the job's first version's before the tmux call, the update's
+    file and its folder). The rest run beside: the job's first version, file and folder, during
+    the tmux call (its hosts wait for it); the update's own folder fsync is left out
+    (docs/decisions.md#a-fire-fsyncs-only-what-a-crash-needs)."""
     lab.start_master()
     # No host registers while we count (they are other processes anyway).
     pythonpath = gated_pythonpath(lab.tmp, HOLD)
@@ -71,7 +73,7 @@ def test_a_fire_fsyncs_each_record_once_and_waits_only_for_what_the_host_reads_a
     assert sorted(files) == sorted(
         [job_tmp, job_tmp, f".{agent.key}.json.tmp", os.path.basename(str(agent.session_file))]
     ), seen
-    assert [os.path.basename(p) for p, _, own in seen if own] == [job_tmp, job_tmp], seen
+    assert [os.path.basename(p) for p, _, own in seen if own] == [job_tmp], seen
     # The folder's fsync comes after the job's first version was fsynced (and named).
     paths = [p for p, _, _ in seen]
     assert paths.index(jobs_dir) > paths.index(os.path.join(jobs_dir, job_tmp)), seen
@@ -163,3 +165,55 @@ def test_a_job_whose_record_of_its_panes_a_crash_undid_is_settled_with_its_boot(
     assert listed.returncode == 0, listed.stderr
     (view,) = [v for v in json.loads(listed.stdout) if v["jobId"] == unwatched.id]
     assert view["state"] == "orphaned", view
+
+
+def test_a_host_started_before_its_job_record_is_written_waits_for_it(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's first version is written beside the tmux call, so a host can start before it
+    is there (a disk slow to write it, made so here): the host waits for it and its round is
+    watched as usual. Before the host waited, its rounds went unwatched (no result, ever)."""
+    lab.start_master()
+    real = JobStore.create
+
+    def slow(self: JobStore, *args: object, **kwargs: object) -> object:
+        time.sleep(1.5)  # the host is well past its start by then
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(JobStore, "create", slow)
+    fired = lab.fire("slowly recorded")
+    monkeypatch.undo()
+    (agent,) = fired.job.agents
+    result = wait_for("the round's result", lambda: lab.result(fired.job.id, agent.agent_id), timeout=30)
+    assert result.kind is ResultKind.DONE, result
+
+
+def test_a_fire_whose_job_record_cannot_be_written_fails_and_its_host_starts_nothing(
+    lab: Lab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's create fails (a full disk, forced at its seam): the fire fails naming the record,
+    and its host, which waited for the record in vain (the wait cut to 1 s here), ends with
+    nothing started; no agent ran unwatched."""
+    lab.start_master()
+    seam = lab.tmp / "short-wait"
+    seam.mkdir()
+    (seam / "sitecustomize.py").write_text(
+        "import pi_tmux_matrix.dispatch.jobs as jobs\njobs.JOB_WAIT_S = 1.0\n"
+    )
+    pythonpath = os.pathsep.join(filter(None, [str(seam), os.environ.get("PYTHONPATH")]))
+
+    def full(self: JobStore, *args: object, **kwargs: object) -> object:
+        raise StoreError("jobs/: No space left on device")
+
+    monkeypatch.setattr(JobStore, "create", full)
+    request_env = {"PYTHONPATH": pythonpath}
+    with pytest.raises(DispatchError) as raised:
+        lab.fire("never recorded", env=request_env, backend=SUBPROCESS)
+    monkeypatch.undo()
+    said = str(raised.value)
+    assert "its record could not be written" in said and "start no agent" in said, said
+    (log,) = wait_for("the host's log", lambda: list((lab.state / "logs").glob("*.log")) or None)
+    text = wait_for("the host's end", lambda: "nothing started" in (t := log.read_text()) and t, timeout=20)
+    assert "no job" in text, text
+    workers = [e for e in lab.store.list().entries if e.role.value == "worker"]
+    assert [e for e in workers if e.status is Status.RUNNING or e.child_pid is not None] == [], workers

@@ -24,7 +24,7 @@ from ..contract import (
     contract_from_args,
     parse_allowed_paths,
 )
-from ..errors import ContractError, PiMatrixError
+from ..errors import ContractError, JobNotFound, PiMatrixError
 from ..identity import ID_PATTERN, AgentIdentityContract, Mode, Role, validate_id
 from ..matrix.tickets import LaunchTickets, Taken
 from ..piversion import is_pi_program
@@ -240,9 +240,15 @@ def cmd_host(args: argparse.Namespace, io: Io) -> int:
 
         write_header(identity.session_file, session_id, identity.cwd or os.getcwd())
     host = AgentHost(spec, store, settings, out=io.out)
-    rounds = rounds_for(
-        store, args.job, args.job_agent, key=host.key, role=host.role, pane=os.environ.get(ENV_TMUX_PANE)
-    )
+    try:
+        rounds = rounds_for(
+            store, args.job, args.job_agent, key=host.key, role=host.role, pane=os.environ.get(ENV_TMUX_PANE)
+        )
+    except JobNotFound as exc:
+        # The fire writes the job beside its tmux call and returns only once it is written: a
+        # job still missing now was never recorded, and no agent may run unseen by its job.
+        io.err.write(f"pi-matrix host: {exc}: its fire failed before recording it; nothing started\n")
+        return 1
     return run_with_rounds(host, rounds, HostHooks(on_agent_end=abort_forks, on_tick=ForkResults()))
 
 

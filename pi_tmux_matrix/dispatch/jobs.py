@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from typing import Final
 
 import attrs
 
@@ -26,9 +27,14 @@ from ..matrix.tokens import now_ms
 from .model import JOB_SCHEMA_VERSION, AgentResult, Job, JobAgent, ResultKind
 from .usage import CLAIM_SUFFIX, read_claim
 
-__all__ = ["JobStore", "new_job_id", "new_nonce"]
+__all__ = ["JOB_WAIT_S", "JobStore", "new_job_id", "new_nonce"]
 
 log = logging.getLogger(__name__)
+# A fire writes its job record beside its tmux calls, so a host may start before the record is
+# there (docs/decisions.md#a-fire-fsyncs-only-what-a-crash-needs). The write takes milliseconds
+# and the fire returns only once it is done: this bound is for a disk that stalls. Past it the
+# fire has failed or died, and the host starts nothing.
+JOB_WAIT_S: Final = 30.0
 
 
 def new_job_id() -> str:
@@ -53,28 +59,39 @@ class JobStore:
 
     # -- jobs -------------------------------------------------------------------------------------
     def create(self, job: Job, *, sync_dir: bool = True) -> Job:
-        """Write a new job record. ``sync_dir=False``: whole and visible, but durable only once
-        ``jobs/`` is fsynced (:meth:`sync`, which a fire runs beside its tmux call)."""
+        """Write a new job record (``sync_dir=False``: whole and visible, not yet durable)."""
         validate_id(job.id, "job id")
+        # Before the job is seen: its hosts wait for it before their agents start, and an agent's
+        # usage claim goes beside its results (claim_path).
+        self.store.side_dir("results")
         if not self.jobs.put(job.id, job, exclusive=True, sync_dir=sync_dir):
             raise CorruptEntry(self.jobs.path(job.id), "a job with this id already exists")
-        # Before any agent starts: its usage claim goes beside its results (claim_path).
-        self.store.side_dir("results")
         return job
 
     def get(self, job_id: str) -> Job:
         validate_id(job_id, "job id")
         return self.jobs.get(job_id)
 
+    def get_when_written(self, job_id: str) -> Job:
+        """The job's record, waited for while its fire still writes it (JobNotFound past
+        :data:`JOB_WAIT_S`). Polled: the wait is almost always none, and a host holds no inotify
+        instance for it."""
+        give_up = time.monotonic() + JOB_WAIT_S
+        pause = 0.005
+        while True:
+            try:
+                return self.get(job_id)
+            except JobNotFound:
+                if time.monotonic() >= give_up:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.2)
+
     def update(self, job_id: str, change: Callable[[Job], Job | None], *, sync_dir: bool = True) -> Job:
         """Change a job under its lock (``change`` returning None writes nothing). ``sync_dir=False``:
         whole and visible, but a crash may undo it (only a fire's record of its panes asks so)."""
         validate_id(job_id, "job id")
         return self.jobs.update(job_id, change, sync_dir=sync_dir)
-
-    def sync(self) -> None:
-        """fsync ``jobs/``: the records written there with ``sync_dir=False`` survive a crash now."""
-        self.jobs.sync()
 
     def list_jobs(self) -> tuple[list[Job], list[Problem]]:
         return self.jobs.list()

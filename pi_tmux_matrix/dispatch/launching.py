@@ -6,9 +6,9 @@ A fire's time is mostly waiting: on its tmux call and on its fsyncs, each a jour
 costs milliseconds while other hosts start and write beside it. So a session header's fsync
 runs while its tmux call does, and the ``launching`` entry is written while the job's update is
 (their fsyncs share commits). Everything started beside is joined before the fire returns and
-before it lets go of its cap lock, so a fire that returns has every write done, as before; what
-must be in place before a host starts (its job record, its session header's bytes) is still
-written before its tmux call.
+before it lets go of its cap lock, so a fire that returns has every write done, as before. The
+job's first version is written beside the tmux calls (its hosts wait for it); a session header's
+bytes are still written before its tmux call (pi opens the file when it starts).
 """
 
 from __future__ import annotations
@@ -39,10 +39,13 @@ class Beside:
         self._pool: ThreadPoolExecutor | None = None
         self._pending: list[tuple[str, Future[object]]] = []
 
-    def run(self, what: str, call: Callable[..., object], *args: object) -> None:
+    def run(self, what: str, call: Callable[..., object], *args: object) -> Future[object]:
+        """Start ``call``; its future, for a step that must follow it (its failure is joined)."""
         if self._pool is None:  # made on first use: a fire with nothing beside starts no thread
             self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pi-matrix-fire")
-        self._pending.append((what, self._pool.submit(call, *args)))
+        future = self._pool.submit(call, *args)
+        self._pending.append((what, future))
+        return future
 
     def join(self) -> list[tuple[str, BaseException]]:
         """Wait for every call; each failure (what it was, the exception), logged too (a caller

@@ -43,7 +43,7 @@ from ..settings import MatrixSettings
 from .backends import Backend, backends
 from .confirm import check_programs, confirm_starts, record_failures, settle_starts
 from .hostless import settle
-from .jobs import JobStore, new_nonce, result_now
+from .jobs import JOB_WAIT_S, JobStore, new_nonce, result_now
 from .launching import Beside, launch_one
 from .model import MAX_ROUND, TMUX, AgentLaunch, AgentResult, Job, JobAgent, PlannedAgent, ResultKind
 from .plan import Planner
@@ -165,18 +165,17 @@ class Dispatcher:
         with self._cap_lock():
             self.planner.check_room(job, planned)
             self._check_launch_key(request, job, archive=True)
-            # Written whole (its bytes fsynced before it gets its name) and visible before any
-            # host starts (each reads it), but made durable only by its folder's fsync, run after
-            # the launches beside the update below and the launching entries' writes (each fsync is
-            # a journal commit a series of fires waits for in turn: these share one).
-            # The update below, which records the hosts and panes, leaves that fsync out: a crash
-            # that undoes it leaves this version, whose agents name the boot they were launched
-            # in, and readers settle them as ended with that boot; a crash that undoes this one
-            # too ends its hosts, and the fire that made it never returned
-            # (docs/decisions.md#a-fire-fsyncs-only-what-a-crash-needs).
-            self.jobs.create(job, sync_dir=False)
-            launched: list[JobAgent] = []
+            # The job's first version is written beside the launches, not before them: its write
+            # and its two fsyncs (each a journal commit a series of fires waits for in turn) run
+            # while tmux makes the panes, and its hosts, which read it, wait for it
+            # (dispatch/roundwatch.py: JOB_WAIT_S). It is durable before the update below, and so
+            # before the fire returns. The update, which records the hosts and panes, leaves its
+            # folder's fsync out: a crash that undoes it leaves the first version, whose agents
+            # name the boot they were launched in, and readers settle them as ended with that
+            # boot (docs/decisions.md#a-fire-fsyncs-only-what-a-crash-needs).
             beside = Beside()  # what the launches owe and nothing waits for (dispatch/launching.py)
+            created = beside.run("the job record", self.jobs.create, job)
+            launched: list[JobAgent] = []
             store = self.store if self.settings.enabled else None
             try:
                 for agent, plan in zip(job.agents, planned, strict=True):
@@ -186,15 +185,23 @@ class Dispatcher:
                 raise DispatchError(failure) from exc
             finally:
                 by_id = {a.agent_id: a for a in launched}
-                beside.run("the job record's fsync", self.jobs.sync)
                 try:
-                    job = self.jobs.update(
-                        job.id,
-                        lambda j: attrs.evolve(j, agents=tuple(by_id.get(a.agent_id, a) for a in j.agents)),
-                        sync_dir=False,
-                    )
+                    if created.exception() is None:  # else its hosts start nothing: joined below
+                        job = self.jobs.update(
+                            job.id,
+                            lambda j: attrs.evolve(
+                                j, agents=tuple(by_id.get(a.agent_id, a) for a in j.agents)
+                            ),
+                            sync_dir=False,
+                        )
                 finally:
                     unwritten = beside.join()
+            if created.exception() is not None:
+                error = created.exception()
+                raise DispatchError(
+                    f"fire: job {job.id}: its record could not be written ({error}): its hosts start no "
+                    f"agent and end within {JOB_WAIT_S:.0f} s"
+                ) from error
             if unwritten:
                 what, error = unwritten[0]
                 raise DispatchError(f"fire: job {job.id}: {what}: {error}; {_running(launched)}") from error

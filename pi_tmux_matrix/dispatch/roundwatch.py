@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Final
 
 import attrs
 
-from ..errors import PiMatrixError, TmuxUnavailable
+from ..errors import JobNotFound, PiMatrixError, TmuxUnavailable
 from ..matrix.fsio import open_fifo
 from ..matrix.layout import PIPES
 from ..matrix.mailbox import EventLog
@@ -99,9 +99,14 @@ class RoundWatch:
     def of_job(
         cls, store: MatrixStore, job_id: str, agent_id: str, *, pane: str | None, skip_through: int = 0
     ) -> RoundWatch | None:
-        """The round thread for a job agent, or None (no such job or agent: nothing to watch)."""
+        """The round thread for a job agent, or None (no such agent, or its job unreadable:
+        nothing to watch). JobNotFound when the job has no record even after
+        :data:`~.jobs.JOB_WAIT_S`:
+        the host then starts nothing."""
         try:
-            agent = JobStore(store).get(job_id).agent(agent_id)
+            agent = JobStore(store).get_when_written(job_id).agent(agent_id)
+        except JobNotFound:
+            raise
         except PiMatrixError as exc:
             log.warning("job %s: its rounds are not watched: %s", job_id, exc)
             return None

@@ -29,7 +29,6 @@ __all__ = [
     "check_dir",
     "durable_unlink",
     "durable_write",
-    "fsync_dir",
     "open_append",
     "open_dir",
     "open_fifo",
@@ -83,9 +82,9 @@ def durable_write(
     ``sync_dir=False`` leaves out the last fsync: the new version is visible at once and still
     whole whenever a crash keeps it (its bytes reached the disk before it got its name), but a
     crash may undo it, leaving the old version (or, for a create, nothing). Only for a caller
-    whose folder is fsynced (its next durable write there, or :func:`fsync_dir`) before anyone
-    relies on this one surviving a crash, or whose record a crash makes moot or leaves to be read
-    another way; each such caller says which, where it asks.
+    whose next write to the same folder is a durable one made before anyone relies on this one
+    surviving a crash (that folder's fsync then keeps both), or whose record a crash makes moot;
+    each such caller says which, where it asks.
     """
     # ``tmp``: a writer that holds no lock on the name (a launch ticket) brings its own temp name.
     tmp = tmp or f".{name}.tmp"
@@ -132,13 +131,11 @@ def durable_write(
 
 
 def durable_unlink(dir_fd: int, name: str) -> None:
-    """Remove ``name`` and fsync its directory (the OSError as it came: the callers word it)."""
+    """Remove ``name`` from ``dir_fd`` and fsync the directory so the removal survives a crash.
+
+    Raises the OSError as it came (FileNotFoundError when absent): the callers word it.
+    """
     os.unlink(name, dir_fd=dir_fd)
-    fsync_dir(dir_fd)
-
-
-def fsync_dir(dir_fd: int) -> None:
-    """fsync the directory: every name made in it so far survives a crash (``sync_dir=False``)."""
     _fsync(dir_fd)
 
 

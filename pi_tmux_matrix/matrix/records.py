@@ -25,7 +25,7 @@ from ..errors import CorruptEntry
 from ..identity import ID_PATTERN, validate_id
 from ..strictjson import JSONObject
 from .codec import MAX_ENTRY_BYTES, DecodeError, structure, unstructure
-from .fsio import durable_unlink, durable_write, fsync_dir, opened_dir, read_bounded
+from .fsio import durable_unlink, durable_write, opened_dir, read_bounded
 from .statedir import LOCKS, QUARANTINE, RESERVED_DIRS, SUFFIX, Problem, StateDir
 
 __all__ = ["RecordStore", "Records"]
@@ -133,12 +133,6 @@ class RecordStore:
                 return current
             self._write(fd, name, changed, exclusive=False, sync_dir=sync_dir)
             return changed
-
-    def sync(self) -> None:
-        """fsync the record dir: the records written with ``sync_dir=False`` survive a crash now."""
-        with self._dir_fd(create=False) as fd:
-            if fd is not None:
-                fsync_dir(fd)
 
     def names(self) -> list[str]:
         """The name of every file named like a record, valid or not, sorted; nothing is read."""
@@ -329,10 +323,6 @@ class Records(Generic[T]):
 
         self.files.update(name, apply, sync_dir=sync_dir)
         return seen[-1]
-
-    def sync(self) -> None:
-        """See :meth:`RecordStore.sync`."""
-        self.files.sync()
 
     def names(self) -> list[str]:
         """Every record's name, valid or not (see :meth:`RecordStore.names`)."""
