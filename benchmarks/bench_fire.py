@@ -140,6 +140,11 @@ def run(agents: int, root: Path) -> dict[str, Any]:
         # -- baseline: the same argv and env, raw tmux calls ----------------------------------------
         base_store = MatrixStore(root / "state-base")
         _register_master(base_store, master_id)
+        # The job records ours wrote, in place before the clock starts: each host reads its own
+        # (and waits for it: docs/decisions.md#a-fire-fsyncs-only-what-a-crash-needs), so both
+        # sides' hosts do the same work, their round threads included.
+        shutil.copytree(ours_root / "jobs", base_store.root / "jobs")
+        base_store.side_dir("results")
         t0 = time.perf_counter()
         for i, (planned_argv, planned_env) in enumerate(ours_planned):
             # The same pane command, pointed at the baseline's own state dir.

@@ -109,16 +109,8 @@ def test_a_launching_entry_the_disk_refuses_fails_the_fire_after_its_job_recorde
     assert job.id in str(failed.value) and agent.agent_id in str(failed.value)
 
 
-def test_a_fire_reads_the_state_dir_whole_once_under_its_cap_lock(
-    lab: Lab,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The fire's parent check and its task ref read the master's own entry by its key; only the
-    cap check (under the fire lock) lists every entry. Each listing reads every file: at 100
-    agents a fire read the state dir three times (issue 30.4). Other agents' entries are there."""
-    lab.start_master()
-    pythonpath = gated_pythonpath(lab.tmp, HOLD)
-    lab.fire("HANG first", env={"PYTHONPATH": pythonpath})
+def _listings_of_a_fire(lab: Lab, monkeypatch: pytest.MonkeyPatch, pythonpath: str) -> tuple[int, str]:
+    """How many times one fire listed the state dir, and its refusal ('' if it launched)."""
     listings: list[int] = []
     real_list = MatrixStore.list
 
@@ -127,10 +119,33 @@ def test_a_fire_reads_the_state_dir_whole_once_under_its_cap_lock(
         return real_list(self)
 
     monkeypatch.setattr(MatrixStore, "list", counted)
-    lab.fire("HANG counted", env={"PYTHONPATH": pythonpath})
-    monkeypatch.undo()
+    refused = ""
+    try:
+        lab.fire("HANG counted", env={"PYTHONPATH": pythonpath})
+    except DispatchError as exc:
+        refused = str(exc)
+    finally:
+        monkeypatch.undo()
+    return len(listings), refused
+
+
+def test_a_fire_under_its_cap_reads_no_entry_and_one_near_it_reads_the_state_dir_once(
+    lab: Lab,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fire's parent check and its task ref read the master's own entry by its key; the cap
+    check (under the fire lock) counts the workers' entry files by name, and reads them only when
+    that count reaches the cap: then it lists every entry once. Each listing reads every file: at
+    100 agents a fire read the state dir three times, then once (issue 30.4); now none while the
+    fleet is under its cap. Other agents' entries are there."""
+    lab.settings.set(maxConcurrentAgents=2)
+    lab.start_master()
+    pythonpath = gated_pythonpath(lab.tmp, HOLD)
+    lab.fire("HANG first", env={"PYTHONPATH": pythonpath})
+    assert _listings_of_a_fire(lab, monkeypatch, pythonpath) == (0, "")  # 1 worker file + 1 <= 2
+    listings, refused = _listings_of_a_fire(lab, monkeypatch, pythonpath)  # 2 + 1 > 2: read
+    assert listings == 1 and "maxConcurrentAgents=2" in refused, (listings, refused)
     (lab.tmp / "gate").unlink()
-    assert len(listings) == 1, listings
 
 
 def test_a_job_whose_record_of_its_panes_a_crash_undid_is_settled_with_its_boot(lab: Lab) -> None:
