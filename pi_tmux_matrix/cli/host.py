@@ -70,7 +70,12 @@ def register(sub: Verbs, epilog: str) -> None:
         help="take over the live agent of KEY, whose host died (started by a master; no ARGV)",
     )
     host.add_argument("--rehost-claim", metavar="GEN", help="the launcher's claim on KEY (its generation)")
-    host.add_argument("--job", metavar="ID", help="watch this job agent's marker rounds (set by fire)")
+    host.add_argument(
+        "--job",
+        metavar="ID",
+        help="watch this job agent's marker rounds (set by fire; its record is waited for up to 30 s, and "
+        "without it nothing starts)",
+    )
     host.add_argument("--job-agent", metavar="A", help="the job's agent id (with --job)")
     host.add_argument(
         "--launch-ticket",
