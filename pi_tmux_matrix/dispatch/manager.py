@@ -168,12 +168,12 @@ class Dispatcher:
             # The job's first version is written beside the launches, not before them: its write
             # and its two fsyncs (each a journal commit a series of fires waits for in turn) run
             # while tmux makes the panes, and its hosts, which read it, wait for it
-            # (dispatch/roundwatch.py: JOB_WAIT_S). It is durable before the update below, and so
+            # (dispatch/jobs.py: JOB_WAIT_S). It is durable before the update below, and so
             # before the fire returns. The update, which records the hosts and panes, leaves its
             # folder's fsync out: a crash that undoes it leaves the first version, whose agents
             # name the boot they were launched in, and readers settle them as ended with that
             # boot (docs/decisions.md#a-fire-fsyncs-only-what-a-crash-needs).
-            beside = Beside()  # what the launches owe and nothing waits for (dispatch/launching.py)
+            beside = Beside()  # the writes run beside the launches (dispatch/launching.py)
             created = beside.run("the job record", self.jobs.create, job)
             launched: list[JobAgent] = []
             store = self.store if self.settings.enabled else None
@@ -196,8 +196,8 @@ class Dispatcher:
                         )
                 finally:
                     unwritten = beside.join()
-            if created.exception() is not None:
-                error = created.exception()
+            error = created.exception()
+            if error is not None:
                 raise DispatchError(
                     f"fire: job {job.id}: its record could not be written ({error}): its hosts start no "
                     f"agent and end within {JOB_WAIT_S:.0f} s"
