@@ -65,6 +65,12 @@ def _real_pi_mark(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _pi_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """One compile cache for the pi runs of this worker (``pi_support.pi_temp``)."""
+    pi_support.JITI_CACHE = tmp_path_factory.mktemp("jiti-cache")
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _session_tmux_socket() -> Iterator[None]:
     yield
     kill_tmux_server(_SESSION_SOCKET)

@@ -27,6 +27,22 @@ MARK_FIX = (
 )
 
 
+# pi compiles the bridge (TypeScript, through jiti) at each start unless it finds the compiled copy
+# in $TMPDIR/jiti. Each test's pi has a TMPDIR of its own; they all link one compile cache (per
+# xdist worker, set by conftest), so the bridge is compiled once per worker, not once per pi start
+# (~0.9 CPU-s each, on a suite that is CPU-bound). jiti checks a cached copy's hash before use.
+JITI_CACHE: Path | None = None
+
+
+def pi_temp(folder: Path) -> str:
+    """``folder`` made, as a TMPDIR for pi that shares the tests' compile cache; its path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    link = folder / "jiti"
+    if JITI_CACHE is not None and not link.exists():
+        link.symlink_to(JITI_CACHE, target_is_directory=True)
+    return str(folder)
+
+
 def pi_bin() -> str:
     """The path of the pinned pi binary, or skip (fail under ``CI=true``) saying why."""
     if RUNNING_MARKED is False:

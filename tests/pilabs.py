@@ -18,7 +18,7 @@ from typing import Any
 
 from labs import Lab
 from model_script import Scripted
-from pi_support import pi_bin
+from pi_support import pi_bin, pi_temp
 from waiting import wait_for
 
 from pi_tmux_matrix.matrix.model import Entry, Status
@@ -40,11 +40,9 @@ def on_the_fake_model(lab: Lab, llm: FakeModel, pi: str, **env: str) -> None:
     """Point ``lab``'s agent dir and environment at ``llm`` and the pi binary ``pi`` (offline,
     a temp dir of its own, no proxy for 127.0.0.1); ``env`` adds to its environment."""
     write_pi_agent_dir(lab.agent_dir, llm.base_url)
-    temp = lab.tmp / "tmp"
-    temp.mkdir()
     lab.env.update(
         PI_MATRIX_PI_COMMAND=json.dumps([pi]), PI_OFFLINE="1", NO_PROXY="127.0.0.1,localhost",
-        TMPDIR=str(temp), **env,
+        TMPDIR=pi_temp(lab.tmp / "tmp"), **env,
     )  # fmt: skip
 
 

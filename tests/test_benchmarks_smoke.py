@@ -8,12 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pi_support import pi_temp
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "bench_store.py"
 
 
 def test_bench_store_quick_runs(tmp_path: Path) -> None:
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env = {**os.environ, "TMPDIR": pi_temp(tmp_path)}
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--quick", "--dir", str(tmp_path),
          "--output", str(tmp_path / "bench_store.json")],
@@ -35,7 +37,7 @@ def test_bench_store_quick_runs(tmp_path: Path) -> None:
 
 
 def test_bench_supervise_quick_runs(tmp_path: Path) -> None:
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env = {**os.environ, "TMPDIR": pi_temp(tmp_path)}
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_supervise.py"), "--quick",
          "--output", str(tmp_path / "bench_supervise.json")],

@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from pi_support import pi_jiti
+from pi_support import pi_jiti, pi_temp
 
 from pi_tmux_matrix.bridge import bridge_path
 from pi_tmux_matrix.matrix.mailbox import Inbox
@@ -65,7 +65,7 @@ def test_the_bridges_report_and_artifact_are_fsynced_renamed_and_their_folder_fs
     script = tmp_path / "harness.mjs"
     script.write_text(HARNESS)
     env = dict(
-        os.environ, JITI=str(jiti), COMMON=str(bridge_path().parent / "common.ts"), TMPDIR=str(tmp_path),
+        os.environ, JITI=str(jiti), COMMON=str(bridge_path().parent / "common.ts"), TMPDIR=pi_temp(tmp_path),
         PI_MATRIX_KEY="worker-t1", PI_MATRIX_STATE_DIR=str(state), ARTIFACT=str(artifacts / "run-0001.json"),
     )  # fmt: skip
     done = subprocess.run(

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from pi_support import bridge_harness, pi_jiti, read_line
+from pi_support import bridge_harness, pi_jiti, pi_temp, read_line
 
 from pi_tmux_matrix.bridge import bridge_path
 
@@ -29,7 +29,7 @@ def test_a_notice_reaches_pi_as_it_is_appended_with_no_poll_at_all(tmp_path: Pat
     script.write_text(bridge_harness(bridge_path(), poll=False))
     modules = jiti.parent.parent.parent  # .pi-cli/node_modules: what pi's loader resolves from
     env = dict(
-        os.environ, NODE_PATH=str(modules), TMPDIR=str(tmp_path), PI_MATRIX_KEY="worker-t1",
+        os.environ, NODE_PATH=str(modules), TMPDIR=pi_temp(tmp_path), PI_MATRIX_KEY="worker-t1",
         PI_MATRIX_STATE_DIR=str(state), PI_MATRIX_MAILBOX=str(notices),
     )  # fmt: skip
     proc = subprocess.Popen(

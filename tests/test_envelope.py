@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import read_events
 from model_script import tool_results
-from pi_support import pi_bin, pi_jiti, pi_search_path
+from pi_support import pi_bin, pi_jiti, pi_search_path, pi_temp
 from pilabs import PiPair, run_worker, scoped_profile
 from waiting import wait_for
 
@@ -163,7 +163,7 @@ def test_the_bridge_alone_given_a_malformed_value_ends_the_session_before_any_to
         env = dict(
             os.environ, PI_MATRIX_KEY=key, PI_MATRIX_STATE_DIR=str(state), PI_PARENT_PID=str(os.getpid()),
             PI_WORKER_ALLOWED_PATHS='["relative"]', PI_OFFLINE="1", NO_PROXY="127.0.0.1,localhost",
-            TMPDIR=str(tmp),
+            TMPDIR=pi_temp(tmp),
         )  # fmt: skip
         done = subprocess.run(
             [binary, "-p", "--no-session", "-e", str(bridge_path()), "Write the file."],
@@ -241,7 +241,7 @@ def test_the_resolver_judges_paths_the_way_the_kernel_will_open_them(tmp_path: P
     )
     done = subprocess.run(
         ["node", str(script)], capture_output=True, text=True, timeout=60, check=False,
-        env=dict(os.environ, TMPDIR=str(tmp_path)),
+        env=dict(os.environ, TMPDIR=pi_temp(tmp_path)),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     verdicts = dict(zip(cases, json.loads(done.stdout), strict=True))
@@ -363,7 +363,7 @@ def test_a_search_runs_where_private_roots_are_absent_and_leaves_out_what_is_ins
     )
     done = subprocess.run(
         ["node", str(script)], capture_output=True, text=True, timeout=60, check=False,
-        env=dict(os.environ, TMPDIR=str(tmp_path)),
+        env=dict(os.environ, TMPDIR=pi_temp(tmp_path)),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)

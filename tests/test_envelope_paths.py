@@ -21,7 +21,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from pi_support import pi_bin, pi_jiti
+from pi_support import pi_bin, pi_jiti, pi_temp
 
 from pi_tmux_matrix.bridge import bridge_path
 
@@ -185,7 +185,7 @@ def judge_all(tmp: Path, base: Path, paths: list[str]) -> list[str | None]:
     node = shutil.which("node", path=os.path.dirname(pi_bin()) + os.pathsep + os.environ.get("PATH", ""))
     done = subprocess.run(
         [node or "node", str(script)], capture_output=True, text=True, timeout=120, check=False,
-        env=dict(os.environ, TMPDIR=str(tmp)),
+        env=dict(os.environ, TMPDIR=pi_temp(tmp)),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     verdicts: list[str | None] = json.loads(done.stdout)

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from helpers import read_events
 from model_script import tool_results
-from pi_support import pi_bin, pi_dist, pi_jiti, pi_search_path
+from pi_support import pi_bin, pi_dist, pi_jiti, pi_search_path, pi_temp
 from pilabs import PiPair, run_worker, scoped_profile
 from waiting import wait_for
 
@@ -100,7 +100,7 @@ def run_filter(
         "}\n"
         "console.log(JSON.stringify(out));\n"
     )
-    env = dict(os.environ, TMPDIR=str(base), PATH=pi_search_path(pi_bin()))  # as install-pi's wrapper
+    env = dict(os.environ, TMPDIR=pi_temp(base), PATH=pi_search_path(pi_bin()))  # as install-pi's wrapper
     done = subprocess.run(
         ["node", str(script)], capture_output=True, text=True, timeout=120, check=False, env=env, cwd=work
     )

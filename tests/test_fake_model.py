@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from helpers import Reaper
-from pi_support import pi_bin
+from pi_support import pi_bin, pi_temp
 from tmux_support import require_tmux
 
 from pi_tmux_matrix import procs
@@ -32,7 +32,7 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     tmp = tmp_path / "tmp"
     tmp.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.endswith("_API_KEY")}
-    env.update(TMPDIR=str(tmp), **extra)
+    env.update(TMPDIR=pi_temp(tmp), **extra)
     return env
 
 

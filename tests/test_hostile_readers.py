@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 from helpers import in_host, plant_job
-from pi_support import bridge_harness, pi_jiti, read_line
+from pi_support import bridge_harness, pi_jiti, pi_temp, read_line
 
 from pi_tmux_matrix.bridge import bridge_path
 from pi_tmux_matrix.dispatch.usage import read_claim
@@ -323,8 +323,8 @@ def test_the_bridge_reads_its_notices_only_from_a_regular_file(tmp_path: Path, k
     script = tmp_path / "harness.mjs"
     script.write_text(bridge_harness(bridge_path(), alive=True))
     env = dict(
-        os.environ, NODE_PATH=str(jiti.parent.parent.parent), TMPDIR=str(tmp_path), PI_MATRIX_KEY="worker-t1",
-        PI_MATRIX_STATE_DIR=str(state), PI_MATRIX_MAILBOX=str(notices),
+        os.environ, NODE_PATH=str(jiti.parent.parent.parent), TMPDIR=pi_temp(tmp_path),
+        PI_MATRIX_KEY="worker-t1", PI_MATRIX_STATE_DIR=str(state), PI_MATRIX_MAILBOX=str(notices),
     )  # fmt: skip
     proc = subprocess.Popen(
         ["node", str(script)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, env=env

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pi_support import ROOT, pi_bin, pi_dist, pi_search_path
+from pi_support import ROOT, pi_bin, pi_dist, pi_search_path, pi_temp
 
 from pi_tmux_matrix.pitools import search_tools, wrapper_path
 from pi_tmux_matrix.piversion import node_for
@@ -171,7 +171,7 @@ def test_pis_own_find_finds_what_is_there_and_leaves_out_what_gitignore_names(
     ))  # fmt: skip
     done = subprocess.run(
         [node_for([binary]) or "node", str(script)], capture_output=True, text=True, timeout=120,
-        check=False, env=dict(os.environ, PATH=path, TMPDIR=str(tmp_path)), cwd=work,
+        check=False, env=dict(os.environ, PATH=path, TMPDIR=pi_temp(tmp_path)), cwd=work,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     every, python, source = json.loads(done.stdout)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from labs import Lab
-from pi_support import pi_bin
+from pi_support import pi_bin, pi_temp
 from tmux_support import require_tmux
 from waiting import wait_for
 
@@ -72,7 +72,7 @@ def _pi_env(tmp_path: Path, binary: str, **extra: str) -> dict[str, str]:
         PI_MATRIX_PI_COMMAND=json.dumps([binary]),
         PI_OFFLINE="1",
         NO_PROXY="127.0.0.1,localhost",
-        TMPDIR=str(tmp),
+        TMPDIR=pi_temp(tmp),
     )
     env.update(extra)
     return env

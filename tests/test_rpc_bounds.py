@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from helpers import Reaper, make_entry
 from hosts import Host, pi_matrix
-from pi_support import pi_bin
+from pi_support import pi_bin, pi_temp
 from waiting import wait_for
 
 from pi_tmux_matrix import procs
@@ -82,7 +82,7 @@ def pi_host(reaper: Reaper, store: MatrixStore, work: Path, session: str, prompt
     log = work.parent / f"host-{session}.log"
     tmp = work.parent / "tmp"
     tmp.mkdir(exist_ok=True)
-    env = dict(os.environ, PI_OFFLINE="1", NO_PROXY="127.0.0.1,localhost", TMPDIR=str(tmp))
+    env = dict(os.environ, PI_OFFLINE="1", NO_PROXY="127.0.0.1,localhost", TMPDIR=pi_temp(tmp))
     popen = reaper.logged(cmd, log, cwd=work, env=env)
     return Host(popen=popen, key=f"master-{session}", session_file=work / "none", store=store, log=log)
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from labs import Lab
 from model_script import last_tool_result, tool
-from pi_support import pi_bin
+from pi_support import pi_bin, pi_temp
 from pilabs import MLab, run_print_master
 
 from pi_tmux_matrix.bridge import bridge_path
@@ -112,7 +112,7 @@ def _tmux_agents_notice(at: Lab, path: str) -> dict[str, Any]:
     cli = json.dumps([sys.executable, "-m", "pi_tmux_matrix"])
     env = dict(
         at.env, PATH=path, PI_MATRIX_KEY="master-cmd", PI_MATRIX_CLI=cli,
-        PI_OFFLINE="1", NO_PROXY="127.0.0.1,localhost", TMPDIR=str(at.tmp),
+        PI_OFFLINE="1", NO_PROXY="127.0.0.1,localhost", TMPDIR=pi_temp(at.tmp),
     )  # fmt: skip
     pi = subprocess.Popen(
         [pi_bin(), "--mode", "rpc", "--no-session", "--no-extensions", "-e", str(bridge_path())],
