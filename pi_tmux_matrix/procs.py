@@ -420,8 +420,9 @@ def cmdline(identity: ProcessIdentity) -> list[str] | None:
 
 
 def with_argument(word: str) -> list[ProcessIdentity]:
-    """Processes of this user with ``word`` as one whole argv element (e.g. a unique scratch
-    state dir): how the demo finds the helpers it started indirectly (tmux pipe-pane watchers)."""
+    """Processes of this user with ``word`` as one whole argv element, or one naming a path under
+    it (e.g. a unique scratch state dir, or a FIFO in it): how the demo finds the helpers it
+    started indirectly (the pane pipes tmux's pipe-pane runs)."""
     found: list[ProcessIdentity] = []
     me = os.getpid()
     for name in os.listdir("/proc"):
@@ -434,7 +435,8 @@ def with_argument(word: str) -> list[ProcessIdentity]:
                 argv = handle.read().split(b"\0")
         except OSError:
             continue
-        if os.fsencode(word) in argv:
+        whole, under = os.fsencode(word), os.fsencode(word.rstrip("/") + "/")
+        if any(arg == whole or arg.startswith(under) for arg in argv):
             identity = identify(int(name))
             if identity is not None:
                 found.append(identity)

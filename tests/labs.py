@@ -30,7 +30,10 @@ from pi_tmux_matrix.dispatch.jobs import JobStore
 from pi_tmux_matrix.dispatch.manager import Dispatcher
 from pi_tmux_matrix.dispatch.model import JobAgent
 from pi_tmux_matrix.dispatch.request import FireRequest
+from pi_tmux_matrix.errors import PiMatrixError
 from pi_tmux_matrix.identity import ProcessIdentity
+from pi_tmux_matrix.matrix.fsio import drop_fifos
+from pi_tmux_matrix.matrix.layout import PIPES
 from pi_tmux_matrix.matrix.model import Entry, Status
 from pi_tmux_matrix.matrix.store import MatrixStore
 from pi_tmux_matrix.pytest_plugin import FAST, MatrixSettingsFile
@@ -228,10 +231,9 @@ class Lab:
         if self.socket is not None:
             kill_tmux_server(self.socket)
         # A pane pipe whose host was killed before its writer opened the FIFO blocks in that
-        # open for good: a reader's open and close lets it end (as gc's removal of the FIFO does).
-        for fifo in (self.state / "pipes").glob("*.fifo") if (self.state / "pipes").is_dir() else ():
-            with contextlib.suppress(OSError):
-                os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+        # open for good: the FIFOs go as the demo's do, each writer let go first.
+        with contextlib.suppress(OSError, PiMatrixError):
+            drop_fifos(self.state / PIPES)
 
 
 def lose_worker(lab: Lab, master: Entry, key: str) -> Entry:

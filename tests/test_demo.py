@@ -82,3 +82,30 @@ def test_the_demo_runs_without_tmux_on_path_with_detached_agents(tmp_path: Path)
     assert "tmux -L" not in out and "recovers its exact orphans" in out
     assert re.search(r"same key, same session file .+, new host pid \d+ \(was \d+\)", out)
     assert _processes_mentioning(str(tmp_path)) == []
+
+
+def test_a_pane_pipe_left_opening_its_fifo_is_found_under_the_state_dir_and_let_go(tmp_path: Path) -> None:
+    """The demo's teardown: a pane pipe's helper (tmux's pipe-pane runs it, nobody's child) that
+    opens its FIFO after the host stopped reading waits for a reader for good. The demo finds it
+    by its FIFO's path under the scratch state dir, and removing the FIFOs lets it go."""
+    from pi_tmux_matrix import procs
+    from pi_tmux_matrix.matrix.fsio import drop_fifos
+
+    pipes = tmp_path / "state" / "pipes"
+    pipes.mkdir(mode=0o700, parents=True)
+    pipes.parent.chmod(0o700)
+    fifo = pipes / "job-1.a.fifo"
+    os.mkfifo(fifo, 0o600)
+    helper = subprocess.Popen(["sh", "-c", 'exec cat >"$1"', "sh", str(fifo)], stdin=subprocess.DEVNULL)
+    try:
+        found = [i.pid for i in procs.with_argument(str(tmp_path / "state"))]
+        assert helper.pid in found
+        time.sleep(0.2)
+        assert helper.poll() is None  # blocked in opening the FIFO: no reader
+        drop_fifos(pipes)
+        assert helper.wait(timeout=10) == 0
+        assert list(pipes.iterdir()) == []
+    finally:
+        if helper.poll() is None:
+            helper.kill()
+            helper.wait()

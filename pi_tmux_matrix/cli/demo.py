@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, TypeVar
 from .. import gitcmd, procs
 from ..errors import EXIT_OK, ContractError, LaneError, PiMatrixError, exit_code_for
 from ..identity import ProcessIdentity, Role
+from ..matrix.fsio import drop_fifos
+from ..matrix.layout import PIPES
 from ..matrix.model import Entry, Status
 from ..matrix.store import MatrixStore
 from ..programs import pi_command
@@ -356,8 +358,10 @@ class Demo:
 
             with suppress(PiMatrixError, OSError):
                 TmuxServer(self.socket).kill_server()
-        # The completion watchers (started by tmux's pipe-pane, so not our children) end on their
-        # own once their agent's host is gone; wait for them, and stop any that does not.
+        # The pane pipes' helpers (started by tmux's pipe-pane, so not our children) end once
+        # their pane is gone, but one still opening its FIFO waits for a reader: the FIFOs go
+        # with that reader's open first (fsio). Wait for them, and stop any that does not end.
+        drop_fifos(self.state / PIPES)
         deadline = time.monotonic() + 5
         while (strays := procs.with_argument(str(self.state))) and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -299,14 +299,17 @@ class RoundWatch:
         self._piped = False
 
     def _close_fifo(self) -> None:
-        if self._fifo is not None:
-            for fd in self._fifo:
-                os.close(fd)
-            self._fifo = None
+        # The name goes while our ends are still open: a pipe helper that opens it later makes a
+        # file and ends at the closed pipe, one that opens it before finds a reader. Closed first,
+        # the FIFO would keep a helper arriving between the two waiting for a reader for good.
         if self._fifo_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._fifo_path)
             self._fifo_path = None
+        if self._fifo is not None:
+            for fd in self._fifo:
+                os.close(fd)
+            self._fifo = None
 
 
 def _plugins(cwd: str) -> pluggy.PluginManager:

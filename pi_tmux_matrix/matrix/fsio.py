@@ -27,6 +27,7 @@ from ..errors import CorruptEntry, StateDirError, StoreError
 __all__ = [
     "DIR_FLAGS",
     "check_dir",
+    "drop_fifos",
     "durable_unlink",
     "durable_write",
     "open_append",
@@ -164,6 +165,19 @@ def remove_regular(dir_fd: int, name: str, *, fifo: bool = False) -> int | None:
     except FileNotFoundError:
         return 0
     return info.st_size
+
+
+def drop_fifos(folder: Path) -> None:
+    """Remove every FIFO in ``folder`` (``pipes/``) through :func:`remove_regular`, so a writer
+    blocked in opening one is let go first: for a teardown whose hosts are already stopped
+    (their pane pipes' ``sh`` is nobody's child, and would wait for a reader for good)."""
+    with opened_dir(folder, create=False) as fd:
+        if fd is None:
+            return
+        for name in os.listdir(fd):
+            with suppress(OSError):
+                if stat.S_ISFIFO(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    remove_regular(fd, name, fifo=True)
 
 
 def remove_folder(dir_fd: int, name: str) -> tuple[int, tuple[str, ...]]:
