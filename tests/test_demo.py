@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from tmux_support import require_tmux
+from waiting import wait_for
 
 
 def _processes_mentioning(text: str) -> list[int]:
@@ -98,8 +99,11 @@ def test_a_pane_pipe_left_opening_its_fifo_is_found_under_the_state_dir_and_let_
     os.mkfifo(fifo, 0o600)
     helper = subprocess.Popen(["sh", "-c", 'exec cat >"$1"', "sh", str(fifo)], stdin=subprocess.DEVNULL)
     try:
-        found = [i.pid for i in procs.with_argument(str(tmp_path / "state"))]
-        assert helper.pid in found
+        # Found once it runs sh (until its exec, its argv is this test's).
+        wait_for(
+            "the helper under the state dir",
+            lambda: helper.pid in [i.pid for i in procs.with_argument(str(tmp_path / "state"))] or None,
+        )
         time.sleep(0.2)
         assert helper.poll() is None  # blocked in opening the FIFO: no reader
         drop_fifos(pipes)
