@@ -121,6 +121,14 @@ def kill_now(*identities: procs.ProcessIdentity | None) -> None:
             assert procs.wait_for_exit(ident, 5), f"pid {ident.pid} outlived SIGKILL"
 
 
+def end_popens(*popens: subprocess.Popen[bytes] | None) -> None:
+    """Kill each process the test started that still runs, and reap it."""
+    for popen in popens:
+        if popen is not None and popen.poll() is None:
+            popen.kill()
+            popen.wait()
+
+
 def dir_digest(root: str) -> dict[str, tuple[int, int, int, str]]:
     """Every name under ``root`` (not following links) with type, mode, size, content hash."""
     import hashlib
@@ -248,6 +256,17 @@ def run_main(*args: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     code = main(list(args), io=Io(out, err, width=200))
     return code, out.getvalue(), err.getvalue()
+
+
+def cli_at(
+    state: Path, *words: str, env: dict[str, str] | None = None, **popen: Any
+) -> subprocess.CompletedProcess[str]:
+    """``pi-matrix --state-dir STATE WORDS`` in a process of its own, its output captured; ``env`` is
+    its whole environment (this process's by default), ``popen`` more of ``subprocess.run`` (``cwd``)."""
+    return subprocess.run(
+        [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(state), *words],
+        capture_output=True, text=True, env=env, timeout=90, check=False, **popen,
+    )  # fmt: skip
 
 
 class Reaper:
