@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+from _baseline import with_ours_jobs
 from _wait import wait_for
 from bench_fleet import stop_all
 
@@ -140,11 +141,7 @@ def run(agents: int, root: Path) -> dict[str, Any]:
         # -- baseline: the same argv and env, raw tmux calls ----------------------------------------
         base_store = MatrixStore(root / "state-base")
         _register_master(base_store, master_id)
-        # The job records ours wrote, in place before the clock starts: each host reads its own
-        # (and waits for it: docs/decisions.md#a-fire-fsyncs-only-what-a-crash-needs), so both
-        # sides' hosts do the same work, their round threads included.
-        shutil.copytree(ours_root / "jobs", base_store.root / "jobs")
-        base_store.side_dir("results")
+        with_ours_jobs(ours_root, base_store)  # before the clock starts
         t0 = time.perf_counter()
         for i, (planned_argv, planned_env) in enumerate(ours_planned):
             # The same pane command, pointed at the baseline's own state dir.

@@ -44,6 +44,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from _baseline import with_ours_jobs
 from _wait import wait_for
 
 from pi_tmux_matrix import procs
@@ -231,11 +232,7 @@ def raw_fleet(
     planned: list[tuple[list[str], dict[str, str], str]],
 ) -> float:  # fmt: skip
     """The same pane commands by raw tmux calls, into ``store``; the time until all are up."""
-    # The job records ours wrote, in place before the clock starts: each host waits for its own
-    # (docs/decisions.md#a-fire-fsyncs-only-what-a-crash-needs), and both sides' hosts then do
-    # the same work, their round threads included.
-    shutil.copytree(ours_root / "jobs", store.root / "jobs")
-    store.side_dir("results")
+    with_ours_jobs(ours_root, store)  # before the clock starts
     t0 = time.perf_counter()
     ours, theirs = str(ours_root), str(store.root)
     for i, (planned_argv, planned_env, cwd) in enumerate(planned):
