@@ -8,17 +8,20 @@ to return while its host has not registered. Real tmux on a private socket throu
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
+import pytest
 from labs import Lab
 from seams import DIE, HOLD, gated_pythonpath
 from waiting import wait_for
 
 from pi_tmux_matrix import procs
+from pi_tmux_matrix.dispatch import plan
 from pi_tmux_matrix.dispatch.confirm import CONFIRM_S
 from pi_tmux_matrix.dispatch.jobs import JobStore
-from pi_tmux_matrix.dispatch.model import ResultKind
+from pi_tmux_matrix.dispatch.model import AgentLaunch, ResultKind
 from pi_tmux_matrix.matrix.model import Status
 
 
@@ -43,6 +46,30 @@ def test_a_series_of_fires_returns_while_no_host_has_started(lab: Lab) -> None:
     for agent in agents:
         lab.worker(agent.key)
     assert all(lab.result(r.job.id, r.job.agents[0].agent_id) is None for r in fired)
+
+
+def test_a_launching_entry_names_the_identity_its_host_then_registers(
+    lab: Lab,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The launcher's ``launching`` entry and the host's registration that replaces it name one
+    identity, resource pointers included (the launching entry used to leave them out, so it named
+    fewer resources than the agent had). A fire's launches carry none of their own (a resume's
+    carry the recorded ones), so this fire's planner is given two; its host is held until the
+    ``launching`` entry has been read."""
+    lab.start_master()
+    pointers = (str(lab.work / "notes.md"), str(lab.work / "design"))
+    monkeypatch.setattr(plan, "AgentLaunch", functools.partial(AgentLaunch, resource_pointers=pointers))
+    pythonpath = gated_pythonpath(lab.tmp, HOLD)
+    fired = lab.fire("HANG pointed", env={"PYTHONPATH": pythonpath})
+    monkeypatch.undo()
+    (agent,) = fired.job.agents
+    launching = lab.store.find(agent.key)
+    assert launching is not None and launching.status is Status.LAUNCHING, launching
+    assert launching.identity.resource_pointers == pointers, launching.identity
+    (lab.tmp / "gate").unlink()
+    registered = lab.worker(agent.key)
+    assert registered.identity == launching.identity
 
 
 def test_a_fire_that_asks_to_confirm_still_waits_and_names_the_failure(lab: Lab) -> None:

@@ -20,7 +20,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from .. import pisession
 from ..errors import EntryExists
-from ..identity import AgentIdentityContract, ProcessIdentity, Role
+from ..identity import ProcessIdentity, Role
 from ..matrix import lifecycle
 from ..matrix.model import Status
 from ..matrix.store import MatrixStore, now_ms
@@ -97,20 +97,9 @@ def _sync_header(session_file: str) -> None:
 def publish_launching(store: MatrixStore, launch: AgentLaunch, host: ProcessIdentity) -> None:
     """The launcher publishes the host's pid before the host registers
     (docs/decisions.md#the-launcher-publishes-the-pid-before-the-host-registers)."""
-    identity = AgentIdentityContract(
-        agent_id=launch.agent_id,
-        session_id=launch.session_id,
-        session_file=launch.session_file,
-        cwd=launch.cwd,
-        worktree=launch.worktree,
-        lane=launch.lane,
-        profile=launch.profile.name,
-        provider=launch.profile.provider,
-        mode=launch.profile.mode,
-    )
     entry = lifecycle.new_entry(
         role=Role.WORKER,
-        identity=identity,
+        identity=launch.identity(),
         process=host,
         now=now_ms(),
         parent=launch.parent,

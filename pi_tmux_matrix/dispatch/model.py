@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Final
 
 import attrs
 
-from ..identity import ProcessIdentity
+from ..identity import AgentIdentityContract, ProcessIdentity
 from ..matrix.codec import register_enum
 from ..matrix.model import Entry
 from ..matrix.tickets import new_ticket
@@ -195,6 +195,24 @@ class AgentLaunch:
     ticket: str = attrs.field(factory=new_ticket)
     # False: a workspace agent (no watcher): neither its prompt nor its env asks for a marker.
     watched: bool = True
+
+    def identity(self) -> AgentIdentityContract:
+        """The identity this launch's agent has: the one its host is told to register (the host
+        argv) and the one the launcher's ``launching`` entry names before that. Built here only,
+        so the entry a reader sees while the agent starts names what the registration replacing
+        it will (the same resource pointers too), whichever field a launch gains later."""
+        return AgentIdentityContract(
+            agent_id=self.agent_id,
+            session_id=self.session_id,
+            session_file=self.session_file,
+            cwd=self.cwd,
+            worktree=self.worktree,
+            lane=self.lane,
+            profile=self.profile.name,
+            provider=self.profile.provider,
+            mode=self.profile.mode,
+            resource_pointers=self.resource_pointers,
+        )
 
 
 @attrs.frozen

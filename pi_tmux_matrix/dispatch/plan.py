@@ -30,7 +30,7 @@ from ..contract import (
     PASS_ENV,
 )
 from ..errors import ContractError, DispatchError, LaneError
-from ..identity import AgentIdentityContract, Mode, ProcessIdentity, Role, validate_id, validate_task_ref
+from ..identity import Mode, ProcessIdentity, Role, validate_id, validate_task_ref
 from ..matrix.model import Entry, Status, bounded
 from ..matrix.owners import master_entry, owning_master, require_master
 from ..matrix.store import MatrixStore, now_ms
@@ -449,22 +449,10 @@ class Planner:
         if extra:
             at = len(agent_argv) - 1 if agent_argv and agent_argv[-1] == launch.task else len(agent_argv)
             agent_argv[at:at] = extra
-        identity = AgentIdentityContract(
-            agent_id=launch.agent_id,
-            session_id=launch.session_id,
-            session_file=launch.session_file,
-            cwd=launch.cwd,
-            worktree=launch.worktree,
-            lane=launch.lane,
-            profile=profile.name,
-            provider=profile.provider,
-            mode=profile.mode,
-            resource_pointers=launch.resource_pointers,
-        )
         return tuple(
             host_argv(
                 self.store.root,
-                identity=identity,
+                identity=launch.identity(),
                 task_summary=task_summary,
                 task_ref=launch.task_ref,
                 lane=launch.lane,
