@@ -188,27 +188,8 @@ def _mode_of(backend: Backend, request: Relaunch) -> Mode | None:
 
 
 def job_agent(backend: Backend, planned: PlannedAgent, socket: str | None) -> JobAgent:
-    """The agent as its backend starts it: who it is, which backend, which tmux socket."""
-    launch = planned.launch
-    profile = launch.profile
-    return JobAgent(
-        agent_id=launch.agent_id,
-        key=launch.key,
-        session_id=launch.session_id,
-        profile=profile.name,
-        provider=profile.provider,
-        mode=profile.mode.value,
-        cwd=planned.cwd,
-        backend=backend.name,
-        nonce=launch.nonce,
-        round=1,
-        deadline_at=0,
-        deadline_s=launch.deadline_s,
-        worktree=launch.worktree,
-        lane=launch.lane,
-        session_file=launch.session_file,
-        socket=backend.socket(socket or DEFAULT_SOCKET),
-    )
+    """The agent as its backend starts it: which backend, which tmux socket, this boot."""
+    return planned.job_agent(backend.name, backend.socket(socket or DEFAULT_SOCKET), boot_id=procs.boot_id())
 
 
 def _job_backend(store: MatrixStore, key: str) -> str | None:

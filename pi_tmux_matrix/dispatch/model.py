@@ -232,6 +232,32 @@ class PlannedAgent:
     # keeps <key>.log and a rehost <key>.rehost.log, the names the state dir's sweep knows.
     log_name: str | None = None
 
+    def job_agent(
+        self, backend: str, socket: str | None, *, deadline_at: int = 0, boot_id: str | None = None
+    ) -> JobAgent:
+        """This agent as its job records it at its first round, before its host is known: the
+        one place a fire, a relaunch and a rehost make it from their plan."""
+        launch = self.launch
+        return JobAgent(
+            agent_id=launch.agent_id,
+            key=launch.key,
+            session_id=launch.session_id,
+            profile=launch.profile.name,
+            provider=launch.profile.provider,
+            mode=launch.profile.mode.value,
+            cwd=self.cwd,
+            backend=backend,
+            nonce=launch.nonce,
+            round=1,
+            deadline_s=launch.deadline_s,
+            deadline_at=deadline_at,
+            worktree=launch.worktree,
+            lane=launch.lane,
+            session_file=launch.session_file,
+            socket=socket,
+            boot_id=boot_id,
+        )
+
 
 OPEN: Final = "open"
 SPLIT: Final = "split"

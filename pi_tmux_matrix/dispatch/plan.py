@@ -404,23 +404,10 @@ class Planner:
         )
         argv, env = self.compose(launch, task_summary=place.task or "(no task: waiting for you)")
         planned = PlannedAgent(launch, argv, env, place.cwd, window_name(agent_id), request.workspace)
-        agent = JobAgent(
-            agent_id=agent_id,
-            key=launch.key,
-            session_id=session_id,
-            profile=profile.name,
-            provider=profile.provider,
-            mode=profile.mode.value,
-            cwd=place.cwd,
-            backend=place.backend,
-            nonce=nonce,
-            round=1,
-            deadline_s=deadline_s,
+        agent = planned.job_agent(
+            place.backend,
+            place.socket,
             deadline_at=now_ms() + int(deadline_s * 1000) if request.watched else 0,
-            worktree=place.worktree,
-            lane=place.lane,
-            session_file=session_file,
-            socket=place.socket,
             boot_id=procs.boot_id(),  # its host runs in this boot: a crash that ends it ends the host
         )
         return planned, agent
