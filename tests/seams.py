@@ -17,6 +17,10 @@ HOLD = (
     "    time.sleep(0.02)"
 )
 DIE = "os._exit(3)"
+# Held (saying so in ``<gate>.held``) until the gate goes, then ended: a host the fire saw start,
+# and published, that dies before it registers. DIE alone may end it before the fire has read the
+# pane's pid, on a loaded machine.
+HOLD_THEN_DIE = "open(GATE + '.held', 'w').close()\n" + HOLD + "\nos._exit(3)"
 
 
 def gated_pythonpath(tmp: Path, body: str) -> str:

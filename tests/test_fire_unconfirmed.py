@@ -14,7 +14,7 @@ import time
 
 import pytest
 from labs import Lab
-from seams import DIE, HOLD, gated_pythonpath
+from seams import DIE, HOLD, HOLD_THEN_DIE, gated_pythonpath
 from waiting import wait_for
 
 from pi_tmux_matrix import procs
@@ -99,9 +99,12 @@ def test_a_host_that_dies_before_registering_reaches_the_job_and_show_through_jo
     job's ``exited`` result with the reason and closes the launcher's ``launching`` record,
     whose ``show`` says how it ended."""
     lab.start_master()
-    pythonpath = gated_pythonpath(lab.tmp, DIE)
+    pythonpath = gated_pythonpath(lab.tmp, HOLD_THEN_DIE)
     fired = lab.fire("HANG doomed", env={"PYTHONPATH": pythonpath})
     (agent,) = fired.job.agents
+    assert agent.host is not None
+    wait_for("the host held at the gate", lambda: (lab.tmp / "gate.held").exists() or None)
+    (lab.tmp / "gate").unlink()  # the fire has returned: now its host ends
     wait_for("the host to end", lambda: not procs.is_alive(agent.host) or None)
     entry = lab.store.find(agent.key)
     assert entry is not None and entry.status is Status.LAUNCHING  # nobody has looked yet
