@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -324,3 +325,25 @@ class Reaper:
             popen.wait(timeout=30)
         for identity in self.identities:
             procs.wait_for_exit(identity, timeout=10)
+
+
+def stop_outside_its_lock(store: MatrixStore, identity: procs.ProcessIdentity) -> None:
+    """SIGSTOP ``identity`` (a host or a master), never inside the lock of an entry it writes:
+    stopped in a heartbeat, it would make every other writer of that entry (a takeover, an
+    activation) wait out the lock's timeout and fail. The test takes those locks around the
+    stop, so the process stops outside them, or waiting for one, which it then never takes."""
+    from contextlib import ExitStack, suppress
+
+    from pi_tmux_matrix.errors import PiMatrixError
+
+    keys: list[str] = []
+    with suppress(PiMatrixError):
+        keys = [e.key for e in store.list().entries if e.process == identity]
+    with ExitStack() as locks:
+        for key in keys:
+            locks.enter_context(store.hold(f"{key}.lock", f"{key}: lock still held", "this entry"))
+        assert procs.send_signal(identity, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while procs.process_state(identity.pid) != "T":
+            assert time.monotonic() < deadline, f"pid {identity.pid} did not stop"
+            time.sleep(0.01)

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
-from helpers import kill_now, read_events
+from helpers import kill_now, read_events, stop_outside_its_lock
 from tmux_support import kill_tmux_server
 from waiting import wait_for
 
@@ -199,19 +199,10 @@ class Lab:
         proc.wait()
 
     def pause(self, identity: ProcessIdentity) -> None:
-        """SIGSTOP: the process stays alive (an orphan a master must see) but writes nothing.
-        Stopped inside its entry's lock (a heartbeat), it would make every other writer of that
-        entry wait out the lock's timeout and fail: the test takes that lock around the stop, so
-        the process is stopped outside it (or waiting for it, which it then never takes)."""
-        keys: list[str] = []
-        with contextlib.suppress(PiMatrixError):
-            keys = [e.key for e in self.store.list().entries if e.process == identity]
-        with contextlib.ExitStack() as locks:
-            for key in keys:
-                locks.enter_context(self.store.hold(f"{key}.lock", f"{key}: lock still held", "this entry"))
-            assert procs.send_signal(identity, signal.SIGSTOP)
-            self.stopped.append(identity)
-            wait_for(f"pid {identity.pid} to stop", lambda: procs.process_state(identity.pid) == "T", 10)
+        """SIGSTOP: the process stays alive (an orphan a master must see) but writes nothing;
+        stopped outside its entry's lock (``helpers.stop_outside_its_lock``)."""
+        self.stopped.append(identity)
+        stop_outside_its_lock(self.store, identity)
 
     def _recorded(self) -> list[ProcessIdentity]:
         """Every process the state dir names (hosts and their agents; relaunched hosts are

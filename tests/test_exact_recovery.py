@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 import pytest
-from helpers import make_entry, read_events, spawn_sleeper
+from helpers import make_entry, read_events, spawn_sleeper, stop_outside_its_lock
 from labs import STANDIN, Lab
 from waiting import wait_for
 
@@ -319,7 +319,7 @@ def test_a_stopped_master_is_lost_to_its_worker_and_takes_it_back_when_it_contin
     worker = fire_goalless(lab)
     assert master.process is not None
     stopped_at = time.monotonic()
-    procs.send_signal(master.process, signal.SIGSTOP)
+    stop_outside_its_lock(lab.store, master.process)
     try:
         lost = wait_for(
             "the worker to count its stopped master lost",
@@ -346,7 +346,7 @@ def test_a_new_master_of_the_session_recovers_the_workers_of_a_stopped_one(lab: 
     master, _ = start_master(lab, "lead")
     worker = fire_goalless(lab)
     assert master.process is not None
-    procs.send_signal(master.process, signal.SIGSTOP)
+    stop_outside_its_lock(lab.store, master.process)
     try:
         lost = wait_for(
             "the worker to count its stopped master lost",
@@ -473,7 +473,7 @@ def test_a_master_that_comes_back_after_the_grace_window_relaunches_its_worker(l
     master, out = start_master(lab, "lead")
     worker = fire_goalless(lab)
     assert master.process is not None
-    procs.send_signal(master.process, signal.SIGSTOP)
+    stop_outside_its_lock(lab.store, master.process)
     try:
         # Lost (3 s), then the grace window (5 s) runs out: the host stops its agent and ends.
         ended = wait_for(

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import Reaper, dir_digest
+from helpers import Reaper, dir_digest, stop_outside_its_lock
 from hosts import Host, pi_matrix, start_host
 from waiting import holds, settles, wait_for
 
@@ -294,7 +294,9 @@ def test_a_grant_that_lands_before_the_parent_death_is_seen_wins_over_the_wind_d
     # Freeze the host so the grant and the parent's death are both pending when it wakes: the
     # order a busy host (or an unlucky scheduler) produces.
     wait_for("the host idle", lambda: host.entry() is not None)
-    os.kill(host.pid, signal.SIGSTOP)
+    frozen = procs.identify(host.pid)
+    assert frozen is not None
+    stop_outside_its_lock(store, frozen)
     try:
         # The grant as a master writes it, without the wake that usually follows: the host learns
         # of it only from its own next look at the entry.
@@ -502,9 +504,10 @@ def test_first_host_exit_write_after_a_takeover_is_refused_even_as_its_first_wri
 ) -> None:
     """Stopped (SIGSTOP) while the second registers, the first's next act is its exit write."""
     first, first_child, first_registration = _two_hosts_setup(reaper, store, work, "dup2")
-    os.kill(first.pid, signal.SIGSTOP)
+    frozen = procs.identify(first.pid)
+    assert frozen is not None
+    stop_outside_its_lock(store, frozen)
     try:
-        wait_for("the first host to be stopped", lambda: procs.process_state(first.pid) == "T", timeout=5)
         second = _start_second(reaper, store, work, first, "dup2")
         second_child = second.wait_child(reaper)
         entry = second.entry()

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import read_events
+from helpers import read_events, stop_outside_its_lock
 from labs import STANDIN, Lab
 from pilabs import PiLab, PiPair
 from waiting import wait_for
@@ -109,7 +109,7 @@ def test_takeover_of_a_hung_master_stops_its_agent_by_identity_and_the_host_neve
 ) -> None:
     first, first_err = start_master(lab, "m4", *STANDIN, "-p", "HANG orchestrating")
     assert first.process is not None and first.child_process is not None
-    procs.send_signal(first.process, signal.SIGSTOP)
+    stop_outside_its_lock(lab.store, first.process)
     try:
         second, _err = start_master(lab, "m4", *STANDIN, "-p", "HANG orchestrating", extra=("--takeover",))
         assert not procs.is_alive(first.child_process), "no second agent before the first is gone"
