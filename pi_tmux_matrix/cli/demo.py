@@ -361,7 +361,8 @@ class Demo:
         # The pane pipes' helpers (started by tmux's pipe-pane, so not our children) end once
         # their pane is gone, but one still opening its FIFO waits for a reader: the FIFOs go
         # with that reader's open first (fsio). Wait for them, and stop any that does not end.
-        drop_fifos(self.state / PIPES)
+        with suppress(PiMatrixError, OSError):
+            drop_fifos(self.state / PIPES)
         deadline = time.monotonic() + 5
         while (strays := procs.with_argument(str(self.state))) and time.monotonic() < deadline:
             time.sleep(0.05)
