@@ -5,6 +5,7 @@ modules share, are in the support modules beside this file (no test module impor
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
 import sys
@@ -31,6 +32,22 @@ from pi_tmux_matrix.testing.fake_model import FakeModel
 
 if TYPE_CHECKING:
     from pi_tmux_matrix.dispatch.tmux import TmuxServer
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Byte-compile the package and these support modules once, before any worker starts.
+
+    Python writes no bytecode where ``PYTHONDONTWRITEBYTECODE`` is set (CI's machine sets it), and
+    an editable install ships none: every one of the ~2,000 short-lived processes a run starts
+    (hosts, masters, CLI calls, the stand-in) then compiled each module it imports again, about
+    0.14 CPU-s apiece (docs/testing.md). compileall writes the ``__pycache__`` files whatever that
+    setting says; reading them is never turned off, and a source file edited later is compiled
+    again (its timestamp no longer matches)."""
+    if hasattr(config, "workerinput"):  # an xdist worker: its controller did it
+        return
+    here = Path(__file__).resolve().parent
+    for folder in (here.parent / "pi_tmux_matrix", here):
+        compileall.compile_dir(folder, quiet=1)
 
 
 @pytest.fixture(autouse=True)
