@@ -33,6 +33,13 @@ from pi_tmux_matrix.testing.fake_model import FakeModel
 if TYPE_CHECKING:
     from pi_tmux_matrix.dispatch.tmux import TmuxServer
 
+# pytest keeps each test module's rewritten bytecode in __pycache__ unless bytecode writing is off
+# (CI's machine sets PYTHONDONTWRITEBYTECODE): then each worker of each run rewrote and compiled
+# every test module again, 6.2 CPU-s of collection instead of 1.7. The test modules are imported
+# after this file (the support modules above get theirs from pytest_configure); the processes the
+# tests start still write nothing.
+sys.dont_write_bytecode = False
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """Byte-compile the package and these support modules once, before any worker starts.

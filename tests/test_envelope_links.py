@@ -20,9 +20,10 @@ from waiting import wait_for
 
 from pi_tmux_matrix.testing.fake_model import Reply
 
-pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
+pytestmark = pytest.mark.real_pi  # any_pi below: test_envelope.py runs its pi part on the oldest pi
 
 
+@pytest.mark.any_pi  # a refused write: test_envelope
 def test_a_write_through_a_hard_link_is_refused_and_a_worker_makes_none(pilab: PiPair) -> None:
     lab, llm = pilab
     outside = lab.tmp / "outside" / "secret.txt"

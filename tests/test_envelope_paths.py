@@ -25,7 +25,7 @@ from pi_support import pi_bin, pi_jiti, pi_temp
 
 from pi_tmux_matrix.bridge import bridge_path
 
-pytestmark = pytest.mark.real_pi  # real pi: .ci/run's oldest-pi pass runs this file too
+pytestmark = pytest.mark.real_pi  # any_pi below: test_envelope.py runs its pi part on the oldest pi
 
 SEED = 20261204
 COUNT = 5000
@@ -192,6 +192,7 @@ def judge_all(tmp: Path, base: Path, paths: list[str]) -> list[str | None]:
     return verdicts
 
 
+@pytest.mark.any_pi  # pi's node and jiti load envelope.ts in test_envelope.py too
 def test_every_generated_path_is_judged_as_the_kernel_acts_on_it(tmp_path: Path) -> None:
     paths = generated(random.Random(SEED))
     judged = nested(tmp_path / "judged")

@@ -208,6 +208,7 @@ def test_the_demo_without_a_provider_names_the_fake_model(tmp_path: Path) -> Non
 
 
 @pytest.mark.real_pi
+@pytest.mark.any_pi  # a fired pi and its relaunch: test_real_pi
 def test_the_demo_runs_real_pi_offline_against_the_fake_model(tmp_path: Path) -> None:
     require_tmux()
     env = _env(tmp_path, PI_MATRIX_PI_COMMAND=json.dumps([pi_bin()]))

@@ -57,6 +57,7 @@ def test_a_real_pi_fork_answers_once_writes_its_result_and_exits(picaller: tuple
     wait_for("the fork pane to close", lambda: run["paneId"] not in caller.panes())
 
 
+@pytest.mark.any_pi  # the master's shutdown: the bash-started fork's test
 def test_a_running_real_pi_fork_is_stopped_and_failed_when_its_parent_shuts_down(
     picaller: tuple[Caller, FakeModel],
 ) -> None:
@@ -127,6 +128,7 @@ def test_a_real_pi_masters_end_stops_the_fork_its_bash_tool_started(
         wait_for("the fork pane to close", lambda: run.pane_id not in caller.panes())
 
 
+@pytest.mark.any_pi  # a fork child: the answering fork's test; the agent dir: test_envelope
 def test_a_real_pi_fork_child_cannot_write_into_the_agent_dir(picaller: tuple[Caller, FakeModel]) -> None:
     """Issue 16 (the fork launch path): a fork child runs with full scope (a confined worker may
     not fork at all), but pi's agent dir and .pi folders stay never-writable, as for every worker."""

@@ -153,6 +153,7 @@ def _master_session(lab: PiLab) -> Path:
 
 
 @pytest.mark.real_pi
+@pytest.mark.any_pi  # a message into the master: test_handoffs; the footer: test_fork_footer
 def test_a_background_forks_result_arrives_once_and_the_footer_sums_the_forks_cost(
     flab: PiPair,
 ) -> None:
@@ -208,6 +209,7 @@ def test_a_background_forks_result_arrives_once_and_the_footer_sums_the_forks_co
 
 
 @pytest.mark.real_pi
+@pytest.mark.any_pi  # a setting of ours, read by pi-matrix
 def test_cost_footer_false_shows_no_footer(flab: PiPair) -> None:
     lab, llm = flab
     priced(lab)

@@ -117,6 +117,7 @@ def test_three_handoffs_while_the_master_is_mid_turn_wait_in_pis_queue_and_are_m
     assert_each_once_in_order(lab, llm, keys)
 
 
+@pytest.mark.any_pi  # a handoff after a restart: test_master_tool
 def test_a_master_killed_with_three_pending_handoffs_delivers_all_three_once_after_a_restart(
     mlab: MLab,
 ) -> None:

@@ -232,6 +232,7 @@ def test_a_killed_hosts_pi_ends_with_it(pilab: PiPair) -> None:
 
 
 @pytest.mark.real_pi
+@pytest.mark.any_pi  # pi again into its session file: test_real_pi, test_master_tool
 def test_a_restarted_pi_master_continues_its_sessions_one_file(pilab: PiPair) -> None:
     lab, llm = pilab
     first = pi_master_window(lab, "lead", "Remember the word HERON.")

@@ -126,7 +126,7 @@ def runs_ended(host: Host) -> int:
 
 
 @pytest.mark.real_pi
-@pytest.mark.parametrize("depth", [2_000, DEEP])
+@pytest.mark.parametrize("depth", [pytest.param(2_000, marks=pytest.mark.any_pi), DEEP])
 def test_a_tool_call_nested_thousands_deep_is_recorded_raw_and_the_rpc_host_goes_on(
     reaper: Reaper, store: MatrixStore, work: Path, llm: FakeModel, depth: int
 ) -> None:

@@ -235,6 +235,7 @@ def _user_text(request: dict[str, object]) -> str:
 
 
 @pytest.mark.real_pi
+@pytest.mark.any_pi  # prompts into an idle interactive pi: test_handoffs
 def test_real_pi_agents_start_idle_without_a_task_and_take_the_task_as_their_first_prompt_with_one(
     mlab: MLab,
 ) -> None:
