@@ -457,6 +457,10 @@ def test_a_waiter_killed_with_its_whole_group_still_gets_its_fork_stopped(caller
     argv = [sys.executable, "-m", "pi_tmux_matrix", "fork", "--session", str(caller.session), "--", "HANG on"]
     with caller.process(argv) as waiter:
         run = _running(caller)
+        # The run records its process before the waiter starts the finisher (fork/launch.py): a
+        # waiter killed in between leaves no finisher (its parent session's end stops the fork).
+        # Under load the kill landed there (seen in CI); this test is about the finisher.
+        wait_for("the finisher to start", lambda: procs.with_argument(run.id))
         os.killpg(waiter.pid, signal.SIGKILL)
         waiter.wait(timeout=10)
         store = RunStore(caller.store)
