@@ -219,17 +219,22 @@ def _slow_tmux(at: Lab, hook: str, *, slow_python: bool = False) -> Dispatcher:
     from pi_tmux_matrix.dispatch.backends import TmuxBackend
 
     env = dict(os.environ)
+    slowed: dict[str, str] = {}
     if slow_python:
         slow = at.tmp / "slow-python"
         slow.mkdir()
         (slow / "sitecustomize.py").write_text("import time\ntime.sleep(4)\n")
-        env["PYTHONPATH"] = str(slow)
+        # First on the path, for the server and for the dispatcher too: a launch passes the
+        # dispatcher's own PYTHONPATH to its pane (contract.PASS_ENV), so a caller's PYTHONPATH
+        # would otherwise replace the server's and the host would start at full speed.
+        slowed["PYTHONPATH"] = os.pathsep.join(p for p in (str(slow), env.get("PYTHONPATH")) if p)
+        env.update(slowed)
     subprocess.run(
         ["tmux", "-L", at.socket, "new-session", "-d", "-s", "pi-matrix", "sleep", "600"],
         env=env, check=True, timeout=10,
     )  # fmt: skip
     _tmux(at.socket, "set-hook", "-g", "after-new-window", f"run-shell '{hook}'")
-    dispatcher = at.dispatcher()
+    dispatcher = at.dispatcher(**slowed)
     dispatcher.backends["tmux"] = TmuxBackend(timeout=1.5)
     return dispatcher
 

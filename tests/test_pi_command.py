@@ -101,7 +101,7 @@ def test_doctor_prints_settings_as_settings_json_spells_them(tmp_path: Path) -> 
 def test_the_readme_test_command_installs_the_pinned_pi() -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Run the tests", 1)[1].split("\n## ", 1)[0]
-    command = "bash scripts/install-pi && bash scripts/install-ts && python -m pytest -n 3"
+    command = "bash scripts/install-pi && bash scripts/install-ts && python -m pytest -n 4"
     assert command in section
     assert ".pi-cli/" in section and "skipped" in section
     # CI runs the same command, step by step (the README's test command is the one CI runs); a
