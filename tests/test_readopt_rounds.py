@@ -24,7 +24,11 @@ from pi_tmux_matrix.testing.fake_model import MARKER_CODE, FakeModel, Reply, def
 
 pytestmark = [pytest.mark.real_pi, pytest.mark.any_pi]  # real pi; not in the oldest-pi pass
 
-ROUND_BOUND_S = 2.0  # issue 29.7's goal, measured on the fake model's clock (no slack needed)
+# The goal is 2 s from the answer; benchmarks/bench_handoff.py measures it (its re-adopted real-pi
+# row). A test asserts no such figure: this bound is below the 5 s the watcher and the host each
+# waited for a final text before (the bug this test is for), with room for a loaded machine (2.09 s
+# seen on 2 cores under four workers and a second pytest run).
+ROUND_BOUND_S = 4.5
 
 
 class SlowFirstTask:
