@@ -153,6 +153,26 @@ def durable_write_ms(folder: Path, trials: int = 200) -> float:
     return statistics.median(times)
 
 
+def _where_it_stood(state: Path, keys: list[str], taken_log: Path) -> str:
+    """What a round that timed out left: each entry's status and handoffs, the tail of each one's
+    events, the master's pi's notices and what the stand-in pi took (the round's folder is removed)."""
+
+    def tail(path: Path, lines: int = 12) -> str:
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError as exc:
+            return f"({exc.strerror})"
+
+    said = []
+    for key in keys:
+        e = entry(state, key) or {}
+        handoffs = [(h.get("id"), h.get("deliveredAt")) for h in e.get("handoffs") or []]
+        said.append(f"{key}: {e.get('status')} pid {e.get('pid')} handoffs {handoffs}")
+        said.append(tail(state / "events" / f"{key}.jsonl"))
+    said += ["notices:", tail(state / "mailbox" / "master-bench.agent.jsonl"), "taken:", tail(taken_log)]
+    return "\n".join(said)
+
+
 def one_round(root: Path, count: int) -> dict[str, Any]:
     state, agent_dir, bin_dir = root / "state", root / "agent", root / "bin"
     for folder in (agent_dir, bin_dir):
@@ -185,7 +205,11 @@ def one_round(root: Path, count: int) -> dict[str, Any]:
             done = len(found) == count and all(h.get("deliveredAt") for h in found)
             return found if done else None
 
-        found = wait_for("every handoff delivered", handoffs, 120)
+        try:
+            found = wait_for("every handoff delivered", handoffs, 120)
+        except TimeoutError as exc:
+            stood = _where_it_stood(state, ["master-bench", *keys], taken_log)
+            raise TimeoutError(f"{exc}\n{stood}") from None
         time.sleep(0.5)  # a second delivery of any of them would land by now
     finally:
         stop(started)
