@@ -347,3 +347,20 @@ def stop_outside_its_lock(store: MatrixStore, identity: procs.ProcessIdentity) -
         while procs.process_state(identity.pid) != "T":
             assert time.monotonic() < deadline, f"pid {identity.pid} did not stop"
             time.sleep(0.01)
+
+
+def loaded(
+    *argv: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> tuple[dict[str, int], subprocess.CompletedProcess[str]]:
+    """The modules ``pi-matrix ARGV`` imports, with their cumulative import time (µs), and the run."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "pi_tmux_matrix", *argv],
+        capture_output=True, text=True, timeout=120, check=False, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    found: dict[str, int] = {}
+    for line in done.stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            _self, cumulative, name = line.removeprefix("import time:").split("|")
+            if cumulative.strip().isdigit():
+                found[name.strip()] = int(cumulative)
+    return found, done

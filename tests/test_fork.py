@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from forklab import Caller
+from helpers import loaded
 from labs import STANDIN
 from waiting import wait_for
 
@@ -666,18 +667,8 @@ def test_a_waited_fork_shows_its_progress_on_a_terminal_and_nothing_on_a_pipe(ca
 
 def test_the_fork_settings_answer_every_pi_start_asks_for_loads_no_store_or_fork_code() -> None:
     """The bridge asks ``runs --fork-settings`` once per pi start: it reads settings, nothing else."""
-    probe = (
-        "import sys\n"
-        "from pi_tmux_matrix.cli.app import main\n"
-        "sys.argv = ['pi-matrix', 'runs', '--fork-settings', '--json']\n"
-        "code = main()\n"
-        "heavy = sorted(m for m in sys.modules if m.startswith(('pi_tmux_matrix.fork', "
-        "'pi_tmux_matrix.matrix.store', 'pi_tmux_matrix.dispatch')))\n"
-        "print('loaded:', heavy, file=sys.stderr)\n"
-        "sys.exit(code)\n"
-    )
-    argv = [sys.executable, "-c", probe]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    modules, done = loaded("runs", "--fork-settings", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["costFooter"] is True
-    assert "loaded: []" in done.stderr, done.stderr
+    heavy = ("pi_tmux_matrix.fork", "pi_tmux_matrix.matrix.store", "pi_tmux_matrix.dispatch")
+    assert sorted(m for m in modules if m.startswith(heavy)) == []

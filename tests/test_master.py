@@ -14,13 +14,11 @@ import os
 import re
 import signal
 import stat
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import dead_identity, dir_digest, make_entry, make_identity, spawn_sleeper
+from helpers import dead_identity, dir_digest, loaded, make_entry, make_identity, spawn_sleeper
 from masterlab import MasterLab, adopted_by, orphaned_worker, several_orphans
 from waiting import wait_for
 
@@ -520,18 +518,9 @@ def test_a_real_master_and_its_worker_show_up_in_the_tree(master_lab: MasterLab)
 def test_a_master_with_nothing_to_relaunch_loads_no_plugins(tmp_path: Path) -> None:
     """The plugins (entry points, pluggy, the matrix plugin) are loaded at a master's first
     relaunch: most masters never relaunch, and loading them was ~30 % of a master's start."""
-    probe = (
-        "import sys\n"
-        "from pi_tmux_matrix.cli.app import main\n"
-        "sys.argv = ['pi-matrix', 'master', '--session-id', 'b', '--headless', '--once']\n"
-        "code = main()\n"
-        "names = ('pluggy', 'importlib.metadata', 'pi_tmux_matrix.dispatch.plugins')\n"
-        "print('loaded:', sorted(m for m in sys.modules if m.startswith(names)), file=sys.stderr)\n"
-        "sys.exit(code)\n"
-    )
     env = dict(os.environ, PI_MATRIX_STATE_DIR=str(tmp_path / "state"))
-    argv = [sys.executable, "-c", probe]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    modules, done = loaded("master", "--session-id", "b", "--headless", "--once", env=env)
     assert done.returncode == 0, done.stderr
     assert "master" in done.stdout and "active" in done.stdout, done.stdout
-    assert "loaded: []" in done.stderr, done.stderr
+    names = ("pluggy", "importlib.metadata", "pi_tmux_matrix.dispatch.plugins")
+    assert sorted(m for m in modules if m.startswith(names)) == []

@@ -11,26 +11,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import loaded
 
 from pi_tmux_matrix.cli.app import MODULES, VERB_MODULES, build_parser, verb_of
 from pi_tmux_matrix.cli.verbs import GROUPS, HIDDEN, SUMMARY
 
 IMPORT_BUDGET_US = 1_500_000  # 1.5 s of imports: ten times today's, on the slowest machine
-
-
-def loaded(*argv: str, cwd: Path) -> tuple[dict[str, int], str]:
-    """The modules ``pi-matrix ARGV`` imports, with their cumulative import time (µs)."""
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "pi_tmux_matrix", *argv],
-        capture_output=True, text=True, timeout=120, check=False, cwd=cwd, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    found: dict[str, int] = {}
-    for line in done.stderr.splitlines():
-        if line.startswith("import time:") and "|" in line:
-            _self, cumulative, name = line.removeprefix("import time:").split("|")
-            if cumulative.strip().isdigit():
-                found[name.strip()] = int(cumulative)
-    return found, done.stdout
 
 
 def test_the_verb_map_names_the_module_that_registers_each_verb() -> None:
@@ -58,10 +44,12 @@ def test_the_verb_is_found_after_the_global_options(words: list[str], verb: str 
 
 def test_version_and_ls_load_only_what_they_need(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    modules, out = loaded("--version", cwd=tmp_path)
+    modules, done = loaded("--version", cwd=tmp_path)
+    out = done.stdout
     assert out.startswith("pi-matrix ")
     assert not {"attrs", "cattrs", "pi_tmux_matrix.matrix.store", "rich"} & set(modules)
-    modules, out = loaded("--state-dir", str(state), "ls", cwd=tmp_path)
+    modules, done = loaded("--state-dir", str(state), "ls", cwd=tmp_path)
+    out = done.stdout
     assert out.startswith("no entries")
     heavy = {m for m in modules if m.startswith(("rich", "pluggy", "psutil", "tomllib", "tomli", "cattrs"))}
     heavy |= {m for m in modules if m.startswith(("pi_tmux_matrix.dispatch", "pi_tmux_matrix.supervise"))}
@@ -77,7 +65,8 @@ def test_help_groups_every_verb_once_and_loads_no_verb_module(tmp_path: Path) ->
     setup), each verb the parser has exactly once with the summary its own parser shows, the
     product's own verbs (host, complete-names) out of sight; and no verb's module loaded (it
     loaded all 15 on main: 281-443 ms)."""
-    modules, out = loaded("--help", cwd=tmp_path)
+    modules, done = loaded("--help", cwd=tmp_path)
+    out = done.stdout
     verb_modules = {m for m in modules if m.startswith("pi_tmux_matrix.cli.") and m.split(".")[-1] in MODULES}
     assert verb_modules == set(), sorted(verb_modules)
     assert not {"attrs", "pi_tmux_matrix.matrix.store"} & set(modules)
