@@ -77,8 +77,10 @@ def post(kind, report):
     os.rename(tmp, os.path.join(inbox, name))
 with open(session_file) as handle:
     session_id = json.loads(handle.readline())["id"]
-post("identity", {"sessionId": session_id, "sessionFile": session_file})
+# As the bridge does: the notices already there are before this session, then the report (after
+# it, the host posts what it held; read first, a process slowed between the two would skip them).
 offset, taken = os.path.getsize(notices) if os.path.exists(notices) else 0, set()
+post("identity", {"sessionId": session_id, "sessionFile": session_file})
 watch = Watches()  # the bridge's fs.watch of the folder (each append closes the file)
 watch.add(os.path.dirname(notices), lambda _names: None)
 while True:
@@ -119,11 +121,14 @@ def entry(state: Path, key: str) -> dict[str, Any] | None:
         return None
 
 
-def spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )  # fmt: skip
+def spawn(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """``argv`` in a session of its own; its stderr (and its child's) appended to ``log``, which a
+    round that timed out shows."""
+    with log.open("ab") as stderr:
+        return subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr,
+            start_new_session=True,
+        )  # fmt: skip
 
 
 def stop(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -153,9 +158,10 @@ def durable_write_ms(folder: Path, trials: int = 200) -> float:
     return statistics.median(times)
 
 
-def _where_it_stood(state: Path, keys: list[str], taken_log: Path) -> str:
+def _where_it_stood(state: Path, keys: list[str], taken_log: Path, log: Path) -> str:
     """What a round that timed out left: each entry's status and handoffs, the tail of each one's
-    events, the master's pi's notices and what the stand-in pi took (the round's folder is removed)."""
+    events, the master's pi's notices, what the stand-in pi took and the master's stderr (the
+    round's folder is removed)."""
 
     def tail(path: Path, lines: int = 12) -> str:
         try:
@@ -169,7 +175,10 @@ def _where_it_stood(state: Path, keys: list[str], taken_log: Path) -> str:
         handoffs = [(h.get("id"), h.get("deliveredAt")) for h in e.get("handoffs") or []]
         said.append(f"{key}: {e.get('status')} pid {e.get('pid')} handoffs {handoffs}")
         said.append(tail(state / "events" / f"{key}.jsonl"))
+        if key.startswith("worker-"):  # its host's stderr (spawn)
+            said.append(tail(log.with_name(f"{key.removeprefix('worker-')}.log")))
     said += ["notices:", tail(state / "mailbox" / "master-bench.agent.jsonl"), "taken:", tail(taken_log)]
+    said += ["stderr of the master and its pi:", tail(log, 40)]
     return "\n".join(said)
 
 
@@ -180,13 +189,13 @@ def one_round(root: Path, count: int) -> dict[str, Any]:
     pi = bin_dir / "pi"
     pi.write_text(STANDIN_PI.replace("{python}", sys.executable))
     pi.chmod(0o755)
-    taken_log, gate = root / "taken.log", root / "gate"
+    taken_log, gate, log = root / "taken.log", root / "gate", root / "stderr.log"
     env = dict(os.environ, PI_CODING_AGENT_DIR=str(agent_dir), HOME=str(root), BENCH_TAKEN_LOG=str(taken_log))
     env.pop("PI_MATRIX_STATE_DIR", None)
     cli = [sys.executable, "-m", "pi_tmux_matrix", "--state-dir", str(state)]
     started: list[subprocess.Popen[bytes]] = []
     try:
-        master = spawn([*cli, "master", "--session-id", "bench", "--headless", "--", str(pi)], env)
+        master = spawn([*cli, "master", "--session-id", "bench", "--headless", "--", str(pi)], env, log)
         started.append(master)
         wait_for("the master's pi", lambda: (e := entry(state, "master-bench")) and e.get("childPid"), 30)
         for n in range(count):
@@ -194,7 +203,7 @@ def one_round(root: Path, count: int) -> dict[str, Any]:
                 [*cli, "host", "--parent-pid", str(master.pid), "--parent-session", "bench",
                  "--session-id", f"w{n}", "--provider", "bench", "--mode", "print", "--",
                  sys.executable, "-c", AGENT, str(gate)],
-                env,
+                env, root / f"w{n}.log",
             ))  # fmt: skip
         keys = [f"worker-w{n}" for n in range(count)]
         wait_for("workers up", lambda: all((e := entry(state, k)) and e.get("childPid") for k in keys), 120)
@@ -208,7 +217,7 @@ def one_round(root: Path, count: int) -> dict[str, Any]:
         try:
             found = wait_for("every handoff delivered", handoffs, 120)
         except TimeoutError as exc:
-            stood = _where_it_stood(state, ["master-bench", *keys], taken_log)
+            stood = _where_it_stood(state, ["master-bench", *keys], taken_log, log)
             raise TimeoutError(f"{exc}\n{stood}") from None
         time.sleep(0.5)  # a second delivery of any of them would land by now
     finally:

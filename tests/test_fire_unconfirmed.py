@@ -10,19 +10,25 @@ from __future__ import annotations
 
 import functools
 import os
+import subprocess
+import threading
 import time
+from pathlib import Path
 
+import attrs
 import pytest
+from helpers import job_on_host
 from labs import Lab
-from seams import DIE, HOLD, HOLD_THEN_DIE, gated_pythonpath
+from seams import HOLD, HOLD_THEN_DIE, gated_pythonpath
 from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch import plan
-from pi_tmux_matrix.dispatch.confirm import CONFIRM_S
+from pi_tmux_matrix.dispatch.confirm import CONFIRM_S, confirm_starts, record_failures
 from pi_tmux_matrix.dispatch.jobs import JobStore
 from pi_tmux_matrix.dispatch.model import AgentLaunch, ResultKind
 from pi_tmux_matrix.matrix.model import Status
+from pi_tmux_matrix.matrix.store import MatrixStore
 
 
 def test_a_series_of_fires_returns_while_no_host_has_started(lab: Lab) -> None:
@@ -76,7 +82,14 @@ def test_a_fire_that_asks_to_confirm_still_waits_and_names_the_failure(lab: Lab)
     """``confirm_s`` (the CLI's ``--confirm-start``) keeps the old contract for a caller that
     wants it: the fire fails with the reason, the job holds it, the entry is closed."""
     lab.start_master()
-    pythonpath = gated_pythonpath(lab.tmp, DIE)
+    # Held until the fire has identified it (it is seen held): a host dying at once may end before
+    # its start time is read, a start the next test covers.
+    pythonpath = gated_pythonpath(lab.tmp, HOLD_THEN_DIE)
+    held = lab.tmp / "gate.held"
+    letgo = threading.Thread(
+        target=lambda: wait_for("the host held", held.exists, timeout=60) and (lab.tmp / "gate").unlink()
+    )
+    letgo.start()
     try:
         # Generous: the wait ends when the host is seen dead; only a loaded machine needs it all.
         lab.fire("HANG doomed", env={"PYTHONPATH": pythonpath}, confirm_s=6 * CONFIRM_S)
@@ -84,6 +97,8 @@ def test_a_fire_that_asks_to_confirm_still_waits_and_names_the_failure(lab: Lab)
         said = str(exc)
     else:
         raise AssertionError("the fire did not fail")
+    finally:
+        letgo.join()
     assert "could not start" in said and "its host ended before it started the agent" in said
     (job,), _ = JobStore(lab.store).list_jobs()
     (agent,) = job.agents
@@ -91,6 +106,25 @@ def test_a_fire_that_asks_to_confirm_still_waits_and_names_the_failure(lab: Lab)
     assert result is not None and result.kind is ResultKind.EXITED
     entry = lab.store.find(agent.key)
     assert entry is not None and entry.status is Status.CLOSED and entry.reason == "start_failed"
+
+
+def test_a_confirmed_start_whose_host_ended_before_it_was_identified_fails(tmp_path: Path) -> None:
+    """A pane's host that ended before the fire read its start time (on a loaded machine a host
+    dying at once does) is recorded by pid alone: ``confirm_s`` reports it as a failed start, the
+    job gets the reason, and no ``show`` is pointed to (no ``launching`` entry was published). It
+    used to be skipped, and the fire asked to confirm the start returned as if it had started."""
+    store = MatrixStore(tmp_path / "state")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    job = job_on_host(store, tmp_path, procs.ProcessIdentity(gone.pid, 1, procs.boot_id()), "s9")
+    (agent,) = job.agents
+    unidentified = attrs.evolve(agent, host_start=None)
+    assert unidentified.host is None and unidentified.host_pid == gone.pid
+    (failed,) = confirm_starts(store, [unidentified], timeout=10)
+    assert failed.reason == "its host ended before it started the agent", failed
+    record_failures(store, JobStore(store), job, [failed])
+    result = JobStore(store).result(job.id, agent.agent_id, agent.round)
+    assert result is not None and result.kind is ResultKind.EXITED and result.detail == failed.reason
 
 
 def test_a_host_that_dies_before_registering_reaches_the_job_and_show_through_jobs(lab: Lab) -> None:

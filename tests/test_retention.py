@@ -26,6 +26,7 @@ from pi_tmux_matrix.dispatch.jobs import JobStore, new_nonce
 from pi_tmux_matrix.dispatch.model import SUBPROCESS, TMUX, Job, JobAgent
 from pi_tmux_matrix.fork.model import ForkRun, RunMode, RunStatus
 from pi_tmux_matrix.fork.store import RunStore
+from pi_tmux_matrix.matrix.layout import pipe_name
 from pi_tmux_matrix.matrix.mailbox import AgentNotices, EventLog, Inbox
 from pi_tmux_matrix.matrix.records import RecordStore
 from pi_tmux_matrix.matrix.retention import STATE_FILE, SWEEP_EVERY_MS
@@ -366,9 +367,9 @@ def test_a_pane_pipe_a_killed_host_left_goes_with_its_job_and_a_fifo_elsewhere_s
     of no job, by its own time. A FIFO anywhere else is still never removed (issue 30.5)."""
     job = _plant_old_job(store, tmp_path, "job-20261001-000000-p1p1p1", "piped1", TMUX)
     pipes = store.side_dir("pipes")
-    left = pipes / f"{job.id}.a1.fifo"
-    loose = pipes / "job-20261002-000000-gone00.a1.fifo"
-    young = pipes / "job-20261203-000000-young0.a1.fifo"
+    left = pipes / pipe_name(job.id, "a1", 4242)
+    loose = pipes / pipe_name("job-20261002-000000-gone00", "a1", 4243)
+    young = pipes / pipe_name("job-20261203-000000-young0", "a1", 4244)
     for fifo in (left, loose, young):
         os.mkfifo(fifo, 0o600)
     # A pane pipe's writer blocked in its open (its host was killed first): it ends once gc
@@ -409,7 +410,7 @@ def test_a_round_settled_without_its_host_drops_its_pane_pipe_and_lets_its_write
     job = _plant_old_job(store, tmp_path, "job-20261205-000000-h0h0h0", "hostless1", TMUX)
     agent = attrs.evolve(job.agents[0], host_pid=gone.pid, host_start=gone.start_ticks, boot_id=gone.boot_id)
     job = JobStore(store).update(job.id, lambda j: attrs.evolve(j, agents=(agent,), stopped_at=None))
-    fifo = store.side_dir("pipes") / f"{job.id}.a1.fifo"
+    fifo = store.side_dir("pipes") / pipe_name(job.id, "a1", gone.pid)
     os.mkfifo(fifo, 0o600)
     writer = reaper.popen(
         subprocess.Popen(["sh", "-c", 'exec cat >"$1"', "sh", str(fifo)], stdin=subprocess.DEVNULL)

@@ -8,9 +8,13 @@ names before a stop's preview was told from its other exit-2 errors (an empty "P
 from __future__ import annotations
 
 import json
+import os
+import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +25,7 @@ from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.jobs import JobStore
+from pi_tmux_matrix.matrix.layout import pipe_name
 from pi_tmux_matrix.matrix.model import Status
 from pi_tmux_matrix.testing.fake_model import Reply
 
@@ -154,6 +159,23 @@ def test_fire_force_with_a_live_session_of_that_name_is_refused_and_force_never_
     assert procs.is_alive(host) and _pane_pids(lab, "cli-ws") == panes == {host.pid}
     (agent,) = old.agents
     assert lab.store.get(agent.key).status is Status.RUNNING
+    # The two hosts share the job id and the agent id; each reads its own pane from its own FIFO,
+    # and the old one's end leaves the new one's in place (a shared name let each remove the
+    # other's, and a pane pipe opening it then waited for good).
+    (new_host,) = [a.host for a in new.agents if a.host is not None]
+    fifos = {h.pid: lab.state / "pipes" / pipe_name(old.id, agent.agent_id, h.pid) for h in (host, new_host)}
+    wait_for("a FIFO for each host", lambda: all(map(_is_fifo, fifos.values())), timeout=10)
+    procs.send_signal(host, signal.SIGTERM)
+    assert procs.wait_for_exit(host, 30)
+    left = sorted(os.listdir(lab.state / "pipes"))
+    assert not os.path.lexists(fifos[host.pid]) and _is_fifo(fifos[new_host.pid]), left
+
+
+def _is_fifo(path: Path) -> bool:
+    try:
+        return stat.S_ISFIFO(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
 
 
 @pytest.mark.real_pi

@@ -91,7 +91,7 @@ def confirm_starts(
     or failed to start it; the failures, each with its reason. A host still busy at the end is
     not a failure (a slow machine): its round thread, or :func:`settle_starts`, records what
     comes next."""
-    pending = {a.agent_id: a for a in agents if a.host is not None}
+    pending = {a.agent_id: a for a in agents if a.host_pid is not None}
     failed: list[StartFailure] = []
     deadline = time.monotonic() + timeout
     while pending:
@@ -111,12 +111,11 @@ def confirm_starts(
 
 def _verdict(store: MatrixStore, agent: JobAgent) -> str | None:
     """``""`` started, a reason when it could not start, None while it is not known yet."""
-    host = agent.host
     try:
         entry = store.find(agent.key)
     except PiMatrixError:
         entry = None
-    ours = entry is not None and host is not None and entry.pid == host.pid
+    ours = entry is not None and agent.host_pid is not None and entry.pid == agent.host_pid
     if ours and entry is not None and entry.child_pid is not None:
         return ""
     failure = spawn_failure(store, agent.key)
@@ -124,9 +123,20 @@ def _verdict(store: MatrixStore, agent: JobAgent) -> str | None:
         return failure
     if ours and entry is not None and entry.status in (Status.TERMINAL, Status.CLOSED):
         return "" if entry.exit is None or entry.exit.code != 127 else "its agent could not start (exit 127)"
-    if host is not None and not procs.is_alive(host):
-        return "its host ended before it started the agent; see 'pi-matrix show " + agent.key + "'"
+    if not _host_alive(agent):
+        # Never identified, it published no ``launching`` entry: nothing for ``show`` to say.
+        see = "" if agent.host is None else "; see 'pi-matrix show " + agent.key + "'"
+        return "its host ended before it started the agent" + see
     return None
+
+
+def _host_alive(agent: JobAgent) -> bool:
+    """Whether ``agent``'s host may still be running. One the fire could not identify (its pane's
+    process ended before its start time was read: a loaded machine, a host that dies at once)
+    runs while its pid does; a pid taken since reads as alive, so no start fails on a guess."""
+    if agent.host is not None:
+        return procs.is_alive(agent.host)
+    return agent.host_pid is None or procs.identify(agent.host_pid) is not None
 
 
 def record_failures(store: MatrixStore, jobs: JobStore, job: Job, failed: Sequence[StartFailure]) -> None:
@@ -187,11 +197,10 @@ def _never_started(store: MatrixStore, agent: JobAgent) -> str | None:
 def _close_unstarted(store: MatrixStore, agent: JobAgent, reason: str) -> None:
     """A start reported as failed is never relaunched later: the launcher's own ``launching``
     record (its host died before registering) is closed, and ``show`` says why."""
-    host = agent.host
     closed: list[Entry] = []
 
     def close(entry: Entry) -> Entry | None:
-        if entry.status is not Status.LAUNCHING or host is None or entry.pid != host.pid:
+        if entry.status is not Status.LAUNCHING or agent.host_pid is None or entry.pid != agent.host_pid:
             return None
         closed.append(lifecycle.close(entry, "start_failed", now_ms()))
         return closed[-1]

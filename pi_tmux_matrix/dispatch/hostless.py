@@ -20,7 +20,7 @@ import logging
 from .. import procs
 from ..errors import PiMatrixError
 from ..matrix.fsio import opened_dir, remove_regular
-from ..matrix.layout import PIPES
+from ..matrix.layout import PIPES, pipe_name
 from ..matrix.model import Entry, ExitRecord
 from ..matrix.store import MatrixStore
 from .confirm import spawn_failure
@@ -135,10 +135,12 @@ def settle(jobs: JobStore, entries: MatrixStore | None, job: Job) -> list[AgentR
 def _drop_pipe(store: MatrixStore, job: Job, agent: JobAgent) -> None:
     """The round's host and agent are gone: the pane pipe its host left (a tmux agent's FIFO) is
     removed, and a writer blocked in opening it let go (fsio), so no ``cat`` waits for good."""
+    if agent.host is None:
+        return  # no host was recorded: none made a FIFO the record could name (the sweep's)
     try:
         with opened_dir(store.root / PIPES, create=False) as fd:
             if fd is not None:
-                remove_regular(fd, f"{job.id}.{agent.agent_id}.fifo", fifo=True)
+                remove_regular(fd, pipe_name(job.id, agent.agent_id, agent.host.pid), fifo=True)
     except (PiMatrixError, OSError) as exc:  # the sweep removes it later
         log.warning("job %s: %s's pane pipe is left for the sweep: %s", job.id, agent.agent_id, exc)
 

@@ -43,7 +43,7 @@ from .usage import CLAIM_SUFFIX
 
 __all__ = ["dispatch_history", "job_names"]
 
-# What a job owns beside its record (pipes/: a FIFO a killed host left, ``<job>.<agent>.fifo``).
+# What a job owns beside its record (pipes/: a FIFO a killed host left, ``<job>.<agent>.<pid>.fifo``).
 _FOLDERS: Final = ("results", "variables", "logs", PIPES)
 _RECORD_FOLDERS: Final = frozenset({"results", "variables"})
 _ARCHIVES: Final = ("archived-jobs", "archived-results")

@@ -7,7 +7,7 @@ instance, one more start per fire). Now the host runs the rounds in a thread of 
 (wired by ``cli/host_rounds.py``):
 
 * tmux backend: after the host registered and before its agent starts, the host makes a FIFO
-  (``pipes/<job>.<agent>.fifo``) and pipes its own pane's output into it (``pipe-pane``
+  (``pipes/<job>.<agent>.<host pid>.fifo``) and pipes its own pane's output into it (``pipe-pane``
   running a ``sh`` and a ``cat``, no interpreter), so nothing the agent prints is missed; subprocess
   backend: the host's log is followed;
 * each round is a :class:`~.watch.Watcher` (marker, deadline, end), the round the job record
@@ -39,7 +39,7 @@ import attrs
 
 from ..errors import JobNotFound, PiMatrixError, TmuxUnavailable
 from ..matrix.fsio import open_fifo
-from ..matrix.layout import PIPES
+from ..matrix.layout import PIPES, pipe_name
 from ..matrix.mailbox import EventLog
 from ..matrix.store import MatrixStore
 from .jobs import JobStore
@@ -134,7 +134,7 @@ class RoundWatch:
             return
         from .tmux import TmuxServer
 
-        path = self.store.side_dir(PIPES) / f"{self.job_id}.{self.agent_id}.fifo"
+        path = self.store.side_dir(PIPES) / pipe_name(self.job_id, self.agent_id, os.getpid())
         try:
             self._fifo = open_fifo(path)
             self._fifo_path = path

@@ -24,6 +24,7 @@ __all__ = [
     "inbox_name",
     "lists_nothing",
     "notices_name",
+    "pipe_name",
 ]
 
 SUFFIX: Final = ".json"
@@ -31,7 +32,7 @@ TMP_SUFFIX: Final = ".json.tmp"
 LOCKS: Final = "locks"
 QUARANTINE: Final = "quarantine"
 MAILBOX: Final = "mailbox"
-PIPES: Final = "pipes"  # the FIFOs a tmux agent's host reads its pane from (one per job agent)
+PIPES: Final = "pipes"  # the FIFOs a tmux agent's host reads its pane from (pipe_name: one per host)
 # Sub-directories the matrix itself keeps beside the entries; never reported as foreign.
 RESERVED_DIRS: Final = frozenset(
     {
@@ -56,6 +57,14 @@ RESERVED_DIRS: Final = frozenset(
 def inbox_name(key: str) -> str:
     """The host's command queue of ``key``, a folder under ``mailbox/``."""
     return key
+
+
+def pipe_name(job_id: str, agent_id: str, host_pid: int) -> str:
+    """The FIFO under ``pipes/`` the host ``host_pid`` reads its job agent's pane from. One per
+    host, not per agent: after ``fire --force`` the archived job's host (still running, its pane
+    left alone) and the new one share the job id and the agent id, and a shared name let each
+    remove the other's FIFO (a pane pipe opening it then waited for good)."""
+    return f"{job_id}.{agent_id}.{host_pid}.fifo"
 
 
 def notices_name(key: str) -> str:
