@@ -50,7 +50,7 @@ _LAZY: Final[dict[str, str]] = {
     "AgentIdentityContract": ".identity",
     "Entry": ".matrix.model",
     "Facts": ".matrix.reconcile",
-    "LaunchContract": ".contract",
+    "LaunchContract": ".launch_contract",
     "MatrixSettings": ".settings",
     "MatrixStore": ".matrix.store",
     "Mode": ".identity",
@@ -61,7 +61,7 @@ _LAZY: Final[dict[str, str]] = {
     "entry_key": ".identity",
     "load_settings": ".settings",
     "now_ms": ".matrix.tokens",
-    "parse_env": ".contract",
+    "parse_env": ".launch_contract",
     "reconcile": ".matrix.reconcile",
     "resolve_state_dir": ".paths",
     "AgentLaunch": ".dispatch.model",
@@ -84,7 +84,6 @@ _LAZY: Final[dict[str, str]] = {
 }
 
 if TYPE_CHECKING:  # what mypy and IDEs see for the lazy names; never executed
-    from .contract import LaunchContract, parse_env
     from .dispatch.hookspecs import hookimpl
     from .dispatch.manager import Dispatcher, FireResult
     from .dispatch.model import AgentLaunch, AgentResult, Job, JobAgent, PlannedAgent, Relaunch, ResultKind
@@ -92,6 +91,7 @@ if TYPE_CHECKING:  # what mypy and IDEs see for the lazy names; never executed
     from .dispatch.request import FireRequest
     from .dispatch.tmux import TmuxServer
     from .identity import AgentIdentityContract, Mode, ProcessIdentity, Role, entry_key
+    from .launch_contract import LaunchContract, parse_env
     from .matrix.lifecycle import new_entry
     from .matrix.model import Entry, Status
     from .matrix.reconcile import Facts, Plan, reconcile

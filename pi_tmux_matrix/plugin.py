@@ -10,9 +10,10 @@ relaunch of a dead worker (:func:`pi_tmux_matrix.recovery.relaunch`). With
 
 from __future__ import annotations
 
-from .contract import ENV_PROJECT_TRUST, LaunchContract
+from .contract import ENV_PROJECT_TRUST
 from .dispatch.hookspecs import hookimpl
 from .dispatch.model import AgentLaunch, Relaunch
+from .launch_contract import LaunchContract
 
 __all__ = ["MatrixPlugin", "matrix_plugin"]
 

@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from . import strictjson
-from .contract import ALLOWED_PATHS_MAX_BYTES as ENV_JSON_MAX_BYTES
 from .contract import ENV_PI_COMMAND
 from .errors import ContractError
 from .identity import AgentIdentityContract
+from .launch_contract import ALLOWED_PATHS_MAX_BYTES as ENV_JSON_MAX_BYTES
 from .matrix.fsio import open_append
 from .matrix.model import bounded
 

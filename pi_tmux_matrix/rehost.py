@@ -20,10 +20,10 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Final
 
-from .contract import LaunchContract
 from .dispatch import SUBPROCESS
 from .errors import Conflict, PiMatrixError, ResumeRefused
 from .identity import Mode, ProcessIdentity
+from .launch_contract import LaunchContract
 from .matrix import lifecycle
 from .matrix.model import Entry
 from .matrix.store import MatrixStore, now_ms

@@ -21,14 +21,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pi_tmux_matrix.contract import (
-    ALLOWED_PATHS_MAX_BYTES,
-    ALLOWED_PATHS_MAX_ITEMS,
     ENV_AGENT_ID,
     ENV_ALLOWED_PATHS,
     ENV_PARENT_PID,
     ENV_PARENT_SESSION,
     ENV_TASK_REF,
     ENV_WORKTREE_LANE,
+)
+from pi_tmux_matrix.errors import ContractError, InvalidId
+from pi_tmux_matrix.identity import Role
+from pi_tmux_matrix.launch_contract import (
+    ALLOWED_PATHS_MAX_BYTES,
+    ALLOWED_PATHS_MAX_ITEMS,
     PID_LIMIT,
     LaunchContract,
     add_contract_arguments,
@@ -38,10 +42,8 @@ from pi_tmux_matrix.contract import (
     parse_parent_pid,
     path_allowed,
 )
-from pi_tmux_matrix.errors import ContractError, InvalidId
-from pi_tmux_matrix.identity import Role
 
-LOGGER = "pi_tmux_matrix.contract"
+LOGGER = "pi_tmux_matrix.launch_contract"
 HYPOTHESIS = settings(
     max_examples=400,
     deadline=None,
@@ -548,7 +550,7 @@ def test_env_round_trip_through_a_real_child_process() -> None:
         worktree_lane="lane-1",
     )
     code = (
-        "import json; from pi_tmux_matrix.contract import parse_env; c = parse_env(); "
+        "import json; from pi_tmux_matrix.launch_contract import parse_env; c = parse_env(); "
         "print(json.dumps([c.parent_pid, c.parent_session, c.agent_id, c.task_ref, "
         "list(c.allowed_paths), c.worktree_lane, c.role.value]))"
     )

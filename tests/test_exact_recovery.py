@@ -29,11 +29,9 @@ from pi_tmux_matrix.contract import (
     ENV_PARENT_PID,
     ENV_PARENT_SESSION,
     ENV_TASK_REF,
-    add_contract_arguments,
-    contract_from_args,
-    parse_env,
 )
 from pi_tmux_matrix.identity import Role
+from pi_tmux_matrix.launch_contract import add_contract_arguments, contract_from_args, parse_env
 from pi_tmux_matrix.matrix.model import Entry, Status
 from pi_tmux_matrix.supervise.master import is_exact
 from pi_tmux_matrix.supervise.worker import Clocks, ParentBeat, ParentState, parent_master

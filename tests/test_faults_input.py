@@ -149,8 +149,8 @@ def test_13_a_deeply_nested_profile_is_a_clear_error_from_fire_and_resume_too(tm
 
 
 def test_14_a_lone_surrogate_in_allowed_paths_is_refused_whole() -> None:
-    from pi_tmux_matrix.contract import parse_allowed_paths, path_allowed
     from pi_tmux_matrix.errors import ContractError
+    from pi_tmux_matrix.launch_contract import parse_allowed_paths, path_allowed
 
     raw = json.dumps(["/work/ok", "/work/\udcff"])
     with pytest.raises(ContractError, match="item 1 is not valid UTF-8"):

@@ -27,8 +27,8 @@ import pytest
 from helpers import Reaper, make_identity, spawn_registered_parent
 
 from pi_tmux_matrix import procs
-from pi_tmux_matrix.contract import LaunchContract
 from pi_tmux_matrix.identity import AgentIdentityContract, Mode, ProcessIdentity, Role
+from pi_tmux_matrix.launch_contract import LaunchContract
 from pi_tmux_matrix.matrix import lifecycle
 from pi_tmux_matrix.matrix.mailbox import Inbox
 from pi_tmux_matrix.matrix.model import Entry

@@ -29,12 +29,12 @@ from waiting import wait_for
 from pi_tmux_matrix import inotify, procs
 from pi_tmux_matrix.cli import main
 from pi_tmux_matrix.cli.app import Io
-from pi_tmux_matrix.contract import LaunchContract
 from pi_tmux_matrix.dispatch import watch
 from pi_tmux_matrix.dispatch.jobs import JobStore
 from pi_tmux_matrix.dispatch.model import ResultKind
 from pi_tmux_matrix.dispatch.watch import Watcher
 from pi_tmux_matrix.identity import AgentIdentityContract, Mode, Role
+from pi_tmux_matrix.launch_contract import LaunchContract
 from pi_tmux_matrix.matrix.mailbox import Inbox
 from pi_tmux_matrix.matrix.model import ExitKind
 from pi_tmux_matrix.matrix.store import MatrixStore

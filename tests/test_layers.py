@@ -4,7 +4,8 @@ Layers, each importing only from its own or lower ones (docs/architecture.md):
 
     errors, strictjson, safetext, bridge             (0: no project imports)
     identity, settings, procs, inotify               (1: the machine's facts)
-    matrix/, contract, programs, pisession           (2: the record and the contract)
+    matrix/, contract, launch_contract, programs,
+    pisession                                        (2: the record and the contract)
     supervise/ | dispatch/                           (3: side by side, never each other)
     recovery, rehost, fork/, plugin, pytest_plugin,
     retention                                        (4: what plugs the two together)
@@ -41,8 +42,8 @@ ROOT = Path(__file__).resolve().parent.parent / PACKAGE
 LAYERS: dict[str, int] = {
     "errors": 0, "strictjson": 0, "safetext": 0, "bridge": 0,
     "identity": 1, "settings": 1, "paths": 1, "procs": 1, "inotify": 1, "gitcmd": 1,
-    "matrix": 2, "contract": 2, "programs": 2, "pisession": 2, "piversion": 2, "pitools": 2,
-    "projecttrust": 2,
+    "matrix": 2, "contract": 2, "launch_contract": 2, "programs": 2, "pisession": 2, "piversion": 2,
+    "pitools": 2, "projecttrust": 2,
     "supervise": 3, "dispatch": 3,
     "recovery": 4, "rehost": 4, "fork": 4, "plugin": 4, "pytest_plugin": 4, "retention": 4,
     "cli": 5, "testing": 5, "__main__": 5, "": 5,

@@ -16,16 +16,10 @@ import attrs
 
 from .. import procs
 from ..bridge import bridge_path
-from ..contract import (
-    ENV_ALLOWED_PATHS,
-    ENV_DONE_MARKER,
-    ENV_TMUX_PANE,
-    add_contract_arguments,
-    contract_from_args,
-    parse_allowed_paths,
-)
+from ..contract import ENV_ALLOWED_PATHS, ENV_DONE_MARKER, ENV_TMUX_PANE
 from ..errors import ContractError, JobNotFound, PiMatrixError
 from ..identity import ID_PATTERN, AgentIdentityContract, Mode, Role, validate_id
+from ..launch_contract import add_contract_arguments, contract_from_args, parse_allowed_paths
 from ..matrix.tickets import LaunchTickets, Taken
 from ..piversion import is_pi_program
 from ..programs import agent_argv

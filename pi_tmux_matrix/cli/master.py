@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 from .. import procs
-from ..contract import ENV_TMUX, ENV_TMUX_PANE, parse_env
+from ..contract import ENV_TMUX, ENV_TMUX_PANE
 from ..errors import EXIT_OK, PiMatrixError
 from ..identity import AgentIdentityContract, Mode, Role, validate_id, validate_task_ref
+from ..launch_contract import parse_env
 from ..matrix.model import Entry, Handoff
 from ..matrix.store import MatrixStore
 from ..programs import agent_argv
@@ -39,7 +40,7 @@ from .host import ForkResults, abort_forks, become, provider_of
 if TYPE_CHECKING:
     import pluggy
 
-    from ..contract import LaunchContract
+    from ..launch_contract import LaunchContract
     from .base import Io, Verbs
 
 __all__ = ["cmd_master", "register"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import attrs
 
-from ..contract import LaunchContract
 from ..identity import AgentIdentityContract, Mode, ProcessIdentity, Role
+from ..launch_contract import LaunchContract
 
 __all__ = ["HostSpec"]
 
