@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pi_tmux_matrix import contract
+from pi_tmux_matrix import contract, launch_contract
 from pi_tmux_matrix.bridge import bridge_path
 from pi_tmux_matrix.cli.base import STOP_WORD
 from pi_tmux_matrix.dispatch.profile import AGENT_LAUNCHING_TOOLS
@@ -52,8 +52,8 @@ def test_the_entry_key_pattern_is_the_roles_and_the_id_pattern() -> None:
 
 
 def test_the_allowed_paths_limits_are_the_contracts() -> None:
-    assert number(const("MAX_BYTES", "envelope.ts")) == contract.ALLOWED_PATHS_MAX_BYTES
-    assert number(const("MAX_ITEMS", "envelope.ts")) == contract.ALLOWED_PATHS_MAX_ITEMS
+    assert number(const("MAX_BYTES", "envelope.ts")) == launch_contract.ALLOWED_PATHS_MAX_BYTES
+    assert number(const("MAX_ITEMS", "envelope.ts")) == launch_contract.ALLOWED_PATHS_MAX_ITEMS
     assert json.loads(const("ENV_ALLOWED", "envelope.ts")) == contract.ENV_ALLOWED_PATHS
 
 

@@ -20,7 +20,7 @@ import { KEY, STATE, debug, env, post, role, truncate } from "./common.ts";
 import type { ExtensionAPI, ExtensionContext } from "./pi-api.d.ts";
 
 const ENV_ALLOWED = "PI_WORKER_ALLOWED_PATHS";
-const MAX_BYTES = 64 * 1024; // the same limits as contract.parse_allowed_paths
+const MAX_BYTES = 64 * 1024; // the same limits as launch_contract.parse_allowed_paths
 const MAX_ITEMS = 256;
 const MAX_SHOWN = 300; // characters of a path in a reason or a report
 const MAX_SYMLINKS = 40; // Linux's own limit before ELOOP
@@ -44,7 +44,7 @@ function shown(text: string): string {
   return truncate(text, MAX_SHOWN);
 }
 
-/** Parse PI_WORKER_ALLOWED_PATHS like contract.parse_allowed_paths: whole or not at all. */
+/** Parse PI_WORKER_ALLOWED_PATHS like launch_contract.parse_allowed_paths: whole or not at all. */
 export function parseAllowed(raw: string | undefined): string[] {
   if (raw === undefined || raw === "") return [];
   if (raw.includes("\0")) throw new Error("contains a NUL character");
