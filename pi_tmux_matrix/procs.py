@@ -350,15 +350,16 @@ def stop(
     """The one stop by identity: SIGTERM to each of ``targets`` still alive (with ``group``, to
     the group each leads), up to ``grace_s`` for all to leave, then SIGKILL to whoever is left and
     up to ``kill_wait_s`` more. Each signal goes only to the very process (checked right before the
-    send: :func:`send_signal`). Returns those still alive after all that (none, normally)."""
+    send: :func:`send_signal`), and only a process it reached is waited for: one that refused it
+    (EPERM: another user's) will not leave for it. Returns those still alive after all that (none,
+    normally)."""
     alive = [t for t in targets if t is not None and is_alive(t)]
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, kill_wait_s)):
-        for target in alive:
-            send_signal(target, sig, group=group)
+        reached = [t for t in alive if send_signal(t, sig, group=group)]
         deadline = time.monotonic() + wait_s
-        while alive and time.monotonic() < deadline:
-            alive = [t for t in alive if is_alive(t)]
-            if alive:
+        while reached and time.monotonic() < deadline:
+            reached = [t for t in reached if is_alive(t)]
+            if reached:
                 time.sleep(0.05)
         alive = [t for t in alive if is_alive(t)]
         if not alive:

@@ -346,3 +346,35 @@ def test_6_stop_job_reports_a_host_it_could_not_stop_by_name_and_exits_1(tmp_pat
         assert jobs.get(job.id).stopped_at is not None
     finally:
         _end(host)
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None,
+    reason="a process the stopper may not signal needs root (another user's process, CAP_KILL dropped)",
+)
+def test_6_a_stop_whose_signals_are_refused_does_not_wait_out_their_grace() -> None:
+    """``procs.stop`` waits for a process to leave only once a signal reached it: another user's,
+    refused with EPERM, is reported still alive at once, not after the SIGTERM grace and the
+    SIGKILL wait (30 s here; ``stop JOB`` waited 5 s more for such a host)."""
+    host = subprocess.Popen(
+        ["sleep", "300"], start_new_session=True, user=NOBODY, group=NOBODY, extra_groups=[]
+    )  # another user's process: only CAP_KILL could signal it; it outlives both waits
+    try:
+        target = procs.identify(host.pid)
+        assert target is not None
+        probe = (
+            "import json, sys, time; from pi_tmux_matrix import procs; "
+            f"t = procs.ProcessIdentity({target.pid}, {target.start_ticks}, {target.boot_id!r}); "
+            "began = time.monotonic(); left = procs.stop([t], 30.0, kill_wait_s=30.0); "
+            "print(json.dumps([len(left), time.monotonic() - began]))"
+        )
+        done = subprocess.run(
+            ["setpriv", "--bounding-set=-kill", "--inh-caps=-kill", "--", sys.executable, "-c", probe],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        left, took = json.loads(done.stdout)
+        assert left == 1 and host.poll() is None
+        assert took < 20, f"waited {took:.1f} s for a process no signal reached"  # it took 60 s
+    finally:
+        _end(host)
