@@ -8,7 +8,6 @@ neither.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import functools
 import os
@@ -239,6 +238,8 @@ def die_with_parent(sig: int | signal.Signals) -> Callable[[], None]:
     kernel sends ``sig`` to the child the moment its parent dies, kill -9 included
     (``PR_SET_PDEATHSIG``); if the parent is already gone by then, the child signals itself.
     libc is loaded here, in the parent: the child makes only system calls."""
+    import ctypes  # here: only a process that spawns an agent needs libc (~4 ms of every start)
+
     prctl = ctypes.CDLL(None, use_errno=True).prctl
     parent = os.getpid()
     number = int(sig)
@@ -265,6 +266,8 @@ def release_free_heap() -> None:
     """Give the memory the C allocator holds free back to the kernel (glibc's ``malloc_trim``;
     nothing where libc has none, as musl's). A long-lived process that allocated much on its way
     to idling (imports, parsing) otherwise keeps those pages resident for good."""
+    import ctypes
+
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if trim is not None:
         trim(0)

@@ -6,7 +6,7 @@ decides where a printed line goes."""
 
 from __future__ import annotations
 
-import secrets
+import os
 from typing import Final
 
 from ..matrix.model import Entry, Handoff, Outcome
@@ -36,7 +36,8 @@ def handoff_message(entry: Entry, handoff: Handoff, nonce: str | None = None) ->
     code = f" code {handoff.code}" if handoff.code is not None else ""
     sig = f" signal {handoff.signal}" if handoff.signal is not None else ""
     pointer = printable(handoff.result_pointer or "-")  # a path the worker's bridge reported
-    tag = f"{_FRAME}-{nonce or secrets.token_hex(8)}"
+    # os.urandom, as secrets.token_hex does, without loading hmac and OpenSSL into every master.
+    tag = f"{_FRAME}-{nonce or os.urandom(8).hex()}"
     who = f"agent: {entry.identity.agent_id} (entry {entry.key}), lane: {entry.identity.lane or '-'}"
     finished = (
         "A worker ended its round (its agent is idle and can take more work)."
