@@ -419,3 +419,34 @@ def test_a_round_settled_without_its_host_drops_its_pane_pipe_and_lets_its_write
     assert result.kind.value == "exited", result
     assert not fifo.exists()
     assert writer.wait(timeout=10) is not None
+
+
+def test_a_new_host_of_a_job_agent_drops_the_pane_pipes_its_dead_hosts_left(
+    store: MatrixStore, reaper: Reaper
+) -> None:
+    """Each host reads its pane from a FIFO of its own (``pipe_name``: the host's pid in the
+    name). One a killed host left goes when the next host of that job agent makes its own, its
+    blocked writer let go; a live host's stays (after ``fire --force`` the archived job's host
+    still reads from it), and so does another agent's. Before the pid was in the name, the next
+    host's FIFO simply replaced the one left."""
+    from pi_tmux_matrix.dispatch.roundwatch import RoundWatch
+
+    gone = reaper.popen(subprocess.Popen(["true"]))
+    gone.wait()
+    live = reaper.popen(subprocess.Popen(["sleep", "60"]))
+    pipes = store.side_dir("pipes")
+    dead_hosts = pipes / pipe_name("job-x", "a1", gone.pid)
+    live_hosts = pipes / pipe_name("job-x", "a1", live.pid)
+    other_agents = pipes / pipe_name("job-x", "a10", gone.pid)
+    for fifo in (dead_hosts, live_hosts, other_agents):
+        os.mkfifo(fifo, 0o600)
+    writer = reaper.popen(
+        subprocess.Popen(["sh", "-c", 'exec cat >"$1"', "sh", str(dead_hosts)], stdin=subprocess.DEVNULL)
+    )
+    # No tmux server on that socket: the pipe is refused after the FIFOs were looked at, and the
+    # host goes on without one (its rounds then end by exit or deadline).
+    watch = RoundWatch(store, "job-x", "a1", pane="%0", socket=f"pm-no-server-{os.getpid()}")
+    watch.open()
+    assert not dead_hosts.exists() and writer.wait(timeout=10) is not None
+    assert live_hosts.exists() and other_agents.exists()
+    assert not (pipes / pipe_name("job-x", "a1", os.getpid())).exists()  # refused: its own is gone too

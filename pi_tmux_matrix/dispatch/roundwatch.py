@@ -37,8 +37,9 @@ from typing import TYPE_CHECKING, Final
 
 import attrs
 
+from .. import procs
 from ..errors import JobNotFound, PiMatrixError, TmuxUnavailable
-from ..matrix.fsio import open_fifo
+from ..matrix.fsio import open_fifo, opened_dir, remove_regular
 from ..matrix.layout import PIPES, pipe_name
 from ..matrix.mailbox import EventLog
 from ..matrix.store import MatrixStore
@@ -135,6 +136,7 @@ class RoundWatch:
         from .tmux import TmuxServer
 
         path = self.store.side_dir(PIPES) / pipe_name(self.job_id, self.agent_id, os.getpid())
+        self._drop_dead_hosts_pipes()
         try:
             self._fifo = open_fifo(path)
             self._fifo_path = path
@@ -147,6 +149,23 @@ class RoundWatch:
                 "job %s: no pipe on pane %s (%s); rounds end by exit or deadline", self.job_id, self.pane, exc
             )
             self._close_fifo()
+
+    def _drop_dead_hosts_pipes(self) -> None:
+        """The FIFOs earlier hosts of this job agent left (killed before they removed theirs) go
+        as this one makes its own, each writer blocked in opening one let go (fsio). Only those
+        whose host pid runs no process: a live one (the archived job's host after ``fire
+        --force``) keeps its own, and a pid taken since keeps one until the sweep."""
+        prefix = pipe_name(self.job_id, self.agent_id, 0).removesuffix("0.fifo")  # "<job>.<agent>."
+        try:
+            with opened_dir(self.store.side_dir(PIPES), create=False) as fd:
+                if fd is None:
+                    return
+                for name in os.listdir(fd):
+                    pid = name.removeprefix(prefix).removesuffix(".fifo")
+                    if name.startswith(prefix) and pid.isdigit() and procs.identify(int(pid)) is None:
+                        remove_regular(fd, name, fifo=True)
+        except (OSError, PiMatrixError) as exc:  # the sweep removes them later
+            log.warning("job %s: earlier hosts' pane pipes are left for the sweep: %s", self.job_id, exc)
 
     def start(self) -> None:
         """Run the rounds beside the host's loop."""
