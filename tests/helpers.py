@@ -122,6 +122,24 @@ def kill_now(*identities: procs.ProcessIdentity | None) -> None:
             assert procs.wait_for_exit(ident, 5), f"pid {ident.pid} outlived SIGKILL"
 
 
+def fifo_writer(fifo: Path) -> subprocess.Popen[bytes]:
+    """A pane pipe's writer (``sh -c 'exec cat >FIFO'``, as tmux's pipe-pane runs it) blocked in
+    opening ``fifo``: returned once the kernel says it waits there for a reader (its wchan). Not
+    yet there, a removal of the FIFO would race its open, which then makes a regular file."""
+    from waiting import wait_for
+
+    writer = subprocess.Popen(["sh", "-c", 'exec cat >"$1"', "sh", str(fifo)], stdin=subprocess.DEVNULL)
+
+    def blocked() -> bool:
+        try:
+            return Path(f"/proc/{writer.pid}/wchan").read_text() == "wait_for_partner"
+        except OSError:
+            return False
+
+    wait_for(f"pid {writer.pid} blocked in opening {fifo.name}", blocked, timeout=20)
+    return writer
+
+
 def end_popens(*popens: subprocess.Popen[bytes] | None) -> None:
     """Kill each process the test started that still runs, and reap it."""
     for popen in popens:

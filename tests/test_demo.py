@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from helpers import fifo_writer
 from tmux_support import require_tmux
 from waiting import wait_for
 
@@ -97,15 +98,12 @@ def test_a_pane_pipe_left_opening_its_fifo_is_found_under_the_state_dir_and_let_
     pipes.parent.chmod(0o700)
     fifo = pipes / "job-1.a.fifo"
     os.mkfifo(fifo, 0o600)
-    helper = subprocess.Popen(["sh", "-c", 'exec cat >"$1"', "sh", str(fifo)], stdin=subprocess.DEVNULL)
+    helper = fifo_writer(fifo)  # blocked in opening the FIFO: no reader
     try:
-        # Found once it runs sh (until its exec, its argv is this test's).
         wait_for(
             "the helper under the state dir",
             lambda: helper.pid in [i.pid for i in procs.with_argument(str(tmp_path / "state"))] or None,
         )
-        time.sleep(0.2)
-        assert helper.poll() is None  # blocked in opening the FIFO: no reader
         drop_fifos(pipes)
         assert helper.wait(timeout=10) == 0
         assert list(pipes.iterdir()) == []

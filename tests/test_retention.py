@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-from helpers import Reaper, make_entry, spawn_sleeper
+from helpers import Reaper, fifo_writer, make_entry, spawn_sleeper
 from labs import Lab
 from waiting import wait_for
 
@@ -374,9 +374,7 @@ def test_a_pane_pipe_a_killed_host_left_goes_with_its_job_and_a_fifo_elsewhere_s
         os.mkfifo(fifo, 0o600)
     # A pane pipe's writer blocked in its open (its host was killed first): it ends once gc
     # removes the FIFO, never left behind for good.
-    writer = reaper.popen(
-        subprocess.Popen(["sh", "-c", 'exec cat >"$1"', "sh", str(left)], stdin=subprocess.DEVNULL)
-    )
+    writer = reaper.popen(fifo_writer(left))
     age(loose, OLD_MS)
     elsewhere = store.side_dir("logs") / "planted.fifo"
     os.mkfifo(elsewhere, 0o600)
@@ -412,9 +410,7 @@ def test_a_round_settled_without_its_host_drops_its_pane_pipe_and_lets_its_write
     job = JobStore(store).update(job.id, lambda j: attrs.evolve(j, agents=(agent,), stopped_at=None))
     fifo = store.side_dir("pipes") / pipe_name(job.id, "a1", gone.pid)
     os.mkfifo(fifo, 0o600)
-    writer = reaper.popen(
-        subprocess.Popen(["sh", "-c", 'exec cat >"$1"', "sh", str(fifo)], stdin=subprocess.DEVNULL)
-    )
+    writer = reaper.popen(fifo_writer(fifo))
     (result,) = settle(JobStore(store), store, job)
     assert result.kind.value == "exited", result
     assert not fifo.exists()
@@ -440,9 +436,7 @@ def test_a_new_host_of_a_job_agent_drops_the_pane_pipes_its_dead_hosts_left(
     other_agents = pipes / pipe_name("job-x", "a10", gone.pid)
     for fifo in (dead_hosts, live_hosts, other_agents):
         os.mkfifo(fifo, 0o600)
-    writer = reaper.popen(
-        subprocess.Popen(["sh", "-c", 'exec cat >"$1"', "sh", str(dead_hosts)], stdin=subprocess.DEVNULL)
-    )
+    writer = reaper.popen(fifo_writer(dead_hosts))
     # No tmux server on that socket: the pipe is refused after the FIFOs were looked at, and the
     # host goes on without one (its rounds then end by exit or deadline).
     watch = RoundWatch(store, "job-x", "a1", pane="%0", socket=f"pm-no-server-{os.getpid()}")
