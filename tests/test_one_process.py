@@ -19,6 +19,7 @@ from waiting import wait_for
 
 from pi_tmux_matrix import procs
 from pi_tmux_matrix.dispatch.model import ResultKind
+from pi_tmux_matrix.matrix.layout import pipe_prefix
 from pi_tmux_matrix.matrix.model import ExitKind
 
 
@@ -88,7 +89,7 @@ def test_an_agent_that_ends_without_its_marker_gets_its_exit_as_the_rounds_resul
     (agent,) = fired.job.agents
     result = wait_for("the exit's result", lambda: lab.result(fired.job.id, agent.agent_id), timeout=30)
     assert result.kind is ResultKind.EXITED and result.exit_code == 3, result
-    mine = f"{fired.job.id}.{agent.agent_id}."  # pipe_name: the host's pid follows
+    mine = pipe_prefix(fired.job.id, agent.agent_id)  # the host's pid follows
     pipes = lab.state / "pipes"
     wait_for("its FIFO removed", lambda: not [n for n in os.listdir(pipes) if n.startswith(mine)], timeout=10)
 

@@ -40,7 +40,7 @@ import attrs
 from .. import procs
 from ..errors import JobNotFound, PiMatrixError, TmuxUnavailable
 from ..matrix.fsio import open_fifo, opened_dir, remove_regular
-from ..matrix.layout import PIPES, pipe_name
+from ..matrix.layout import PIPES, pipe_name, pipe_prefix
 from ..matrix.mailbox import EventLog
 from ..matrix.store import MatrixStore
 from .jobs import JobStore
@@ -155,7 +155,7 @@ class RoundWatch:
         as this one makes its own, each writer blocked in opening one let go (fsio). Only those
         whose host pid runs no process: a live one (the archived job's host after ``fire
         --force``) keeps its own, and a pid taken since keeps one until the sweep."""
-        prefix = pipe_name(self.job_id, self.agent_id, 0).removesuffix("0.fifo")  # "<job>.<agent>."
+        prefix = pipe_prefix(self.job_id, self.agent_id)
         try:
             with opened_dir(self.store.side_dir(PIPES), create=False) as fd:
                 if fd is None:

@@ -25,6 +25,7 @@ __all__ = [
     "lists_nothing",
     "notices_name",
     "pipe_name",
+    "pipe_prefix",
 ]
 
 SUFFIX: Final = ".json"
@@ -64,7 +65,12 @@ def pipe_name(job_id: str, agent_id: str, host_pid: int) -> str:
     host, not per agent: after ``fire --force`` the archived job's host (still running, its pane
     left alone) and the new one share the job id and the agent id, and a shared name let each
     remove the other's FIFO (a pane pipe opening it then waited for good)."""
-    return f"{job_id}.{agent_id}.{host_pid}.fifo"
+    return f"{pipe_prefix(job_id, agent_id)}{host_pid}.fifo"
+
+
+def pipe_prefix(job_id: str, agent_id: str) -> str:
+    """What every :func:`pipe_name` of that job agent starts with, whichever host made it."""
+    return f"{job_id}.{agent_id}."
 
 
 def notices_name(key: str) -> str:
